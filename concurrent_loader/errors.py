@@ -1,0 +1,179 @@
+"""Every error the loader raises, in one tree.
+
+::
+
+    LoaderError                      anything this library raises on purpose
+    ├── ConfigError (ValueError)     bad argument, malformed URL, unknown scheme, empty prefix
+    ├── FetchError                   the object could not be read
+    │   ├── ObjectNotFound           404 / NoSuchKey / missing file          (not retried)
+    │   ├── BucketNotFound           404 / NoSuchBucket                      (not retried)
+    │   ├── AccessDenied             401 / 403, bad credentials, signature   (not retried)
+    │   ├── BadRequest               other 4xx                               (not retried)
+    │   ├── ObjectTooLarge           larger than ``max_object_bytes``        (not retried)
+    │   ├── Throttled                503 SlowDown / 429                      (retried)
+    │   ├── ServerError              other 5xx                               (retried)
+    │   ├── ConnectionFailed         refused / reset / closed early          (retried)
+    │   ├── IncompleteBody           fewer bytes than Content-Length         (retried)
+    │   └── FetchTimeout (TimeoutError) connect / first byte / read stall    (retried)
+    ├── DecodeError                  the bytes arrived but are not a valid sample
+    ├── SkipBudgetExceeded           ``on_error="skip"`` went over ``max_skipped``
+    └── WorkerError                  a worker process died without raising
+
+Backend exceptions (aiohttp, botocore, OSError) are translated to this tree in one place,
+:mod:`concurrent_loader.fetch.translate`, by type and status code, never by message text.
+
+Every error names the object it is about (``s3://bucket/key``) and the stage that failed,
+keeps the original cause as ``__cause__``, and survives pickling, so one raised in a worker
+process reaches the training loop with its type, message and attributes intact. Every
+class can also be built from a single message string, which is what
+``torch.utils.data.DataLoader`` does when it re-raises a worker's exception.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "AccessDenied",
+    "BadRequest",
+    "BucketNotFound",
+    "ConfigError",
+    "ConnectionFailed",
+    "DecodeError",
+    "FetchError",
+    "FetchTimeout",
+    "IncompleteBody",
+    "LoaderError",
+    "ObjectNotFound",
+    "ObjectTooLarge",
+    "ServerError",
+    "SkipBudgetExceeded",
+    "Throttled",
+    "WorkerError",
+]
+
+
+class LoaderError(Exception):
+    """Base of every error raised on purpose by concurrent_loader.
+
+    ``url`` names the object (``s3://bucket/key``, ``https://...`` or a local path),
+    ``stage`` the pipeline stage that failed (``"fetch"``, ``"decode"``, ...), and ``cause``
+    is a short human-readable reason (``"NoSuchKey"``, ``"HTTP 503 SlowDown"``).
+    """
+
+    #: whether retrying the same request may succeed
+    retryable: bool = False
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        url: str | None = None,
+        stage: str | None = None,
+        cause: str | None = None,
+        status: int | None = None,
+    ) -> None:
+        self.message = message
+        self.url = url
+        self.stage = stage
+        self.cause = cause
+        self.status = status
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        if self.url is None and self.cause is None:
+            return self.message
+        head = f"{self.cause or type(self).__name__}: {self.url}" if self.url else self.cause
+        parts = [p for p in (head, self.message) if p]
+        text = " - ".join(parts)
+        if self.stage:
+            text += f" (stage: {self.stage})"
+        return text
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _rebuild,
+            (type(self), self.message, self.url, self.stage, self.cause, self.status),
+            self.__dict__,
+        )
+
+
+def _rebuild(
+    cls: type[LoaderError],
+    message: str,
+    url: str | None,
+    stage: str | None,
+    cause: str | None,
+    status: int | None,
+) -> LoaderError:
+    return cls(message, url=url, stage=stage, cause=cause, status=status)
+
+
+class ConfigError(LoaderError, ValueError):
+    """A bad argument: malformed URL, unknown scheme, empty prefix, invalid option."""
+
+
+class FetchError(LoaderError):
+    """The object's bytes could not be read."""
+
+
+class ObjectNotFound(FetchError):
+    """The key (or file) does not exist."""
+
+
+class BucketNotFound(FetchError):
+    """The bucket does not exist."""
+
+
+class AccessDenied(FetchError):
+    """The credentials were refused, or do not allow reading the object."""
+
+
+class BadRequest(FetchError):
+    """The server rejected the request (a 4xx other than 401/403/404/429)."""
+
+
+class ObjectTooLarge(FetchError):
+    """The object is larger than the configured ``max_object_bytes``."""
+
+
+class Throttled(FetchError):
+    """The server asked us to slow down (503 SlowDown, 429)."""
+
+    retryable = True
+
+
+class ServerError(FetchError):
+    """The server failed (5xx other than 503 SlowDown)."""
+
+    retryable = True
+
+
+class ConnectionFailed(FetchError):
+    """The connection was refused, reset or closed before the response was complete."""
+
+    retryable = True
+
+
+class IncompleteBody(FetchError):
+    """The body ended before ``Content-Length`` bytes arrived."""
+
+    retryable = True
+
+
+class FetchTimeout(FetchError, TimeoutError):
+    """Connecting, waiting for the first byte, or a read stalled past its timeout."""
+
+    retryable = True
+
+
+class DecodeError(LoaderError):
+    """The bytes arrived but could not be decoded into a sample."""
+
+
+class SkipBudgetExceeded(LoaderError):
+    """``on_error="skip"`` skipped more samples than ``max_skipped`` allows."""
+
+
+class WorkerError(LoaderError):
+    """A loader worker process died (killed by the OS, crashed) without raising."""

@@ -1,0 +1,77 @@
+"""The contract every fetcher implements, and the retry loop they share.
+
+A :class:`Reader` turns a key (relative to the dataset's root) into the object's bytes. It
+is created inside the event loop of the process that uses it and closed there. ``get``
+either returns the whole object or raises a :class:`~concurrent_loader.errors.FetchError`
+naming it: a retried object is fetched whole again, never stitched from a partial body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from abc import ABC, abstractmethod
+
+from ..config import FetchConfig
+from ..errors import FetchError, Throttled
+from .limit import AdaptiveLimit
+
+__all__ = ["Reader"]
+
+
+class Reader(ABC):
+    """Reads whole objects, at most ``config.max_inflight_requests`` at a time."""
+
+    #: True when ``read_blocking`` is the cheap path (local files): the pipeline then reads
+    #: and decodes in one thread-pool job instead of going through the event loop.
+    blocking = False
+
+    def __init__(self, config: FetchConfig) -> None:
+        self.config = config
+        self.limit = AdaptiveLimit(
+            config.max_inflight_requests, cooldown=config.retry.throttle_cooldown
+        )
+        self.retries = 0
+        self._rng = random.Random()
+
+    @abstractmethod
+    def url_for(self, key: str) -> str:
+        """The object's name for messages (``s3://bucket/key``): never holds credentials."""
+
+    @abstractmethod
+    async def _get_once(self, key: str, url: str) -> bytes | bytearray:
+        """One attempt: the whole body, or a ``FetchError``."""
+
+    def read_blocking(self, key: str) -> bytes | bytearray:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        """Release connections. Idempotent."""
+
+    async def get(self, key: str) -> bytes | bytearray:
+        """The whole object, retrying transient failures per ``config.retry``."""
+        url = self.url_for(key)
+        retry = self.config.retry
+        deadline = time.monotonic() + retry.max_total_seconds
+        attempt = 0
+        while True:
+            await self.limit.acquire()
+            throttled = False
+            try:
+                return await self._get_once(key, url)
+            except FetchError as exc:
+                throttled = isinstance(exc, Throttled)
+                attempt += 1
+                delay = retry.backoff(attempt - 1, self._rng)
+                if not exc.retryable or attempt >= retry.max_attempts:
+                    if attempt > 1:
+                        exc.add_note(f"gave up after {attempt} attempts")
+                    raise
+                if time.monotonic() + delay >= deadline:
+                    exc.add_note(f"gave up after {retry.max_total_seconds:g} s of retries")
+                    raise
+            finally:
+                self.limit.release(throttled=throttled)
+            self.retries += 1
+            await asyncio.sleep(delay)

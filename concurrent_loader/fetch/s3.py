@@ -1,0 +1,186 @@
+"""Reading objects from S3 and S3-compatible stores.
+
+The hot path (one GET per object) signs with the lean :class:`~.sigv4.SigV4Signer` and sends
+through a pooled :class:`~.transport.Transport`; botocore is used only to resolve
+credentials and region, and aiobotocore only for the control plane (listing), where its
+per-request cost does not matter.
+
+Addressing: with an ``endpoint_url`` (MinIO, SeaweedFS, Ceph, R2, ...) requests are
+path-style ``{endpoint}/{bucket}/{key}``; without one, virtual-hosted
+``https://{bucket}.s3.{region}.amazonaws.com/{key}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from ..config import FetchConfig
+from ..errors import ConfigError, FetchError, IncompleteBody
+from .base import Reader
+from .credentials import CredentialCache, CredentialSource
+from .sigv4 import EMPTY_SHA256, SigV4Signer, encode_s3_path
+from .translate import error_for_exception, error_for_status
+from .transport import Transport, make_transport
+
+__all__ = ["ListedObject", "S3Reader", "list_objects", "ssl_context_for"]
+
+
+@dataclass(frozen=True)
+class ListedObject:
+    key: str
+    size: int
+
+
+def ssl_context_for(config: FetchConfig) -> ssl.SSLContext:
+    context = ssl.create_default_context()
+    if not config.verify_tls:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+@dataclass(frozen=True)
+class _Endpoint:
+    scheme: str
+    host: str
+    port: int
+    host_header: str
+    path_style: bool
+
+
+def _endpoint(bucket: str, endpoint_url: str | None, region: str) -> _Endpoint:
+    if endpoint_url:
+        parts = urlsplit(endpoint_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"malformed endpoint_url {endpoint_url!r}")
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        default = (parts.scheme == "https" and port == 443) or (parts.scheme == "http" and port == 80)
+        host_header = parts.hostname if default else f"{parts.hostname}:{port}"
+        return _Endpoint(parts.scheme, parts.hostname, port, host_header, True)
+    host = f"{bucket}.s3.{region}.amazonaws.com"
+    if "." in bucket:  # a dotted bucket breaks the TLS wildcard certificate
+        return _Endpoint("https", f"s3.{region}.amazonaws.com", 443, f"s3.{region}.amazonaws.com", True)
+    return _Endpoint("https", host, 443, host, False)
+
+
+class S3Reader(Reader):
+    """GETs whole objects of one bucket. Create and use it inside one event loop."""
+
+    def __init__(
+        self,
+        bucket: str,
+        *,
+        prefix: str = "",
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        anonymous: bool = False,
+        credentials: CredentialSource | None = None,
+        config: FetchConfig | None = None,
+        transport: str = "http1",
+    ) -> None:
+        config = config or FetchConfig()
+        super().__init__(config)
+        source = credentials or CredentialSource(anonymous=anonymous)
+        if anonymous and not source.anonymous:
+            source = CredentialSource(profile=source.profile, anonymous=True)
+        self.bucket = bucket
+        self.prefix = prefix
+        self.region = region or source.default_region() or "us-east-1"
+        self.endpoint_url = endpoint_url or source.default_endpoint()
+        self._endpoint = _endpoint(bucket, self.endpoint_url, self.region)
+        self._path_bucket = bucket if self._endpoint.path_style else None
+        self._signer = SigV4Signer(self.region)
+        self._credentials = None if source.anonymous else CredentialCache(source, self.url_for(""))
+        self._transport: Transport = make_transport(transport, config, ssl_context_for(config))
+
+    def __repr__(self) -> str:
+        return f"S3Reader(s3://{self.bucket}/{self.prefix}, endpoint={self.endpoint_url!r})"
+
+    def url_for(self, key: str) -> str:
+        return f"s3://{self.bucket}/{self.prefix}{key}"
+
+    async def _get_once(self, key: str, url: str) -> bytes | bytearray:
+        endpoint = self._endpoint
+        path = encode_s3_path(self._path_bucket, self.prefix + key)
+        if self._credentials is None:
+            headers = [("x-amz-content-sha256", EMPTY_SHA256)]
+        else:
+            headers = self._signer.headers_for_get(
+                endpoint.host_header, path, self._credentials.get()
+            )
+        headers.append(("host", endpoint.host_header))
+        response = await self._transport.get(
+            endpoint.scheme,
+            endpoint.host,
+            endpoint.port,
+            path,
+            headers,
+            url=url,
+            max_bytes=self.config.max_object_bytes,
+        )
+        if response.status != 200:
+            raise error_for_status(response.status, response.body, url)
+        expected = response.headers.get("content-length")
+        if expected is not None and len(response.body) != int(expected):
+            raise IncompleteBody(
+                f"got {len(response.body)} of {expected} bytes",
+                url=url,
+                stage="fetch",
+                cause="IncompleteBody",
+            )
+        return response.body
+
+    async def close(self) -> None:
+        await self._transport.close()
+
+
+async def list_objects(
+    bucket: str,
+    prefix: str,
+    *,
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    credentials: CredentialSource | None = None,
+    config: FetchConfig | None = None,
+    page_callback: object = None,
+) -> AsyncIterator[ListedObject]:
+    """Every object under ``prefix`` (keys relative to it), page by page, via aiobotocore."""
+    from aiobotocore.config import AioConfig
+    from aiobotocore.session import AioSession
+    from botocore import UNSIGNED
+
+    source = credentials or CredentialSource()
+    config = config or FetchConfig()
+    session = AioSession(profile=source.profile)
+    if source.access_key and source.secret_key:
+        session.set_credentials(source.access_key, source.secret_key, source.session_token)
+    aio_config = AioConfig(
+        signature_version=UNSIGNED if source.anonymous else None,
+        s3={"addressing_style": "path"} if (endpoint_url or source.default_endpoint()) else None,
+        connect_timeout=config.timeouts.connect,
+        read_timeout=config.timeouts.read,
+        retries={"max_attempts": config.retry.max_attempts, "mode": "standard"},
+    )
+    url = f"s3://{bucket}/{prefix}"
+    try:
+        async with session.create_client(
+            "s3",
+            endpoint_url=endpoint_url or source.default_endpoint(),
+            region_name=region or source.default_region() or "us-east-1",
+            config=aio_config,
+            verify=config.verify_tls,
+        ) as client:
+            paginator = client.get_paginator("list_objects_v2")
+            async for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
+                for item in page.get("Contents", ()):
+                    yield ListedObject(item["Key"][len(prefix) :], int(item["Size"]))
+    except FetchError:
+        raise
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        raise error_for_exception(exc, url, stage="list") from exc

@@ -1,0 +1,124 @@
+"""The one place where backend failures become :mod:`concurrent_loader.errors`.
+
+Translation is by type and HTTP status (and, for S3, the machine-readable ``<Code>`` of the
+error document or botocore's parsed error code), never by matching message text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+from ..errors import (
+    AccessDenied,
+    BadRequest,
+    BucketNotFound,
+    ConnectionFailed,
+    FetchError,
+    FetchTimeout,
+    ObjectNotFound,
+    ServerError,
+    Throttled,
+)
+
+__all__ = ["error_for_code", "error_for_exception", "error_for_status"]
+
+_CODE_RE = re.compile(rb"<Code>([^<]{1,64})</Code>")
+
+_BY_CODE: dict[str, type[FetchError]] = {
+    "NoSuchKey": ObjectNotFound,
+    "NotFound": ObjectNotFound,
+    "NoSuchBucket": BucketNotFound,
+    "AccessDenied": AccessDenied,
+    "InvalidAccessKeyId": AccessDenied,
+    "SignatureDoesNotMatch": AccessDenied,
+    "ExpiredToken": AccessDenied,
+    "InvalidToken": AccessDenied,
+    "AllAccessDisabled": AccessDenied,
+    "SlowDown": Throttled,
+    "Throttling": Throttled,
+    "ThrottlingException": Throttled,
+    "RequestLimitExceeded": Throttled,
+    "TooManyRequests": Throttled,
+}
+
+
+def _class_for_status(status: int) -> type[FetchError]:
+    if status in (401, 403):
+        return AccessDenied
+    if status == 404:
+        return ObjectNotFound
+    if status in (429, 503):
+        return Throttled
+    if status >= 500:
+        return ServerError
+    return BadRequest
+
+
+def error_for_code(code: str | None, status: int, url: str, *, stage: str = "fetch") -> FetchError:
+    """Error for an S3 error ``code`` (e.g. ``NoSuchKey``) and HTTP ``status``."""
+    cls = _BY_CODE.get(code or "") or _class_for_status(status)
+    if cls is Throttled and status < 500 and status != 429:
+        cls = BadRequest
+    cause = code or f"HTTP {status}"
+    return cls(f"HTTP {status}", url=url, stage=stage, cause=cause, status=status)
+
+
+def error_for_status(status: int, body: bytes | bytearray, url: str) -> FetchError:
+    """Error for a non-2xx GET response whose (possibly XML) body is ``body``."""
+    match = _CODE_RE.search(bytes(body[:4096]))
+    code = match.group(1).decode("ascii", "replace") if match else None
+    return error_for_code(code, status, url)
+
+
+def error_for_exception(exc: BaseException, url: str, *, stage: str = "fetch") -> FetchError:
+    """Error for an exception raised by aiohttp, botocore or the OS during a request."""
+    if isinstance(exc, FetchError):
+        return exc
+    try:  # botocore's parsed S3 error, from the control plane (listing)
+        from botocore.exceptions import ClientError
+
+        if isinstance(exc, ClientError):
+            error = exc.response.get("Error", {})
+            status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+            return error_for_code(error.get("Code"), status or 400, url, stage=stage)
+    except ImportError:  # pragma: no cover - botocore is a dependency
+        pass
+    try:
+        import aiohttp
+
+        if isinstance(exc, aiohttp.ClientPayloadError):
+            return ConnectionFailed(str(exc), url=url, stage=stage, cause="body cut short")
+        if isinstance(exc, aiohttp.ServerTimeoutError):
+            return FetchTimeout(str(exc), url=url, stage=stage, cause="timed out")
+        if isinstance(exc, aiohttp.ClientConnectionError):
+            return ConnectionFailed(str(exc), url=url, stage=stage, cause="connection failed")
+    except ImportError:  # pragma: no cover - aiohttp is a dependency
+        pass
+    try:
+        from botocore.exceptions import (
+            ConnectTimeoutError,
+            EndpointConnectionError,
+            NoCredentialsError,
+            ReadTimeoutError,
+        )
+
+        if isinstance(exc, (ConnectTimeoutError, ReadTimeoutError)):
+            return FetchTimeout(str(exc), url=url, stage=stage, cause="timed out")
+        if isinstance(exc, EndpointConnectionError):
+            return ConnectionFailed(str(exc), url=url, stage=stage, cause="connection failed")
+        if isinstance(exc, NoCredentialsError):
+            return AccessDenied(
+                "no AWS credentials found (env vars, profile, instance role); pass "
+                "anonymous=True for a public bucket",
+                url=url,
+                stage=stage,
+                cause="NoCredentials",
+            )
+    except ImportError:  # pragma: no cover
+        pass
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
+        return FetchTimeout(str(exc), url=url, stage=stage, cause="timed out")
+    if isinstance(exc, (ConnectionError, OSError)):
+        return ConnectionFailed(str(exc), url=url, stage=stage, cause=type(exc).__name__)
+    return FetchError(repr(exc), url=url, stage=stage, cause=type(exc).__name__)

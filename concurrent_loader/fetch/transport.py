@@ -1,0 +1,140 @@
+"""The HTTP transports a reader can send its GETs through.
+
+Both implement :class:`Transport`: a pooled, bounded HTTP client whose ``get`` returns the
+status, the headers (lower-cased names) and the whole body, raises
+``ConnectionFailed``/``IncompleteBody``/``FetchTimeout``/``ObjectTooLarge`` for transport
+failures, and leaves non-2xx statuses to the caller.
+
+- ``"http1"`` (default): :class:`~concurrent_loader.fetch.http1.ConnectionPool`, our lean
+  HTTP/1.1 client on ``asyncio.BufferedProtocol`` that writes bodies straight into one
+  buffer; the cheapest per GET.
+- ``"aiohttp"``: aiohttp's client, for environments that need its features (proxies from
+  the environment, HTTP features beyond plain GETs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from ..config import FetchConfig
+from ..errors import FetchError, FetchTimeout, IncompleteBody, ObjectTooLarge
+from .translate import error_for_exception
+
+__all__ = ["AiohttpTransport", "Transport", "TransportResponse", "make_transport"]
+
+
+class TransportResponse(Protocol):
+    @property
+    def status(self) -> int: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+    @property
+    def body(self) -> bytes | bytearray: ...
+
+
+class Transport(Protocol):
+    async def get(
+        self,
+        scheme: str,
+        host: str,
+        port: int,
+        target: str,
+        headers: Sequence[tuple[str, str]],
+        *,
+        url: str,
+        max_bytes: int | None = None,
+    ) -> TransportResponse: ...
+
+    async def close(self) -> None: ...
+
+
+class _Response:
+    __slots__ = ("body", "headers", "status")
+
+    def __init__(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = body
+
+
+class AiohttpTransport:
+    """aiohttp behind the :class:`Transport` contract."""
+
+    def __init__(self, config: FetchConfig, ssl_context: ssl.SSLContext | None) -> None:
+        import aiohttp
+
+        self._aiohttp = aiohttp
+        t = config.timeouts
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=t.connect, sock_read=max(t.read, t.first_byte)
+        )
+        connector = aiohttp.TCPConnector(
+            limit=config.max_inflight_requests,
+            ssl=ssl_context if ssl_context is not None else (None if config.verify_tls else False),
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector, timeout=self._timeout, auto_decompress=False
+        )
+
+    async def get(
+        self,
+        scheme: str,
+        host: str,
+        port: int,
+        target: str,
+        headers: Sequence[tuple[str, str]],
+        *,
+        url: str,
+        max_bytes: int | None = None,
+    ) -> _Response:
+        from yarl import URL
+
+        request_url = URL(f"{scheme}://{host}:{port}{target}", encoded=True)
+        try:
+            async with self._session.get(
+                request_url, headers=dict(headers), allow_redirects=False
+            ) as response:
+                length = response.content_length
+                if max_bytes is not None and length is not None and length > max_bytes:
+                    raise ObjectTooLarge(
+                        f"{length} bytes > max_object_bytes={max_bytes}",
+                        url=url,
+                        stage="fetch",
+                        cause="ObjectTooLarge",
+                    )
+                body = await response.read()
+                if length is not None and len(body) < length:
+                    raise IncompleteBody(
+                        f"got {len(body)} of {length} bytes", url=url, stage="fetch",
+                        cause="IncompleteBody",
+                    )
+                return _Response(response.status, dict(response.headers), body)
+        except FetchError:
+            raise
+        except (asyncio.TimeoutError, self._aiohttp.ClientError, OSError) as exc:
+            if isinstance(exc, asyncio.TimeoutError):
+                raise FetchTimeout(
+                    "no data within the timeout", url=url, stage="fetch", cause="FetchTimeout"
+                ) from exc
+            raise error_for_exception(exc, url) from exc
+
+    async def close(self) -> None:
+        await self._session.close()
+
+
+def make_transport(name: str, config: FetchConfig, ssl_context: ssl.SSLContext | None) -> Transport:
+    if name == "aiohttp":
+        return AiohttpTransport(config, ssl_context)
+    if name == "http1":
+        from .http1 import ConnectionPool, Timeouts
+
+        t = config.timeouts
+        return ConnectionPool(  # type: ignore[return-value]
+            max_connections=config.max_inflight_requests,
+            timeouts=Timeouts(connect=t.connect, first_byte=t.first_byte, read=t.read),
+            ssl_context=ssl_context,
+        )
+    raise ValueError(f"unknown transport {name!r}: expected 'http1' or 'aiohttp'")

@@ -1,0 +1,49 @@
+"""A compact, fork-friendly table of object keys.
+
+A dataset of a million objects held as a Python ``list[str]`` costs ~100 MB per process and,
+because every access touches the strings' reference counts, forked workers copy those
+pages one by one (PyTorch issue #13246). :class:`KeyTable` keeps the keys in one UTF-8 blob
+plus an offsets array: two buffers, no per-key objects, cheap to pickle to ``spawn`` workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import overload
+
+import numpy as np
+
+__all__ = ["KeyTable"]
+
+
+class KeyTable(Sequence[str]):
+    def __init__(self, keys: Iterable[str]) -> None:
+        encoded = [key.encode("utf-8") for key in keys]
+        self._offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum([len(k) for k in encoded], out=self._offsets[1:])
+        self._blob = b"".join(encoded)
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[str]: ...
+    def __getitem__(self, index: int | slice) -> str | list[str]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        n = len(self)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(f"key index {index} out of range for {n} keys")
+        start, end = self._offsets[index], self._offsets[index + 1]
+        return self._blob[start:end].decode("utf-8")
+
+    def __iter__(self) -> Iterator[str]:
+        for i in range(len(self)):
+            yield self[i]
+
+    def __repr__(self) -> str:
+        return f"KeyTable({len(self)} keys)"

@@ -1,0 +1,325 @@
+"""The per-process batch pipeline: fetch -> decode -> collate, pipelined across batches.
+
+One :class:`BatchPipeline` runs in each process that produces batches (each DataLoader
+worker, or the main process when ``num_workers=0``). It is given this process's share of
+the epoch's batches, in sampler order, and yields them collated, in that order.
+
+How work flows, for a dataset of ours over a remote store::
+
+    consumer thread           event loop thread (runtime)         decode threads
+    ---------------           ---------------------------         --------------
+    start batch b+p   --->    one task per sample: GET     --->   decode, put in slot;
+    wait for batch b  <---------------------------------------   last one collates
+
+Guarantees:
+
+- Batch ``b`` holds exactly the samples of ``batches[b]``, in order, whatever order the GETs
+  and decodes complete in; every sample is delivered exactly once.
+- At most ``prefetch_batches`` batches are in progress (started and not yet taken by the
+  consumer); within them at most ``max_inflight_requests`` GETs are in flight (the reader's
+  adaptive limit, lowered under throttling) and new GETs wait while fetched-but-undecoded
+  bodies hold ``max_inflight_bytes`` or more (one request's body may overshoot it).
+- The next batches' GETs are in flight while the current batch decodes: no per-batch barrier.
+- The first failure of a batch fails that batch at once; it is raised when the consumer
+  reaches the batch, so every earlier batch is still delivered.
+- :meth:`close` (also on ``break``, exceptions and garbage collection of the generator)
+  cancels outstanding GETs, joins the decode threads and returns the runtime lease.
+
+Local datasets skip the event loop: reading and decoding happen in one thread-pool job.
+Datasets that are not ours have their ``__getitem__`` called on a thread pool of
+``max_inflight_requests`` threads, pipelined the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from torch.utils.data import Dataset
+
+from .dataset import ObjectDataset
+from .fetch import Reader
+from .runtime import Runtime, acquire_runtime
+from .stats import StageStats
+
+__all__ = ["BatchPipeline"]
+
+log = logging.getLogger(__name__)
+
+
+class _Slot:
+    """One batch being assembled; items land by position from any thread."""
+
+    __slots__ = ("collate", "future", "indices", "items", "lock", "remaining")
+
+    def __init__(self, indices: Sequence[int], collate: Callable[[list[Any]], Any]) -> None:
+        self.indices = indices
+        self.items: list[Any] = [None] * len(indices)
+        self.remaining = len(indices)
+        self.lock = threading.Lock()
+        self.collate = collate
+        self.future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+    @property
+    def failed(self) -> bool:
+        return self.future.done()
+
+    def put(self, position: int, item: Any) -> None:
+        with self.lock:
+            if self.future.done():
+                return
+            self.items[position] = item
+            self.remaining -= 1
+            if self.remaining:
+                return
+        try:
+            batch = self.collate(self.items)
+        except BaseException as exc:
+            exc.add_note("while collating a batch")
+            self.future.set_exception(exc)
+        else:
+            self.future.set_result(batch)
+        self.items = []
+
+    def fail(self, exc: BaseException) -> None:
+        with self.lock:
+            if self.future.done():
+                return
+            self.future.set_exception(exc)
+        self.items = []
+
+
+class BatchPipeline:
+    """Yields ``collate([dataset[i] for i in batch])`` for each batch of ``batches``, in order."""
+
+    def __init__(
+        self,
+        dataset: Dataset[Any],
+        batches: Sequence[Sequence[int]],
+        *,
+        collate_fn: Callable[[list[Any]], Any],
+        max_inflight_requests: int = 64,
+        max_inflight_bytes: int | None = None,
+        decode_threads: int = 1,
+        prefetch_batches: int = 2,
+        stats: StageStats | None = None,
+    ) -> None:
+        self._dataset = dataset
+        self._batches = batches
+        self._collate = collate_fn
+        self._prefetch = max(1, prefetch_batches)
+        self._slots: dict[int, _Slot] = {}
+        self._next_to_start = 0
+        self._closed = False
+        self.stats = stats if stats is not None else StageStats()
+        self._runtime: Runtime | None = None
+        self._reader: Reader | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        if isinstance(dataset, ObjectDataset):
+            if dataset.location.is_local:
+                self._mode = "local"
+                self._reader = dataset.open_reader_blocking()
+                threads = decode_threads
+            else:
+                self._mode = "remote"
+                self._runtime = acquire_runtime()
+                try:
+                    self._reader = self._runtime.run(
+                        self._runtime.resource(dataset.reader_key(), dataset.open_reader)
+                    )
+                except BaseException:
+                    self._runtime.release()
+                    raise
+                threads = decode_threads
+        else:
+            self._mode = "generic"
+            threads = max_inflight_requests
+        self._max_bytes = max_inflight_bytes or (
+            dataset.fetch_config.max_inflight_bytes if isinstance(dataset, ObjectDataset) else 0
+        )
+        self._held_bytes = 0
+        self._bytes_lock = threading.Lock()
+        self._bytes_waiters: list[asyncio.Future[None]] = []
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max(1, threads), thread_name_prefix=f"concurrent-loader-{self._mode}"
+        )
+
+    # ------------------------------------------------------------------ consumer side
+
+    def __iter__(self) -> Iterator[Any]:
+        try:
+            for _ in range(min(self._prefetch, len(self._batches))):
+                self._start_next()
+            for b in range(len(self._batches)):
+                slot = self._slots.pop(b)
+                if not slot.future.done():
+                    waited = time.perf_counter()
+                    concurrent.futures.wait([slot.future])
+                    self.stats.add_wait(time.perf_counter() - waited)
+                else:
+                    self.stats.add_wait(0.0)
+                batch = slot.future.result()
+                if self._next_to_start < len(self._batches):
+                    self._start_next()
+                yield batch
+        finally:
+            self.close()
+
+    def _start_next(self) -> None:
+        b = self._next_to_start
+        self._next_to_start += 1
+        slot = _Slot(self._batches[b], self._collate)
+        self._slots[b] = slot
+        if self._mode == "remote":
+            assert self._runtime is not None
+            self._runtime.call_soon(self._start_fetches, slot)
+        elif self._mode == "local":
+            for position, index in enumerate(slot.indices):
+                self._pool.submit(self._read_and_decode, slot, position, index)
+        else:
+            for position, index in enumerate(slot.indices):
+                self._pool.submit(self._getitem, slot, position, index)
+
+    # ------------------------------------------------------------------ workers
+
+    def _start_fetches(self, slot: _Slot) -> None:
+        """On the loop: one task per sample, created in sampler order."""
+        if self._closed:
+            return
+        loop = asyncio.get_running_loop()
+        for position, index in enumerate(slot.indices):
+            task = loop.create_task(self._fetch(slot, position, index))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _fetch(self, slot: _Slot, position: int, index: int) -> None:
+        if slot.failed:
+            return
+        if self._held_bytes >= self._max_bytes:
+            await self._wait_for_bytes()
+        dataset: ObjectDataset = self._dataset  # type: ignore[assignment]
+        reader = self._reader
+        assert reader is not None
+        started = time.perf_counter()
+        try:
+            data = await reader.get(dataset.key_of(index))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            slot.fail(exc)
+            return
+        size = len(data)
+        self.stats.add_fetch(time.perf_counter() - started, size)
+        with self._bytes_lock:
+            self._held_bytes += size
+        try:
+            self._pool.submit(self._decode, slot, position, index, data)
+        except RuntimeError:  # the pool is shut down: we are closing
+            self._release_bytes(size)
+
+    def _decode(self, slot: _Slot, position: int, index: int, data: bytes | bytearray) -> None:
+        try:
+            if slot.failed:
+                return
+            started = time.perf_counter()
+            item = self._dataset.decode_sample(index, data)  # type: ignore[attr-defined]
+            self.stats.add_decode(time.perf_counter() - started)
+        except BaseException as exc:
+            _name_object(exc, self._dataset, index, "decode")
+            slot.fail(exc)
+        else:
+            slot.put(position, item)
+        finally:
+            self._release_bytes(len(data))
+
+    def _read_and_decode(self, slot: _Slot, position: int, index: int) -> None:
+        if slot.failed:
+            return
+        dataset: ObjectDataset = self._dataset  # type: ignore[assignment]
+        reader = self._reader
+        assert reader is not None
+        try:
+            started = time.perf_counter()
+            data = reader.read_blocking(dataset.key_of(index))
+            fetched = time.perf_counter()
+            self.stats.add_fetch(fetched - started, len(data))
+            item = dataset.decode_sample(index, data)
+            self.stats.add_decode(time.perf_counter() - fetched)
+        except BaseException as exc:
+            _name_object(exc, dataset, index, "decode")
+            slot.fail(exc)
+        else:
+            slot.put(position, item)
+
+    def _getitem(self, slot: _Slot, position: int, index: int) -> None:
+        if slot.failed:
+            return
+        try:
+            started = time.perf_counter()
+            item = self._dataset[index]
+            self.stats.add_decode(time.perf_counter() - started)
+        except BaseException as exc:
+            exc.add_note(f"while loading item {index!r} of {type(self._dataset).__name__}")
+            slot.fail(exc)
+        else:
+            slot.put(position, item)
+
+    # ------------------------------------------------------------------ byte budget
+
+    async def _wait_for_bytes(self) -> None:
+        while self._held_bytes >= self._max_bytes:
+            waiter = asyncio.get_running_loop().create_future()
+            self._bytes_waiters.append(waiter)
+            await waiter
+
+    def _release_bytes(self, size: int) -> None:
+        with self._bytes_lock:
+            self._held_bytes -= size
+            wake = bool(self._bytes_waiters) and self._held_bytes < self._max_bytes
+        if wake and self._runtime is not None and not self._closed:
+            self._runtime.call_soon(self._wake_bytes)
+
+    def _wake_bytes(self) -> None:
+        waiters, self._bytes_waiters = self._bytes_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    # ------------------------------------------------------------------ shutdown
+
+    def close(self) -> None:
+        """Cancel outstanding work, join the threads, return the runtime lease. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        runtime, self._runtime = self._runtime, None
+        try:
+            if runtime is not None:
+                runtime.run(self._cancel_tasks())
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        finally:
+            if runtime is not None:
+                runtime.release()
+            self._slots.clear()
+
+    async def _cancel_tasks(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._wake_bytes()
+
+
+def _name_object(exc: BaseException, dataset: Any, index: int, stage: str) -> None:
+    """Make sure an error from user code says which object it is about."""
+    from .errors import LoaderError
+
+    if isinstance(exc, LoaderError) or not isinstance(dataset, ObjectDataset):
+        return
+    exc.add_note(f"while {stage} of {dataset.url_for(index)}")
