@@ -286,15 +286,14 @@ class ConcurrentDataLoader(DataLoader[Any]):
         if self._user_batch_sampler is not None:
             return self._user_batch_sampler
         sampler = self._user_sampler or self._default_sampler()
-        if self._batch_size is None:
-            return ([i] for i in sampler)
-        return BatchSampler(sampler, self._batch_size, self._drop_last)  # type: ignore[arg-type]
+        # batch_size=None: one-sample "batches", which the collate unwraps.
+        return BatchSampler(sampler, self._batch_size or 1, self._drop_last)
 
     def _default_sampler(self) -> Sampler[int]:
         # Read at iteration time, not construction: the dataset may be built before
         # init_process_group.
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            sampler = DistributedSampler(
+            sampler: DistributedSampler[Any] = DistributedSampler(
                 self._source,
                 num_replicas=dist.get_world_size(),
                 rank=dist.get_rank(),
@@ -331,10 +330,17 @@ class ConcurrentDataLoader(DataLoader[Any]):
 
 
 def _raise_failures(batches: Iterator[Any]) -> Iterator[Any]:
+    failure = None
     for batch in batches:
         if isinstance(batch, _Failure):
-            raise batch.exc
+            failure = batch.exc
+            break
         yield batch
+    # Drop torch's iterator before raising so its workers shut down now, not whenever the
+    # traceback (which would keep this frame alive) is collected.
+    del batches
+    if failure is not None:
+        raise failure
 
 
 def _available_cpus() -> int:
@@ -342,4 +348,3 @@ def _available_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
-

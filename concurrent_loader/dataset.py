@@ -85,14 +85,18 @@ class ObjectDataset(Dataset[Any]):
 
     @classmethod
     def from_manifest(
-        cls, manifest: str | os.PathLike[str], root: str | os.PathLike[str] | None = None,
+        cls,
+        manifest: str | os.PathLike[str],
+        root: str | os.PathLike[str] | None = None,
         **kwargs: Any,
     ) -> ObjectDataset:
         """A dataset whose keys are the lines of ``manifest`` (a local file or an object URL),
         so a million-object dataset starts without listing. Lines are keys relative to
         ``root``; with ``root`` None, the manifest's directory is the root."""
         text = _read_manifest(manifest, kwargs)
-        keys = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+        keys = [
+            line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")
+        ]
         if root is None:
             root = os.path.dirname(os.fspath(manifest)) + "/"
         return cls(root, keys, **kwargs)
@@ -114,7 +118,9 @@ class ObjectDataset(Dataset[Any]):
                 f"{location} is plain HTTP(S), which cannot be listed: pass keys= or a manifest"
             )
         if not keys:
-            raise ConfigError(f"no objects under {location}", url=str(location), cause="EmptyPrefix")
+            raise ConfigError(
+                f"no objects under {location}", url=str(location), cause="EmptyPrefix"
+            )
         return keys
 
     def _list_s3(self) -> list[Any]:
@@ -194,10 +200,11 @@ class ObjectDataset(Dataset[Any]):
     def __getitem__(self, index: int) -> Any:
         index = self._check_index(index)
         if self.location.is_local:
-            data = self.open_reader_blocking().read_blocking(self.keys[index])
-            return self.decode_sample(index, data)
+            return self.decode_sample(
+                index, self.open_reader_blocking().read_blocking(self.keys[index])
+            )
         runtime = self._acquire()
-        data = runtime.run(self._fetch(runtime, self.keys[index]))
+        data: bytes | bytearray = runtime.run(self._fetch(runtime, self.keys[index]))
         return self.decode_sample(index, data)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
@@ -212,7 +219,7 @@ class ObjectDataset(Dataset[Any]):
 
             return await asyncio.gather(*(self._fetch(runtime, self.keys[i]) for i in checked))
 
-        bodies = runtime.run(fetch_all())
+        bodies: list[bytes | bytearray] = runtime.run(fetch_all())
         return [self.decode_sample(i, body) for i, body in zip(checked, bodies, strict=True)]
 
     async def _fetch(self, runtime: Runtime, key: str) -> bytes | bytearray:
@@ -284,9 +291,20 @@ def _read_manifest(manifest: str | os.PathLike[str], kwargs: dict[str, Any]) -> 
             return f.read()
     location = parse_location(text.rsplit("/", 1)[0] + "/")
     name = text.rsplit("/", 1)[1]
-    allowed = {"endpoint_url", "region", "anonymous", "profile", "aws_access_key_id",
-               "aws_secret_access_key", "aws_session_token", "fetch_config", "transport"}
-    probe = ObjectDataset(location.url_for(""), [name], **{k: v for k, v in kwargs.items() if k in allowed})
+    allowed = {
+        "endpoint_url",
+        "region",
+        "anonymous",
+        "profile",
+        "aws_access_key_id",
+        "aws_secret_access_key",
+        "aws_session_token",
+        "fetch_config",
+        "transport",
+    }
+    probe = ObjectDataset(
+        location.url_for(""), [name], **{k: v for k, v in kwargs.items() if k in allowed}
+    )
     try:
         data = probe[0]
     finally:
@@ -329,13 +347,17 @@ class ImageFolder(ObjectDataset):
         self.classes = sorted({k.split("/", 1)[0] for k in images})
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
         self.targets = np.fromiter(
-            (self.class_to_idx[k.split("/", 1)[0]] for k in images), dtype=np.int64, count=len(images)
+            (self.class_to_idx[k.split("/", 1)[0]] for k in images),
+            dtype=np.int64,
+            count=len(images),
         )
 
     @property
     def samples(self) -> list[tuple[str, int]]:
         """(object URL, class index) pairs, as torchvision's ``ImageFolder.samples``."""
-        return [(self.location.url_for(k), int(t)) for k, t in zip(self.keys, self.targets, strict=True)]
+        return [
+            (self.location.url_for(k), int(t)) for k, t in zip(self.keys, self.targets, strict=True)
+        ]
 
     def decode_sample(self, index: int, data: bytes | bytearray) -> tuple[Any, Any]:
         image = self.decoder(data, self.location.url_for(self.keys[index]))

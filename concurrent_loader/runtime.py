@@ -38,7 +38,7 @@ def _new_loop() -> asyncio.AbstractEventLoop:
         import uvloop
     except ImportError:
         return asyncio.new_event_loop()
-    return uvloop.new_event_loop()  # type: ignore[no-any-return]
+    return uvloop.new_event_loop()
 
 
 class Runtime:
@@ -81,7 +81,9 @@ class Runtime:
     def call_soon(self, callback: Callable[..., object], *args: object) -> None:
         self.loop.call_soon_threadsafe(callback, *args)
 
-    async def resource(self, key: Hashable, factory: Callable[[], Awaitable[AsyncCloseable]]) -> Any:
+    async def resource(
+        self, key: Hashable, factory: Callable[[], Awaitable[AsyncCloseable]]
+    ) -> Any:
         """The loop-bound object cached under ``key``, made by ``factory`` on first use.
 
         Runs on the loop; concurrent callers of one key get the same object.

@@ -92,6 +92,13 @@ class StageStats:
             self.histograms["wait"].add(seconds)
             self.counters["batches"] += 1
 
+    def __getstate__(self) -> dict[str, Any]:
+        return self.snapshot()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()  # type: ignore[misc]
+        self.merge_snapshot(state)
+
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             return {

@@ -15,20 +15,23 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, JpegImagePlugin, UnidentifiedImageError
 
 from ..errors import DecodeError
 
 __all__ = ["ImageDecoder", "center_crop_box", "to_tensor"]
 
 
-def center_crop_box(width: int, height: int, out_h: int, out_w: int) -> tuple[float, float, float, float]:
+def center_crop_box(
+    width: int, height: int, out_h: int, out_w: int
+) -> tuple[float, float, float, float]:
     """The source box that, resized to ``(out_w, out_h)``, equals resize-shorter-side then
     centre-crop: the largest centred box with the output's aspect ratio."""
     scale = max(out_w / width, out_h / height)
     box_w, box_h = out_w / scale, out_h / scale
-    left, top = (width - box_w) / 2, (height - box_h) / 2
-    return (left, top, left + box_w, top + box_h)
+    # Clamp: float rounding may put an edge a hair outside the image, which Pillow refuses.
+    left, top = max(0.0, (width - box_w) / 2), max(0.0, (height - box_h) / 2)
+    return (left, top, min(float(width), left + box_w), min(float(height), top + box_h))
 
 
 def to_tensor(image: Image.Image) -> torch.Tensor:
@@ -72,16 +75,19 @@ class ImageDecoder:
     def open(self, data: bytes | bytearray | memoryview, url: str = "<bytes>") -> Image.Image:
         """Decode to a PIL image (resized and cropped when ``image_size`` is set)."""
         if len(data) == 0:
-            raise DecodeError("the object is empty (0 bytes)", url=url, stage="decode",
-                              cause="EmptyObject")
+            raise DecodeError(
+                "the object is empty (0 bytes)", url=url, stage="decode", cause="EmptyObject"
+            )
         try:
-            image = Image.open(io.BytesIO(data))
+            image: Image.Image = Image.open(io.BytesIO(data))
             if self.image_size is not None:
                 out_h, out_w = self.image_size
-                if self.draft and image.format == "JPEG":
+                if self.draft and isinstance(image, JpegImagePlugin.JpegImageFile):
                     # Ask for the smallest DCT scale whose output still covers the crop box.
                     scale = max(out_w / image.width, out_h / image.height)
-                    image.draft(self.mode, (int(image.width * scale) + 1, int(image.height * scale) + 1))
+                    image.draft(
+                        self.mode, (int(image.width * scale) + 1, int(image.height * scale) + 1)
+                    )
                 image = image.convert(self.mode) if image.mode != self.mode else image
                 box = center_crop_box(image.width, image.height, out_h, out_w)
                 image = image.resize((out_w, out_h), self.resample, box=box)

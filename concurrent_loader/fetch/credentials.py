@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import AccessDenied
 from .sigv4 import Credentials
 
-__all__ = ["CredentialSource", "CredentialCache"]
+__all__ = ["CredentialCache", "CredentialSource"]
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,8 @@ class CredentialSource:
         return session
 
     def default_region(self) -> str | None:
-        return self.botocore_session().get_config_variable("region")  # type: ignore[no-any-return]
+        region = self.botocore_session().get_config_variable("region")
+        return region if isinstance(region, str) and region else None
 
     def default_endpoint(self) -> str | None:
         session = self.botocore_session()

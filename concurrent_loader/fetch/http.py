@@ -48,7 +48,9 @@ class HttpReader(Reader):
         expected = response.headers.get("content-length")
         if expected is not None and len(response.body) != int(expected):
             raise IncompleteBody(
-                f"got {len(response.body)} of {expected} bytes", url=url, stage="fetch",
+                f"got {len(response.body)} of {expected} bytes",
+                url=url,
+                stage="fetch",
                 cause="IncompleteBody",
             )
         return response.body

@@ -32,13 +32,17 @@ class LocalReader(Reader):
                 if size > self.config.max_object_bytes:
                     raise ObjectTooLarge(
                         f"{size} bytes > max_object_bytes={self.config.max_object_bytes}",
-                        url=path, stage="fetch", cause="ObjectTooLarge",
+                        url=path,
+                        stage="fetch",
+                        cause="ObjectTooLarge",
                     )
                 return f.read()
         except FileNotFoundError as exc:
             raise ObjectNotFound("no such file", url=path, stage="fetch", cause="NotFound") from exc
         except IsADirectoryError as exc:
-            raise ObjectNotFound("is a directory", url=path, stage="fetch", cause="NotFound") from exc
+            raise ObjectNotFound(
+                "is a directory", url=path, stage="fetch", cause="NotFound"
+            ) from exc
         except PermissionError as exc:
             raise AccessDenied(str(exc), url=path, stage="fetch", cause="PermissionError") from exc
         except OSError as exc:

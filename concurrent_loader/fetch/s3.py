@@ -58,12 +58,16 @@ def _endpoint(bucket: str, endpoint_url: str | None, region: str) -> _Endpoint:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ConfigError(f"malformed endpoint_url {endpoint_url!r}")
         port = parts.port or (443 if parts.scheme == "https" else 80)
-        default = (parts.scheme == "https" and port == 443) or (parts.scheme == "http" and port == 80)
+        default = (parts.scheme == "https" and port == 443) or (
+            parts.scheme == "http" and port == 80
+        )
         host_header = parts.hostname if default else f"{parts.hostname}:{port}"
         return _Endpoint(parts.scheme, parts.hostname, port, host_header, True)
     host = f"{bucket}.s3.{region}.amazonaws.com"
     if "." in bucket:  # a dotted bucket breaks the TLS wildcard certificate
-        return _Endpoint("https", f"s3.{region}.amazonaws.com", 443, f"s3.{region}.amazonaws.com", True)
+        return _Endpoint(
+            "https", f"s3.{region}.amazonaws.com", 443, f"s3.{region}.amazonaws.com", True
+        )
     return _Endpoint("https", host, 443, host, False)
 
 

@@ -73,7 +73,7 @@ class AiohttpTransport:
         )
         connector = aiohttp.TCPConnector(
             limit=config.max_inflight_requests,
-            ssl=ssl_context if ssl_context is not None else (None if config.verify_tls else False),
+            ssl=ssl_context if ssl_context is not None else config.verify_tls,
         )
         self._session = aiohttp.ClientSession(
             connector=connector, timeout=self._timeout, auto_decompress=False
@@ -108,13 +108,15 @@ class AiohttpTransport:
                 body = await response.read()
                 if length is not None and len(body) < length:
                     raise IncompleteBody(
-                        f"got {len(body)} of {length} bytes", url=url, stage="fetch",
+                        f"got {len(body)} of {length} bytes",
+                        url=url,
+                        stage="fetch",
                         cause="IncompleteBody",
                     )
                 return _Response(response.status, dict(response.headers), body)
         except FetchError:
             raise
-        except (asyncio.TimeoutError, self._aiohttp.ClientError, OSError) as exc:
+        except (TimeoutError, self._aiohttp.ClientError, OSError) as exc:
             if isinstance(exc, asyncio.TimeoutError):
                 raise FetchTimeout(
                     "no data within the timeout", url=url, stage="fetch", cause="FetchTimeout"
@@ -132,7 +134,7 @@ def make_transport(name: str, config: FetchConfig, ssl_context: ssl.SSLContext |
         from .http1 import ConnectionPool, Timeouts
 
         t = config.timeouts
-        return ConnectionPool(  # type: ignore[return-value]
+        return ConnectionPool(
             max_connections=config.max_inflight_requests,
             timeouts=Timeouts(connect=t.connect, first_byte=t.first_byte, read=t.read),
             ssl_context=ssl_context,

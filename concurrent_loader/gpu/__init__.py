@@ -1,0 +1,27 @@
+"""The GPU stage: batches copied to the device while the model computes, and stall metrics.
+
+* :class:`CUDAPrefetcher` wraps any iterable of batches; a producer thread stages each
+  batch in a small ring of pinned host buffers, copies it on a dedicated CUDA stream and
+  converts the uint8 images to normalised float there, at most ``depth`` batches ahead.
+  Without CUDA the same code runs on the CPU, still overlapping conversion with loading.
+* :class:`StallMeter` and :func:`measure_stalls` split a training loop's step time into
+  waiting for data and computing, and compare the loader-fed rate with a synthetic one.
+"""
+
+from .normalize import DEFAULT_IMAGE_KEYS, ImageTransform
+from .prefetch import CUDAPrefetcher, PrefetchIterator
+from .ring import PinnedRing
+from .stall import StallComparison, StallMeter, StallReport, measure_stalls, repeat_batch
+
+__all__ = [
+    "DEFAULT_IMAGE_KEYS",
+    "CUDAPrefetcher",
+    "ImageTransform",
+    "PinnedRing",
+    "PrefetchIterator",
+    "StallComparison",
+    "StallMeter",
+    "StallReport",
+    "measure_stalls",
+    "repeat_batch",
+]

@@ -1,0 +1,363 @@
+"""Prefetching batches onto the GPU while the model computes: :class:`CUDAPrefetcher`.
+
+Each pass over a :class:`CUDAPrefetcher` starts one producer thread that pulls batches from
+the source iterable and stages them (see :mod:`concurrent_loader.gpu.transfer`: on CUDA a
+pinned ring, a copy stream and the image conversion on the GPU; elsewhere the conversion on
+the host), and hands them to the training loop in order.
+
+Guarantees of one pass (a :class:`PrefetchIterator`):
+
+* Read-ahead is bounded: ``pulled - handed_over <= depth`` at all times, where ``pulled``
+  counts ``next()`` calls the producer made on the source and ``handed_over`` the batches
+  the consumer has taken. A semaphore holds the invariant
+  ``permits + (pulled - handed_over) == depth``; the producer takes a permit before it pulls
+  and the consumer gives one back after it takes a batch. So at most ``depth`` batches are
+  held in device memory on top of the one the loop is using, and the pinned ring has
+  ``depth + 1`` slots.
+* Batches come out in source order. An exception raised by the source (or while moving a
+  batch) is raised to the consumer, with a note naming the batch, after every batch that
+  came before it, and ends the pass.
+* Nothing is polled: the producer blocks on the semaphore or in the source, the consumer
+  on the queue; the producer always ends by queueing an end marker (from a ``finally``),
+  so a failing producer never leaves the consumer waiting.
+* Ending the pass early (``break``, :meth:`PrefetchIterator.close`,
+  :meth:`CUDAPrefetcher.close`, leaving a ``with`` block, or the iterator being garbage
+  collected) stops and joins the producer thread, closes the source iterator when it has a
+  ``close()`` method (generators do), drops the last reference to it (a
+  ``torch.utils.data.DataLoader`` iterator then shuts its workers down), and frees the
+  ring. The producer finishes a ``next()`` call already under way on the source first:
+  that call cannot be interrupted.
+
+Passes are independent: each has its own thread, stream and ring, so two loops over the same
+prefetcher (an epoch loop calling ``iter`` again) never share a buffer.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import weakref
+from collections.abc import Hashable, Iterable, Iterator, Sequence, Sized
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+import torch
+
+from ..errors import ConfigError
+from .normalize import DEFAULT_IMAGE_KEYS, ImageTransform
+from .ring import PinnedRing
+from .transfer import CUDATransfer, HostTransfer, Transfer
+
+__all__ = ["CUDAPrefetcher", "PrefetchIterator"]
+
+log = logging.getLogger(__name__)
+
+S = TypeVar("S")
+
+#: How long closing waits for the producer to finish a ``next()`` call on the source.
+JOIN_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class _Failure:
+    error: BaseException
+
+
+class _End:
+    pass
+
+
+_END = _End()
+
+
+class _Run(Generic[S]):
+    """The producer thread of one pass and the queue it fills; see the module docstring."""
+
+    def __init__(self, source: Iterable[Any], transfer: Transfer[S], depth: int) -> None:
+        self._items: queue.SimpleQueue[S | _Failure | _End] = queue.SimpleQueue()
+        self._permits = threading.Semaphore(depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._produce,
+            args=(source, transfer),
+            name="concurrent-loader-prefetch",
+            daemon=True,  # a source stuck in next() must not keep the interpreter alive
+        )
+        self._thread.start()
+
+    def _produce(self, source: Iterable[Any], transfer: Transfer[S]) -> None:
+        iterator: Iterator[Any] | None = None
+        try:
+            with transfer.context():
+                iterator = iter(source)
+                index = 0
+                while self._next_permit():
+                    try:
+                        batch = next(iterator)
+                    except StopIteration:
+                        return
+                    except BaseException as error:
+                        error.add_note(f"raised by the source of CUDAPrefetcher at batch {index}")
+                        raise
+                    if self._stop.is_set():
+                        return
+                    self._items.put(_stage(transfer, batch, index))
+                    # Hold nothing while blocked on the next permit: the consumer owns it now.
+                    del batch
+                    index += 1
+        except BaseException as error:
+            self._items.put(_Failure(error))
+        finally:
+            try:
+                _close_source(iterator)
+            finally:
+                # The traceback of a forwarded error holds this frame: clear the reference
+                # so a DataLoader iterator is released (and its workers shut down) now.
+                iterator = None
+                self._items.put(_END)
+
+    def _next_permit(self) -> bool:
+        """Block until the producer may pull one more batch; false once stopped."""
+        self._permits.acquire()
+        return not self._stop.is_set()
+
+    def get(self) -> S | _Failure | _End:
+        """The next item, blocking until the producer has one (or has ended)."""
+        return self._items.get()
+
+    def handed_over(self) -> None:
+        """The consumer has taken a batch: the producer may pull one more."""
+        self._permits.release()
+
+    def close(self) -> bool:
+        """Stop the producer, wait for it, and drop what it queued. Idempotent.
+
+        Returns whether the producer has ended (it may not have if it is stuck in the
+        source's ``next()``, or if this is called on the producer thread itself).
+        """
+        self._stop.set()
+        # One extra permit wakes a producer blocked on the semaphore; it then sees the stop.
+        self._permits.release()
+        if threading.current_thread() is self._thread:
+            # Reached from garbage collection on the producer thread itself: it cannot join
+            # itself, and it stops at its next check of the stop flag.
+            return False
+        self._thread.join(JOIN_TIMEOUT_S)
+        if self._thread.is_alive():
+            log.warning(
+                "CUDAPrefetcher's producer thread is still inside the source's next() after "
+                "%.0f s; leaving it to finish in the background",
+                JOIN_TIMEOUT_S,
+            )
+            return False
+        while True:
+            try:
+                self._items.get_nowait()
+            except queue.Empty:
+                break
+        # The drain may have taken the end marker a consumer on another thread waits for.
+        self._items.put(_END)
+        return True
+
+
+def _stage(transfer: Transfer[S], batch: Any, index: int) -> S:
+    try:
+        return transfer.stage(batch)
+    except BaseException as error:
+        error.add_note(f"raised moving batch {index} to {transfer.device}")
+        raise
+
+
+def _close_source(iterator: Iterator[Any] | None) -> None:
+    close = getattr(iterator, "close", None)
+    if callable(close):
+        try:
+            close()
+        except Exception:
+            log.warning("closing the source iterator of CUDAPrefetcher failed", exc_info=True)
+
+
+class PrefetchIterator(Generic[S]):
+    """One pass over a :class:`CUDAPrefetcher`; yields batches on its device."""
+
+    def __init__(self, source: Iterable[Any], transfer: Transfer[S], depth: int) -> None:
+        self._transfer = transfer
+        self._run: _Run[S] = _Run(source, transfer, depth)
+        self._done = False
+        # Runs close() when the iterator is dropped (e.g. after ``break``) without holding
+        # a reference to it, and at interpreter exit.
+        self._finalizer = weakref.finalize(self, _shutdown, self._run, transfer)
+
+    def __iter__(self) -> PrefetchIterator[S]:
+        return self
+
+    def __next__(self) -> Any:
+        if self._done:
+            raise StopIteration
+        item = self._run.get()
+        if isinstance(item, _End):
+            self.close()
+            raise StopIteration
+        if isinstance(item, _Failure):
+            self.close()
+            raise item.error
+        try:
+            return self._transfer.hand_over(item)
+        finally:
+            self._run.handed_over()
+
+    @property
+    def device(self) -> torch.device:
+        """The device batches are delivered on."""
+        return self._transfer.device
+
+    @property
+    def pinned_bytes(self) -> int:
+        """Pinned host memory this pass holds for staging (0 once closed)."""
+        return self._transfer.pinned_bytes
+
+    @property
+    def pinned_allocations(self) -> int:
+        """Staging buffers this pass has pinned; constant once batch shapes are stable."""
+        return self._transfer.pinned_allocations
+
+    @property
+    def closed(self) -> bool:
+        return self._done
+
+    def close(self) -> None:
+        """End the pass: stop and join the producer, close the source, free the ring."""
+        self._done = True
+        self._finalizer()
+
+    def __enter__(self) -> PrefetchIterator[S]:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _shutdown(run: _Run[Any], transfer: Transfer[Any]) -> None:
+    # The ring may be freed only once no producer can stage into it any more.
+    if run.close():
+        transfer.close()
+
+
+class CUDAPrefetcher:
+    """Iterates ``source`` with batches moved to ``device`` and images converted there.
+
+    ``source`` is any iterable of batches (a ``ConcurrentDataLoader``, a stock
+    ``torch.utils.data.DataLoader``, a list, a generator): tensors, or tuples, lists and
+    dicts of them, nested; other leaves (strings, numbers) pass through.
+
+    Args:
+        device: where batches go. ``"cuda"`` means the current CUDA device when iteration
+            starts. If CUDA is not available, ``"cuda"`` falls back to the CPU with one
+            logged warning, unless ``strict`` is true, in which case it raises
+            :class:`~concurrent_loader.errors.ConfigError`.
+        depth: batches staged ahead of the one the loop is using (``>= 1``); also bounds
+            how far the source is read ahead.
+        mean, std: per-channel, in 0-1 units; the image becomes ``(x / 255 - mean) / std``.
+            Without them images are moved as they are.
+        dtype: floating dtype of the normalised image (``torch.bfloat16`` halves its size).
+        channels_last: deliver 4-dimensional images in ``torch.channels_last`` format.
+        normalize_key: where the image is at the top level of the batch: a position (tuple
+            or list), a key (dict), several of them, or ``None`` for no conversion at all.
+            Only a ``uint8`` tensor of 3 or 4 dimensions with ``len(mean)`` channels at
+            dimension ``-3`` is converted there; see :mod:`concurrent_loader.gpu.normalize`.
+
+    Iterating starts a pass (:class:`PrefetchIterator`); ``close()`` or leaving a ``with``
+    block ends every pass still open. ``len()`` is the source's.
+    """
+
+    def __init__(
+        self,
+        source: Iterable[Any],
+        *,
+        device: str | torch.device = "cuda",
+        depth: int = 2,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
+        dtype: torch.dtype = torch.float32,
+        channels_last: bool = False,
+        normalize_key: Hashable | Sequence[Hashable] | None = DEFAULT_IMAGE_KEYS,
+        strict: bool = False,
+    ) -> None:
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+            raise ConfigError(f"depth must be an int >= 1, got {depth!r}")
+        self.source = source
+        self.depth = depth
+        self.transform = ImageTransform.build(
+            mean=mean,
+            std=std,
+            dtype=dtype,
+            channels_last=channels_last,
+            normalize_key=normalize_key,
+        )
+        self._device = _check_device(device, strict=strict)
+        self._open: weakref.WeakSet[PrefetchIterator[Any]] = weakref.WeakSet()
+
+    @property
+    def device(self) -> torch.device:
+        """The device batches go to; a bare ``cuda`` gets its index when a pass starts."""
+        return self._device
+
+    def __iter__(self) -> PrefetchIterator[Any]:
+        device = self._device
+        transfer: Transfer[Any]
+        if device.type == "cuda":
+            if device.index is None:
+                # Read now, not at construction: the loop may call set_device() in between.
+                device = torch.device("cuda", torch.cuda.current_device())
+            transfer = CUDATransfer(device, self.transform, PinnedRing(self.depth + 1))
+        else:
+            transfer = HostTransfer(device, self.transform)
+        iterator = PrefetchIterator(self.source, transfer, self.depth)
+        self._open.add(iterator)
+        return iterator
+
+    def __len__(self) -> int:
+        if not isinstance(self.source, Sized):
+            raise TypeError(f"the source of this CUDAPrefetcher ({self.source!r}) has no len()")
+        return len(self.source)
+
+    @property
+    def pinned_bytes(self) -> int:
+        """Pinned host memory held for staging by the passes still open."""
+        return sum(iterator.pinned_bytes for iterator in list(self._open))
+
+    def close(self) -> None:
+        """End every pass still open (see :meth:`PrefetchIterator.close`)."""
+        for iterator in list(self._open):
+            iterator.close()
+
+    def __enter__(self) -> CUDAPrefetcher:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _check_device(device: str | torch.device, *, strict: bool) -> torch.device:
+    resolved = torch.device(device)
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        if strict:
+            raise ConfigError(f"device {str(device)!r} was asked for but CUDA is not available")
+        log.warning(
+            "CUDA is not available: CUDAPrefetcher delivers batches on the CPU instead of %s",
+            resolved,
+        )
+        return torch.device("cpu")
+    return resolved

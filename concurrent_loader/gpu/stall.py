@@ -1,0 +1,283 @@
+"""Measuring data stalls: how much of a training loop's time is spent waiting for batches.
+
+:class:`StallMeter` wraps the iterable a training loop runs over and splits each step in
+two: *wait*, the time ``next()`` takes to return the batch, and *compute*, the time from
+then until the loop asks for the next batch. On CUDA the meter synchronises the device at
+each step boundary (and only there), so kernels still queued from a step count as that
+step's compute rather than as the next step's wait: the split is the real one, at the cost
+of the host not queueing the next step while the device finishes the last.
+
+:func:`measure_stalls` adds the differential method of the data-stall literature (the
+DS-Analyzer approach): it runs the same training step on one batch replayed from memory, a
+pipeline with no loading at all, and reports the loader-fed rate as a fraction of that
+loading-free rate. The fraction needs no instrumentation inside the loader and also
+catches costs the per-step split cannot see (loader threads competing with the step for
+CPU, for instance).
+
+Guarantees: for every recorded step ``wait_s + compute_s`` is the wall time from the loop
+asking for the batch to it asking for the next one; a step is recorded when the loop asks
+for the next batch (or the step limit is reached), so a step cut short by ``break`` or an
+exception is not recorded; the first ``warmup_steps`` steps are timed but left out of
+the report.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+
+from ..errors import ConfigError
+from .tree import first_tensor
+
+__all__ = ["StallComparison", "StallMeter", "StallReport", "measure_stalls", "repeat_batch"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class StallReport:
+    """Totals and percentiles over the recorded steps of one run."""
+
+    steps: int
+    samples: int
+    wait_s: float
+    compute_s: float
+    step_p50_s: float
+    step_p95_s: float
+    wait_p95_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.wait_s + self.compute_s
+
+    @property
+    def stall_share(self) -> float:
+        """Share of the loop's time spent waiting for data: ``wait / (wait + compute)``."""
+        return self.wait_s / self.total_s if self.total_s > 0 else math.nan
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.total_s if self.total_s > 0 else math.nan
+
+    @property
+    def mean_wait_s(self) -> float:
+        return self.wait_s / self.steps if self.steps else math.nan
+
+    @property
+    def mean_compute_s(self) -> float:
+        return self.compute_s / self.steps if self.steps else math.nan
+
+    def __str__(self) -> str:
+        return (
+            f"{self.steps} steps, {self.samples_per_s:.1f} samples/s; step p50 "
+            f"{self.step_p50_s * 1e3:.1f} ms, p95 {self.step_p95_s * 1e3:.1f} ms; per step "
+            f"wait {self.mean_wait_s * 1e3:.1f} ms + compute {self.mean_compute_s * 1e3:.1f} ms; "
+            f"data stall {self.stall_share:.1%}"
+        )
+
+
+@dataclass(frozen=True)
+class StallComparison:
+    """A loader-fed run next to the same steps fed from memory (the differential method)."""
+
+    loader: StallReport
+    synthetic: StallReport
+
+    @property
+    def rate_ratio(self) -> float:
+        """Loader-fed samples/s over synthetic samples/s; 1.0 means loading costs nothing."""
+        if not self.synthetic.samples_per_s > 0:
+            return math.nan
+        return self.loader.samples_per_s / self.synthetic.samples_per_s
+
+    @property
+    def differential_stall(self) -> float:
+        """Share of the loader-fed run's time lost to data: ``1 - rate_ratio``.
+
+        Noise can make it slightly negative when loading costs nothing.
+        """
+        return 1.0 - self.rate_ratio
+
+    def __str__(self) -> str:
+        return (
+            f"loader-fed: {self.loader}\n"
+            f"synthetic:  {self.synthetic}\n"
+            f"loader-fed rate / synthetic rate: {self.rate_ratio:.3f} "
+            f"(differential data stall {self.differential_stall:.1%})"
+        )
+
+
+class StallMeter:
+    """Times the steps of a loop over :meth:`iterate`; read the result with :meth:`report`.
+
+    Args:
+        device: the device the steps compute on; on CUDA it is synchronised at step
+            boundaries. ``None`` or a CPU device never synchronises.
+        warmup_steps: leading steps timed but not reported (worker start-up, autotuning).
+        samples_per_batch: counts the samples in a batch; by default the length of the
+            first dimension of the batch's first tensor.
+        clock: seconds, monotonic.
+    """
+
+    def __init__(
+        self,
+        *,
+        device: str | torch.device | None = None,
+        warmup_steps: int = 0,
+        samples_per_batch: Callable[[Any], int] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if warmup_steps < 0:
+            raise ConfigError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        self.warmup_steps = warmup_steps
+        self._synchronize = _synchronizer(device)
+        self._samples_per_batch = samples_per_batch or _default_samples
+        self._clock = clock
+        self._seen = 0
+        self._waits: list[float] = []
+        self._computes: list[float] = []
+        self._samples = 0
+
+    def reset(self) -> None:
+        """Forget every step, warm-up included."""
+        self._seen = 0
+        self._waits.clear()
+        self._computes.clear()
+        self._samples = 0
+
+    def iterate(self, batches: Iterable[T], *, max_steps: int | None = None) -> Iterator[T]:
+        """Yield from ``batches`` (at most ``max_steps``), timing each step.
+
+        An iterator made here from an iterable is closed when the loop ends (if it has
+        ``close()``); an iterator passed in is left open for its owner.
+        """
+        iterator = iter(batches)
+        owned = iterator is not batches
+        try:
+            self._synchronize()
+            steps = 0
+            while max_steps is None or steps < max_steps:
+                asked = self._clock()
+                try:
+                    batch = next(iterator)
+                except StopIteration:
+                    return
+                got = self._clock()
+                samples = self._samples_per_batch(batch)
+                yield batch
+                del batch
+                self._synchronize()
+                self._record(got - asked, self._clock() - got, samples)
+                steps += 1
+        finally:
+            close = getattr(iterator, "close", None)
+            if owned and callable(close):
+                close()
+
+    def _record(self, wait: float, compute: float, samples: int) -> None:
+        self._seen += 1
+        if self._seen > self.warmup_steps:
+            self._waits.append(wait)
+            self._computes.append(compute)
+            self._samples += samples
+
+    def report(self) -> StallReport:
+        """The steps recorded so far, warm-up left out."""
+        steps = [w + c for w, c in zip(self._waits, self._computes, strict=True)]
+        return StallReport(
+            steps=len(steps),
+            samples=self._samples,
+            wait_s=sum(self._waits),
+            compute_s=sum(self._computes),
+            step_p50_s=_percentile(steps, 50),
+            step_p95_s=_percentile(steps, 95),
+            wait_p95_s=_percentile(self._waits, 95),
+        )
+
+
+def repeat_batch(batch: T, times: int) -> Iterator[T]:
+    """``batch`` ``times`` times: a loading-free source for the same training step."""
+    return itertools.repeat(batch, times)
+
+
+def measure_stalls(
+    train_step: Callable[[Any], object],
+    batches: Iterable[Any],
+    *,
+    steps: int,
+    warmup_steps: int = 2,
+    device: str | torch.device | None = None,
+    samples_per_batch: Callable[[Any], int] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> StallComparison:
+    """Run ``train_step`` fed by ``batches``, then fed from memory; compare the two.
+
+    ``warmup_steps + steps`` steps are run from ``batches`` (fewer if it runs out), then as
+    many on its first batch replayed by :func:`repeat_batch`; each run leaves its first
+    ``warmup_steps`` out of its report.
+    """
+    if steps < 1:
+        raise ConfigError(f"steps must be >= 1, got {steps}")
+    total = warmup_steps + steps
+
+    def meter() -> StallMeter:
+        return StallMeter(
+            device=device,
+            warmup_steps=warmup_steps,
+            samples_per_batch=samples_per_batch,
+            clock=clock,
+        )
+
+    fed = meter()
+    first: list[Any] = []
+    ran = 0
+    for batch in fed.iterate(batches, max_steps=total):
+        if not first:
+            first.append(batch)
+        train_step(batch)
+        ran += 1
+    if not first:
+        raise ConfigError("measure_stalls: batches yielded no batch")
+    synthetic = meter()
+    for batch in synthetic.iterate(repeat_batch(first[0], ran)):
+        train_step(batch)
+    return StallComparison(loader=fed.report(), synthetic=synthetic.report())
+
+
+def _synchronizer(device: str | torch.device | None) -> Callable[[], None]:
+    if device is None:
+        return _no_sync
+    resolved = torch.device(device)
+    if resolved.type != "cuda" or not torch.cuda.is_available():
+        return _no_sync
+
+    def synchronize() -> None:
+        torch.cuda.synchronize(resolved)
+
+    return synchronize
+
+
+def _no_sync() -> None:
+    return None
+
+
+def _default_samples(batch: Any) -> int:
+    tensor = first_tensor(batch)
+    if tensor is None or tensor.ndim == 0:
+        return 1
+    return int(tensor.shape[0])
+
+
+def _percentile(values: list[float], percent: float) -> float:
+    """Nearest-rank percentile; NaN for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = max(1, math.ceil(percent / 100 * len(ordered)))
+    return ordered[rank - 1]

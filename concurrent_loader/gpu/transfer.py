@@ -1,0 +1,203 @@
+"""Moving one batch to the device: the work the prefetcher's producer thread does per batch.
+
+A transfer has two halves. :meth:`stage` runs on the producer thread and starts the move
+(on CUDA: stage into pinned memory, issue the copy and the image conversion on a dedicated
+stream); :meth:`hand_over` runs on the consumer's thread when the batch is taken and makes
+it safe to use there (on CUDA: the consumer's stream waits on the batch's event).
+
+Guarantees of :class:`CUDATransfer`:
+
+* Copies and conversions run on one stream of their own, with ``non_blocking=True``; the
+  consumer's current stream waits on an event recorded after them
+  (``Stream.wait_event``), so neither side ever synchronises the whole device.
+* A pinned staging buffer is not rewritten until the copy reading it has completed
+  (:class:`~concurrent_loader.gpu.ring.PinnedRing`); an already pinned, contiguous source
+  tensor is copied from directly and kept alive until that copy has completed.
+* Every device tensor the transfer allocates is marked with ``record_stream`` for the
+  consumer's stream when handed over, so the caching allocator does not give its memory to
+  a later batch while kernels queued by the consumer may still read it.
+* Leaves that are not CPU tensors (tensors already on a device, strings, numbers) are
+  passed through untouched, and so is the image leaf when it is already on a device.
+  CPU tensors of a non-strided layout (sparse) are moved by the consumer's thread, on its
+  stream, when the batch is handed over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+import torch
+
+from .normalize import ImageTransform
+from .ring import PinnedRing
+from .tree import Path, map_batch
+
+__all__ = ["CUDATransfer", "HostTransfer", "Transfer"]
+
+S = TypeVar("S")
+
+
+class Transfer(Protocol[S]):
+    """The per-batch work of one pass of the prefetcher, split across its two threads."""
+
+    device: torch.device
+
+    def context(self) -> contextlib.AbstractContextManager[None]:
+        """Entered by the producer thread for its whole life (device, stream, grad mode)."""
+        ...
+
+    def stage(self, batch: Any) -> S:
+        """Start moving ``batch``; runs on the producer thread."""
+        ...
+
+    def hand_over(self, staged: S) -> Any:
+        """The moved batch, safe to use on the calling (consumer) thread's stream."""
+        ...
+
+    @property
+    def pinned_bytes(self) -> int:
+        """Pinned host memory held for staging."""
+        ...
+
+    @property
+    def pinned_allocations(self) -> int:
+        """Staging buffers pinned so far; stops growing once batch shapes are stable."""
+        ...
+
+    def close(self) -> None:
+        """Release what the transfer holds; called after the producer thread has ended."""
+        ...
+
+
+class HostTransfer:
+    """Moves with a plain ``Tensor.to`` and converts images on the producer thread.
+
+    Used for the CPU (where the move is a no-op and the conversion is the work that
+    overlaps loading) and for devices other than CUDA.
+    """
+
+    pinned_bytes = 0
+    pinned_allocations = 0
+
+    def __init__(self, device: torch.device, transform: ImageTransform) -> None:
+        self.device = device
+        self._transform = transform
+        self._convert = transform.on(device)
+
+    @contextlib.contextmanager
+    def context(self) -> Iterator[None]:
+        with torch.no_grad():
+            yield
+
+    def stage(self, batch: Any) -> Any:
+        def move(path: Path, leaf: Any) -> Any:
+            if not isinstance(leaf, torch.Tensor):
+                return leaf
+            selected = self._transform.selects(path, leaf)
+            leaf = leaf.to(self.device)
+            return self._convert(leaf) if selected else leaf
+
+        return map_batch(batch, move)
+
+    def hand_over(self, staged: Any) -> Any:
+        return staged
+
+    def close(self) -> None:
+        return None
+
+
+@dataclass
+class _InFlight:
+    """A batch whose copy and conversion have been issued on the copy stream."""
+
+    batch: Any
+    ready: torch.cuda.Event
+    owned: list[torch.Tensor] = field(default_factory=list)
+    deferred: bool = False
+
+
+@dataclass(frozen=True)
+class _MoveOnHandOver:
+    """A leaf moved by the consumer thread, on its own stream (see CUDATransfer.stage)."""
+
+    tensor: torch.Tensor
+
+
+class CUDATransfer:
+    """Copies on a dedicated CUDA stream through a ring of pinned staging buffers."""
+
+    def __init__(self, device: torch.device, transform: ImageTransform, ring: PinnedRing) -> None:
+        self.device = device
+        self._transform = transform
+        self._ring = ring
+        self.stream = torch.cuda.Stream(device)
+        # Made under the copy stream so the kernels that use them are ordered after them.
+        with torch.cuda.device(device), torch.cuda.stream(self.stream):
+            self._convert = transform.on(device)
+
+    @property
+    def pinned_bytes(self) -> int:
+        return self._ring.pinned_bytes
+
+    @property
+    def pinned_allocations(self) -> int:
+        return self._ring.allocations
+
+    @contextlib.contextmanager
+    def context(self) -> Iterator[None]:
+        # The current device and stream are per thread: the producer sets its own.
+        with torch.no_grad(), torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+            yield
+
+    def stage(self, batch: Any) -> _InFlight:
+        slot = self._ring.acquire()
+        owned: list[torch.Tensor] = []
+        deferred = False
+
+        def move(path: Path, leaf: Any) -> Any:
+            nonlocal deferred
+            if not isinstance(leaf, torch.Tensor) or leaf.device.type != "cpu":
+                return leaf
+            if leaf.layout != torch.strided:
+                # Sparse and other layouts neither fit a flat staging buffer nor support
+                # record_stream: the consumer moves them on its own stream instead.
+                deferred = True
+                return _MoveOnHandOver(leaf)
+            if leaf.is_pinned() and leaf.is_contiguous():
+                source = leaf
+                slot.keep(leaf)
+            else:
+                source = slot.staging(leaf)
+                source.copy_(leaf)
+            out = source.to(self.device, non_blocking=True)
+            if self._transform.selects(path, leaf):
+                out = self._convert(out)
+            owned.append(out)
+            return out
+
+        ready = torch.cuda.Event()
+        try:
+            moved = map_batch(batch, move)
+        finally:
+            # Even when a leaf fails, copies already issued read the slot: fence them.
+            ready.record(self.stream)
+            slot.release(ready)
+        return _InFlight(moved, ready, owned, deferred)
+
+    def hand_over(self, staged: _InFlight) -> Any:
+        consumer = torch.cuda.current_stream(self.device)
+        consumer.wait_event(staged.ready)
+        for tensor in staged.owned:
+            tensor.record_stream(consumer)
+        if not staged.deferred:
+            return staged.batch
+        return map_batch(staged.batch, self._move_deferred)
+
+    def _move_deferred(self, path: Path, leaf: Any) -> Any:
+        return leaf.tensor.to(self.device) if isinstance(leaf, _MoveOnHandOver) else leaf
+
+    def close(self) -> None:
+        self._ring.close()

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Creates .venv (once) and installs the project with its development pins.
+# Re-running is cheap: nothing is reinstalled unless requirements-dev.txt or pyproject.toml changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade pip
+fi
+stamp=.venv/.installed-$(cat requirements-dev.txt pyproject.toml | sha256sum | cut -c1-16)
+if [ ! -f "$stamp" ]; then
+  # torch first, alone, so the pinned CPU build is what every later requirement sees.
+  .venv/bin/python -m pip install -q "$(grep -E '^torch==' requirements-dev.txt)"
+  .venv/bin/python -m pip install -q -r requirements-dev.txt
+  .venv/bin/python -m pip install -q --no-deps -e .
+  rm -f .venv/.installed-*
+  touch "$stamp"
+fi

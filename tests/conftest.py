@@ -1,0 +1,146 @@
+"""Shared fixtures: a real local S3 server, a bucket, AWS env, proxies and an image dataset.
+
+The server and the dataset are session-scoped (one ``weed mini`` per test session, started
+only if a test asks for it); everything a test changes (env vars, proxies) is undone at
+the end of that test.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from concurrent_loader.testing import LocalS3Server, ProxyProcess
+
+TEST_BUCKET = "test-data"
+IMAGE_PREFIX = "images/train/"
+IMAGE_CLASSES = ("apple", "banana", "cherry")
+IMAGES_PER_CLASS = 8
+IMAGE_SEED = 20240607
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu_items:
+        return  # keep torch out of runs that do not need it
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in gpu_items:
+        item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[LocalS3Server]:
+    """A started local S3 server, shared by the whole session."""
+    with LocalS3Server() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def s3_bucket(s3_server: LocalS3Server) -> str:
+    """The name of a bucket that exists on ``s3_server``."""
+    s3_server.create_bucket(TEST_BUCKET)
+    return TEST_BUCKET
+
+
+@pytest.fixture
+def s3_env(monkeypatch: pytest.MonkeyPatch, s3_server: LocalS3Server) -> dict[str, str]:
+    """AWS_* variables pointing at ``s3_server`` for this test; returns them."""
+    env = s3_server.env()
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    # The developer's own AWS setup must not leak into tests.
+    for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    return env
+
+
+@pytest.fixture
+def proxy_factory(s3_server: LocalS3Server) -> Iterator[Callable[..., ProxyProcess]]:
+    """``make(upstream=None, **ProxyProcess kwargs)`` -> a started proxy, stopped at test end.
+
+    The upstream defaults to ``s3_server``.
+    """
+    started: list[ProxyProcess] = []
+
+    def make(upstream: str | None = None, **kwargs: Any) -> ProxyProcess:
+        proxy = ProxyProcess(upstream or s3_server.endpoint_url, **kwargs)
+        started.append(proxy)
+        return proxy.start()
+
+    yield make
+    for proxy in reversed(started):
+        proxy.stop()
+
+
+@dataclass(frozen=True)
+class ImageDataset:
+    """A small ImageFolder-style JPEG dataset, on local disk and in the test bucket."""
+
+    local_root: Path
+    bucket: str
+    prefix: str
+    #: (key relative to ``local_root`` / the prefix, class name, sha256 hex of the bytes)
+    files: list[tuple[str, str, str]]
+    classes: list[str]
+
+    @property
+    def s3_url(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}"
+
+
+def _make_jpeg(rng: np.random.Generator, class_index: int) -> bytes:
+    width, height = (int(v) for v in rng.integers(64, 201, size=2))
+    # Random 16 px blocks make every image distinct; a tint per class makes classes
+    # tell apart by eye.
+    blocks = rng.integers(0, 160, size=(height // 16 + 1, width // 16 + 1, 3), dtype=np.uint8)
+    pixels = blocks.repeat(16, axis=0).repeat(16, axis=1)[:height, :width].copy()
+    pixels[..., class_index % 3] += 95
+    out = io.BytesIO()
+    Image.fromarray(pixels, "RGB").save(out, format="JPEG", quality=90)
+    return out.getvalue()
+
+
+def write_image_folder(root: Path, seed: int = IMAGE_SEED) -> list[tuple[str, str, str]]:
+    """Write the JPEGs under ``root/<class>/``; the same seed gives the same bytes."""
+    rng = np.random.default_rng(seed)
+    files = []
+    for class_index, name in enumerate(IMAGE_CLASSES):
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for i in range(IMAGES_PER_CLASS):
+            data = _make_jpeg(rng, class_index)
+            key = f"{name}/{name}_{i:03d}.jpg"
+            (root / key).write_bytes(data)
+            files.append((key, name, hashlib.sha256(data).hexdigest()))
+    return files
+
+
+@pytest.fixture(scope="session")
+def image_dataset(
+    tmp_path_factory: pytest.TempPathFactory, s3_server: LocalS3Server, s3_bucket: str
+) -> ImageDataset:
+    """3 classes x 8 JPEGs (64-200 px), locally and under ``s3://test-data/images/train/``."""
+    root = tmp_path_factory.mktemp("image_dataset") / "train"
+    files = write_image_folder(root)
+    s3_server.upload_dir(root, s3_bucket, prefix=IMAGE_PREFIX)
+    return ImageDataset(
+        local_root=root,
+        bucket=s3_bucket,
+        prefix=IMAGE_PREFIX,
+        files=files,
+        classes=sorted(IMAGE_CLASSES),
+    )

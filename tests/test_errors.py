@@ -1,0 +1,56 @@
+import pickle
+
+import pytest
+
+from concurrent_loader import errors
+
+
+def _all_error_classes():
+    return [getattr(errors, name) for name in errors.__all__]
+
+
+@pytest.mark.parametrize("cls", _all_error_classes())
+def test_every_error_pickles_with_its_attributes(cls):
+    exc = cls("HTTP 404", url="s3://b/k.jpg", stage="fetch", cause="NoSuchKey", status=404)
+    exc.add_note("gave up after 3 attempts")
+    back = pickle.loads(pickle.dumps(exc))
+    assert type(back) is cls
+    assert str(back) == str(exc)
+    assert (back.url, back.stage, back.cause, back.status) == (
+        "s3://b/k.jpg",
+        "fetch",
+        "NoSuchKey",
+        404,
+    )
+    assert back.__notes__ == ["gave up after 3 attempts"]
+
+
+@pytest.mark.parametrize("cls", _all_error_classes())
+def test_every_error_builds_from_one_message(cls):
+    # torch's DataLoader re-creates worker exceptions as exc_type(message).
+    assert str(cls("some message")) == "some message"
+
+
+def test_message_names_object_cause_and_stage():
+    exc = errors.AccessDenied("HTTP 403", url="s3://b/k", stage="fetch", cause="AccessDenied")
+    assert str(exc) == "AccessDenied: s3://b/k - HTTP 403 (stage: fetch)"
+
+
+def test_tree():
+    assert issubclass(errors.FetchTimeout, TimeoutError)
+    assert issubclass(errors.ConfigError, ValueError)
+    for cls in (
+        errors.ObjectNotFound,
+        errors.AccessDenied,
+        errors.Throttled,
+        errors.IncompleteBody,
+    ):
+        assert issubclass(cls, errors.FetchError) and issubclass(cls, errors.LoaderError)
+    retryable = {c for c in _all_error_classes() if c.retryable}
+    assert retryable == {
+        errors.Throttled,
+        errors.ServerError,
+        errors.ConnectionFailed,
+        errors.IncompleteBody,
+        errors.FetchTimeout,
+    }
