@@ -7,7 +7,7 @@ per process), :mod:`~concurrent_loader.decode` (bytes -> samples, on a thread po
 """
 
 from .config import FetchConfig, RetryConfig, Timeouts
-from .dataloader import ConcurrentDataLoader
+from .dataloader import ConcurrentDataLoader, PartialBatch, PartialDict, PartialList, is_partial
 from .dataset import IMG_EXTENSIONS, ImageFolder, ObjectDataset
 from .errors import (
     AccessDenied,
@@ -27,6 +27,7 @@ from .errors import (
     Throttled,
     WorkerError,
 )
+from .pipeline import SkippedSample
 
 __version__ = "0.1.0"
 
@@ -48,10 +49,15 @@ __all__ = [
     "ObjectDataset",
     "ObjectNotFound",
     "ObjectTooLarge",
+    "PartialBatch",
+    "PartialDict",
+    "PartialList",
     "RetryConfig",
     "ServerError",
     "SkipBudgetExceeded",
+    "SkippedSample",
     "Throttled",
     "Timeouts",
     "WorkerError",
+    "is_partial",
 ]

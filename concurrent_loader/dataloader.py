@@ -13,12 +13,17 @@ dataset and the shared plan), and ``pin_memory``, ``timeout``, ``worker_init_fn`
 
 Errors raised inside a worker's pipeline travel to the main process as the original
 exception object (type, message and attributes intact) and are raised from ``__next__``.
+
+Because the epoch's plan is drawn in the main process, resuming mid-epoch is exact: the
+state records the epoch, the sampler's random state at the epoch's start and how many
+batches the consumer took; a resumed loader redraws the same plan and skips that many.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from typing import Any
 
@@ -38,11 +43,62 @@ from torch.utils.data import (
     get_worker_info,
 )
 
-from .errors import ConfigError
-from .pipeline import BatchPipeline
-from .stats import StageStats
+from .errors import ConfigError, SkipBudgetExceeded
+from .pipeline import BatchPipeline, Partial, SkippedSample
+from .stats import SharedStats, StageStats, percentile
 
-__all__ = ["ConcurrentDataLoader"]
+__all__ = ["ConcurrentDataLoader", "PartialBatch", "PartialDict", "PartialList", "is_partial"]
+
+_STATE_VERSION = 1
+
+
+class PartialBatch(tuple[Any, ...]):
+    """A tuple batch that lost samples under ``on_error="skip"``; see ``.skipped``."""
+
+    skipped: list[SkippedSample]
+
+    def __reduce__(self) -> Any:
+        return (_partial, (tuple, tuple(self), self.skipped))
+
+
+class PartialList(list[Any]):
+    """A list batch that lost samples under ``on_error="skip"``; see ``.skipped``."""
+
+    skipped: list[SkippedSample]
+
+
+class PartialDict(dict[Any, Any]):
+    """A dict batch that lost samples under ``on_error="skip"``; see ``.skipped``."""
+
+    skipped: list[SkippedSample]
+
+
+_MARKED: dict[type, type] = {tuple: PartialBatch, list: PartialList, dict: PartialDict}
+
+
+def _partial(kind: type, batch: Any, skipped: list[SkippedSample]) -> Any:
+    marked = _MARKED[kind](batch)
+    marked.skipped = skipped
+    return marked
+
+
+def _mark(batch: Any, skipped: list[SkippedSample]) -> Any:
+    for kind in (tuple, list, dict):
+        if isinstance(batch, kind):
+            return _partial(kind, batch, skipped)
+    if isinstance(batch, torch.Tensor):
+        batch.skipped = skipped  # type: ignore[attr-defined]
+        return batch
+    raise TypeError(
+        f"on_error='skip' needs batches that can be marked (tuple, list, dict or tensor), "
+        f"got {type(batch).__name__}"
+    )
+
+
+def is_partial(batch: Any) -> bool:
+    """True if ``batch`` lost samples under ``on_error="skip"`` (its ``.skipped`` says which)."""
+    return bool(getattr(batch, "skipped", None))
+
 
 log = logging.getLogger(__name__)
 
@@ -116,22 +172,27 @@ class _PlannedBatches(IterableDataset[Any]):
         plan: _EpochPlan,
         collate_fn: Callable[[list[Any]], Any],
         options: dict[str, Any],
+        shared_stats: SharedStats,
     ) -> None:
         self.dataset = dataset
         self.plan = plan
         self.collate_fn = collate_fn
         self.options = options
-        self.stats = StageStats()
+        self.shared_stats = shared_stats
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        row = worker + 1 if info is not None else 0
         batches = self.plan.batches_for(worker, num_workers)
+        shared = self.shared_stats
         pipeline = BatchPipeline(
             self.dataset,
             batches,
             collate_fn=self.collate_fn,
-            stats=self.stats,
+            # Counting goes on from what earlier epochs (maybe other processes) left in the row.
+            stats=shared.read(row),
+            publish=lambda stats: shared.write(row, stats),
             **self.options,
         )
         try:
@@ -150,7 +211,13 @@ class _PlannedBatches(IterableDataset[Any]):
 
     def __getattr__(self, name: str) -> Any:
         # Attribute access reads through to the user's dataset (loader.dataset.classes).
-        if name.startswith("_") or name in ("dataset", "plan", "collate_fn", "options", "stats"):
+        if name.startswith("_") or name in (
+            "dataset",
+            "plan",
+            "collate_fn",
+            "options",
+            "shared_stats",
+        ):
             raise AttributeError(name)
         return getattr(self.dataset, name)
 
@@ -196,6 +263,9 @@ class ConcurrentDataLoader(DataLoader[Any]):
         decode_threads: int | None = None,
         prefetch_batches: int | None = None,
         seed: int = 0,
+        on_error: str = "raise",
+        max_skipped: int | float = 0.01,
+        log_every_s: float | None = None,
     ) -> None:
         if isinstance(dataset, IterableDataset):
             raise TypeError(
@@ -217,6 +287,12 @@ class ConcurrentDataLoader(DataLoader[Any]):
             raise ConfigError(f"decode_threads must be >= 1, got {decode_threads}")
         if prefetch_batches is not None and prefetch_batches < 1:
             raise ConfigError(f"prefetch_batches must be >= 1, got {prefetch_batches}")
+        if on_error not in ("raise", "skip"):
+            raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        if isinstance(max_skipped, float) and not 0 <= max_skipped < 1:
+            raise ConfigError(f"max_skipped as a fraction must be in [0, 1), got {max_skipped}")
+        if isinstance(max_skipped, int) and max_skipped < 0:
+            raise ConfigError(f"max_skipped must be >= 0, got {max_skipped}")
 
         if shuffle and generator is None:
             # Seeded from torch's global RNG, so torch.manual_seed() makes runs repeatable.
@@ -244,6 +320,7 @@ class ConcurrentDataLoader(DataLoader[Any]):
         if prefetch_batches is None:
             prefetch_batches = max(2, -(-max_inflight_requests // per_batch) + 1)
         self._plan = _EpochPlan()
+        self._shared_stats = SharedStats(num_workers)
         self._planned = _PlannedBatches(
             dataset,
             self._plan,
@@ -253,8 +330,19 @@ class ConcurrentDataLoader(DataLoader[Any]):
                 "max_inflight_bytes": max_inflight_bytes,
                 "decode_threads": decode_threads,
                 "prefetch_batches": prefetch_batches,
+                "on_error": on_error,
             },
+            self._shared_stats,
         )
+        self.on_error = on_error
+        self.max_skipped = max_skipped
+        self.log_every_s = log_every_s
+        self.skipped: list[SkippedSample] = []
+        self._waits = StageStats()
+        self._iterating_since: float | None = None
+        self._busy_seconds = 0.0
+        self._pending_state: dict[str, Any] | None = None
+        self._progress: dict[str, Any] | None = None
         self.max_inflight_requests = max_inflight_requests
         self.decode_threads = decode_threads
         self.prefetch_batches = prefetch_batches
@@ -314,12 +402,190 @@ class ConcurrentDataLoader(DataLoader[Any]):
         raise TypeError("the batch sampler has no len()")
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        skip = 0
+        state, self._pending_state = self._pending_state, None
+        if state is not None:
+            skip = self._restore(state)
+        start_state = self._generator_states()
+        epoch = self._epoch
         batches = [list(b) for b in self._index_batches()]
-        may_grow = not (self.persistent_workers and self._plan_written)
-        self._plan.write(batches, self._epoch, may_grow=may_grow)
-        self._plan_written = True
         self._epoch += 1
-        return _raise_failures(super().__iter__())
+        if not 0 <= skip <= len(batches):
+            raise ConfigError(
+                f"the state resumes after batch {skip}, but this epoch has {len(batches)} batches"
+            )
+        may_grow = not (self.persistent_workers and self._plan_written)
+        self._plan.write(batches[skip:], epoch, may_grow=may_grow)
+        self._plan_written = True
+        self.skipped = []
+        self._progress = {
+            "epoch": epoch,
+            "generator_states": start_state,
+            "num_batches": len(batches),
+            "batches_taken": skip,
+            "samples": sum(len(b) for b in batches),
+            "done": skip == len(batches),
+        }
+        return self._consume(super().__iter__(), self._progress)
+
+    def _consume(self, batches: Iterator[Any], progress: dict[str, Any]) -> Iterator[Any]:
+        """Re-raise workers' errors, apply the skip policy, count progress and waits."""
+        failure: BaseException | None = None
+        self._iterating_since = self._iterating_since or time.perf_counter()
+        last_log = time.monotonic()
+        budget = self._skip_budget(progress["samples"])
+        try:
+            while True:
+                waited = time.perf_counter()
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    break
+                self._waits.add_wait(time.perf_counter() - waited)
+                if isinstance(batch, _Failure):
+                    failure = batch.exc
+                    break
+                progress["batches_taken"] += 1
+                if isinstance(batch, Partial):
+                    for sample in batch.skipped:
+                        log.warning("skipped %s: %s", sample.url, sample.error)
+                    self.skipped.extend(batch.skipped)
+                    if len(self.skipped) > budget:
+                        last = batch.skipped[-1]
+                        failure = SkipBudgetExceeded(
+                            f"{len(self.skipped)} samples skipped this epoch, more than "
+                            f"max_skipped={self.max_skipped!r} allows ({budget})",
+                            url=last.url,
+                            cause="SkipBudgetExceeded",
+                        )
+                        failure.__cause__ = last.error
+                        break
+                    if batch.batch is None:
+                        continue  # every sample of it failed: counted and logged above
+                    batch = _mark(batch.batch, batch.skipped)
+                if self.log_every_s is not None and time.monotonic() - last_log >= self.log_every_s:
+                    last_log = time.monotonic()
+                    log.info("%s", _format_stats(self.stats()))
+                yielded = time.perf_counter()
+                yield batch
+                self._busy_seconds += time.perf_counter() - yielded
+            progress["done"] = failure is None
+        finally:
+            # Drop torch's iterator before raising so its workers shut down now, not
+            # whenever the traceback (which keeps this frame alive) is collected.
+            del batches
+        if failure is not None:
+            raise failure
+
+    def _skip_budget(self, samples: int) -> float:
+        if self.on_error != "skip":
+            return float("inf")
+        if isinstance(self.max_skipped, float):
+            return self.max_skipped * samples
+        return float(self.max_skipped)
+
+    # ------------------------------------------------------------------ resumable state
+
+    def _generator_states(self) -> dict[str, torch.Tensor]:
+        states = {}
+        if self._generator is not None:
+            states["loader"] = self._generator.get_state()
+        sampler_generator = getattr(self._user_sampler, "generator", None)
+        if isinstance(sampler_generator, torch.Generator):
+            states["sampler"] = sampler_generator.get_state()
+        return states
+
+    def _world(self) -> tuple[int, int]:
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+        return 0, 1
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader is in its epochs, to resume exactly (torchdata's protocol).
+
+        Taken mid-epoch, a loader that loads it continues with the next batch the consumer
+        has not received; taken between epochs, with the next epoch.
+        """
+        rank, world = self._world()
+        progress = self._progress
+        if progress is None or progress["done"]:
+            return {
+                "version": _STATE_VERSION,
+                "epoch": self._epoch,
+                "batches_taken": 0,
+                "generator_states": self._generator_states(),
+                "rank": rank,
+                "world_size": world,
+            }
+        return {
+            "version": _STATE_VERSION,
+            "epoch": progress["epoch"],
+            "batches_taken": progress["batches_taken"],
+            "generator_states": progress["generator_states"],
+            "rank": rank,
+            "world_size": world,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from ``state`` at the next ``iter(loader)``."""
+        if state.get("version") != _STATE_VERSION:
+            raise ConfigError(f"unknown loader state version {state.get('version')!r}")
+        self._pending_state = dict(state)
+
+    def _restore(self, state: dict[str, Any]) -> int:
+        rank, world = self._world()
+        if (state["rank"], state["world_size"]) != (rank, world):
+            raise ConfigError(
+                f"the state was saved by rank {state['rank']} of {state['world_size']}, but this "
+                f"is rank {rank} of {world}: resuming with a different world size (or rank) is "
+                "not supported"
+            )
+        self._epoch = int(state["epoch"])
+        states = state["generator_states"]
+        if "loader" in states and self._generator is not None:
+            self._generator.set_state(states["loader"])
+        sampler_generator = getattr(self._user_sampler, "generator", None)
+        if "sampler" in states and isinstance(sampler_generator, torch.Generator):
+            sampler_generator.set_state(states["sampler"])
+        return int(state["batches_taken"])
+
+    # ------------------------------------------------------------------ live metrics
+
+    def stats(self) -> dict[str, Any]:
+        """Loader metrics merged over every process: see :func:`_format_stats` for a line."""
+        total = self._shared_stats.total()
+        waits = self._waits.histogram("wait")
+        elapsed = time.perf_counter() - self._iterating_since if self._iterating_since else 0.0
+        fetch, decode = total["fetch"], total["decode"]
+        processes = max(1, self.num_workers)
+        out: dict[str, Any] = {
+            "requests": int(total["objects"]),
+            "bytes": int(total["bytes"]),
+            "retries": int(total["retries"]),
+            "throttles": int(total["throttles"]),
+            "skipped": int(total["skipped"]),
+            "inflight": int(total["inflight"]),
+            "batches": int(waits["count"]),
+            "elapsed_s": elapsed,
+            "get_latency_s": {
+                q: percentile(fetch["counts"], n)
+                for q, n in (("p50", 50), ("p95", 95), ("p99", 99))
+            },
+            "decode_s_per_image": decode["total"] / decode["count"] if decode["count"] else None,
+            "wait_s_per_batch": _percentiles(waits["counts"]),
+            "bytes_per_s": total["bytes"] / elapsed if elapsed else 0.0,
+            "images_per_s": decode["count"] / elapsed if elapsed else 0.0,
+        }
+        out["verdict"] = _verdict(
+            wait_share=waits["total"] / elapsed if elapsed else 0.0,
+            fetch_busy=fetch["total"] / elapsed / (self.max_inflight_requests * processes)
+            if elapsed
+            else 0.0,
+            decode_busy=decode["total"] / elapsed / (self.decode_threads * processes)
+            if elapsed
+            else 0.0,
+        )
+        return out
 
     # ------------------------------------------------------------------ introspection
 
@@ -329,18 +595,34 @@ class ConcurrentDataLoader(DataLoader[Any]):
         return self._source
 
 
-def _raise_failures(batches: Iterator[Any]) -> Iterator[Any]:
-    failure = None
-    for batch in batches:
-        if isinstance(batch, _Failure):
-            failure = batch.exc
-            break
-        yield batch
-    # Drop torch's iterator before raising so its workers shut down now, not whenever the
-    # traceback (which would keep this frame alive) is collected.
-    del batches
-    if failure is not None:
-        raise failure
+def _percentiles(counts: list[float]) -> dict[str, float | None]:
+    return {f"p{q}": percentile(counts, q) for q in (50, 95, 99)}
+
+
+def _verdict(*, wait_share: float, fetch_busy: float, decode_busy: float) -> str:
+    """Which stage limits throughput, from the consumer's waiting share and how busy the
+    fetch slots (GETs in flight / allowed) and decode threads were."""
+    if wait_share < 0.1:
+        return f"training step: the loader keeps up (the loop waited {wait_share:.0%} of the time)"
+    if fetch_busy >= decode_busy:
+        return (
+            f"storage: the loop waited {wait_share:.0%} of the time and fetch slots were "
+            f"{fetch_busy:.0%} busy; raise max_inflight_requests or num_workers"
+        )
+    return (
+        f"decode: the loop waited {wait_share:.0%} of the time and decode threads were "
+        f"{decode_busy:.0%} busy; raise num_workers or decode_threads, or use image_size"
+    )
+
+
+def _format_stats(stats: dict[str, Any]) -> str:
+    p50 = stats["get_latency_s"]["p50"]
+    return (
+        f"{stats['images_per_s']:.0f} img/s, {stats['bytes_per_s'] / 1e6:.1f} MB/s, "
+        f"GET p50 {p50 * 1000 if p50 else 0:.1f} ms, {stats['inflight']} in flight, "
+        f"{stats['retries']} retries, {stats['throttles']} throttles, "
+        f"{stats['skipped']} skipped - {stats['verdict']}"
+    )
 
 
 def _available_cpus() -> int:

@@ -21,7 +21,10 @@ Guarantees:
   bodies hold ``max_inflight_bytes`` or more (one request's body may overshoot it).
 - The next batches' GETs are in flight while the current batch decodes: no per-batch barrier.
 - The first failure of a batch fails that batch at once; it is raised when the consumer
-  reaches the batch, so every earlier batch is still delivered.
+  reaches the batch, so every earlier batch is still delivered. With ``on_error="skip"`` a
+  sample failing with a :class:`~concurrent_loader.errors.LoaderError` is left out instead
+  and the batch is yielded as :class:`Partial` (the batch of the others, and what was
+  skipped), which the loader marks for the caller; other exceptions (bugs) always fail.
 - :meth:`close` (also on ``break``, exceptions and garbage collection of the generator)
   cancels outstanding GETs, joins the decode threads and returns the runtime lease.
 
@@ -38,29 +41,53 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from torch.utils.data import Dataset
 
 from .dataset import ObjectDataset
+from .errors import LoaderError
 from .fetch import Reader
 from .runtime import Runtime, acquire_runtime
 from .stats import StageStats
 
-__all__ = ["BatchPipeline"]
+__all__ = ["BatchPipeline", "Partial", "SkippedSample"]
 
 log = logging.getLogger(__name__)
+
+_SKIPPED = object()
+
+
+@dataclass(frozen=True)
+class SkippedSample:
+    """A sample left out under ``on_error="skip"``: its dataset index, object and error."""
+
+    index: int
+    url: str
+    error: LoaderError
+
+
+@dataclass(frozen=True)
+class Partial:
+    """A batch that lost samples: ``batch`` (None when every sample failed) and ``skipped``."""
+
+    batch: Any
+    skipped: list[SkippedSample]
 
 
 class _Slot:
     """One batch being assembled; items land by position from any thread."""
 
-    __slots__ = ("collate", "future", "indices", "items", "lock", "remaining")
+    __slots__ = ("collate", "future", "indices", "items", "lock", "remaining", "skipped")
+
+    skipped: list[tuple[int, SkippedSample]]
 
     def __init__(self, indices: Sequence[int], collate: Callable[[list[Any]], Any]) -> None:
         self.indices = indices
         self.items: list[Any] = [None] * len(indices)
         self.remaining = len(indices)
+        self.skipped = []
         self.lock = threading.Lock()
         self.collate = collate
         self.future: concurrent.futures.Future[Any] = concurrent.futures.Future()
@@ -77,14 +104,32 @@ class _Slot:
             self.remaining -= 1
             if self.remaining:
                 return
+        self._finish()
+
+    def skip(self, position: int, sample: SkippedSample) -> None:
+        with self.lock:
+            if self.future.done():
+                return
+            self.items[position] = _SKIPPED
+            self.skipped.append((position, sample))
+            self.remaining -= 1
+            if self.remaining:
+                return
+        self._finish()
+
+    def _finish(self) -> None:
+        items = [item for item in self.items if item is not _SKIPPED]
+        self.items = []
         try:
-            batch = self.collate(self.items)
+            batch = self.collate(items) if items else None
         except BaseException as exc:
             exc.add_note("while collating a batch")
             self.future.set_exception(exc)
+            return
+        if self.skipped:
+            self.future.set_result(Partial(batch, [s for _, s in sorted(self.skipped)]))
         else:
             self.future.set_result(batch)
-        self.items = []
 
     def fail(self, exc: BaseException) -> None:
         with self.lock:
@@ -107,8 +152,14 @@ class BatchPipeline:
         max_inflight_bytes: int | None = None,
         decode_threads: int = 1,
         prefetch_batches: int = 2,
+        on_error: str = "raise",
         stats: StageStats | None = None,
+        publish: Callable[[StageStats], None] | None = None,
     ) -> None:
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        self._skip = on_error == "skip"
+        self._publish = publish
         self._dataset = dataset
         self._batches = batches
         self._collate = collate_fn
@@ -142,6 +193,8 @@ class BatchPipeline:
         self._max_bytes = max_inflight_bytes or (
             dataset.fetch_config.max_inflight_bytes if isinstance(dataset, ObjectDataset) else 0
         )
+        self._seen_retries = self._reader.retries if self._reader is not None else 0
+        self._seen_throttles = self._reader.limit.throttles if self._reader is not None else 0
         self._held_bytes = 0
         self._bytes_lock = threading.Lock()
         self._bytes_waiters: list[asyncio.Future[None]] = []
@@ -166,9 +219,20 @@ class BatchPipeline:
                 batch = slot.future.result()
                 if self._next_to_start < len(self._batches):
                     self._start_next()
+                self._flush_stats()
                 yield batch
         finally:
             self.close()
+
+    def _flush_stats(self) -> None:
+        reader = self._reader
+        if reader is not None:
+            self.stats.add("retries", reader.retries - self._seen_retries)
+            self.stats.add("throttles", reader.limit.throttles - self._seen_throttles)
+            self.stats.set("inflight", reader.limit.in_flight)
+            self._seen_retries, self._seen_throttles = reader.retries, reader.limit.throttles
+        if self._publish is not None:
+            self._publish(self.stats)
 
     def _start_next(self) -> None:
         b = self._next_to_start
@@ -211,7 +275,7 @@ class BatchPipeline:
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
-            slot.fail(exc)
+            self._failed(slot, position, index, exc)
             return
         size = len(data)
         self.stats.add_fetch(time.perf_counter() - started, size)
@@ -230,8 +294,7 @@ class BatchPipeline:
             item = self._dataset.decode_sample(index, data)  # type: ignore[attr-defined]
             self.stats.add_decode(time.perf_counter() - started)
         except BaseException as exc:
-            _name_object(exc, self._dataset, index, "decode")
-            slot.fail(exc)
+            self._failed(slot, position, index, exc)
         else:
             slot.put(position, item)
         finally:
@@ -251,8 +314,7 @@ class BatchPipeline:
             item = dataset.decode_sample(index, data)
             self.stats.add_decode(time.perf_counter() - fetched)
         except BaseException as exc:
-            _name_object(exc, dataset, index, "decode")
-            slot.fail(exc)
+            self._failed(slot, position, index, exc)
         else:
             slot.put(position, item)
 
@@ -264,10 +326,27 @@ class BatchPipeline:
             item = self._dataset[index]
             self.stats.add_decode(time.perf_counter() - started)
         except BaseException as exc:
-            exc.add_note(f"while loading item {index!r} of {type(self._dataset).__name__}")
-            slot.fail(exc)
+            self._failed(slot, position, index, exc)
         else:
             slot.put(position, item)
+
+    def _failed(self, slot: _Slot, position: int, index: int, exc: BaseException) -> None:
+        """Sample ``index`` failed: skip it (policy "skip", our errors only) or fail its batch."""
+        dataset = self._dataset
+        if self._skip and isinstance(exc, LoaderError):
+            url = exc.url or (
+                dataset.url_for(index) if isinstance(dataset, ObjectDataset) else f"item {index}"
+            )
+            self.stats.add("skipped")
+            slot.skip(position, SkippedSample(index, url, exc))
+            return
+        if not isinstance(exc, LoaderError):
+            # Errors from user code (a transform, a foreign dataset) get the object's name.
+            where = (
+                dataset.url_for(index) if isinstance(dataset, ObjectDataset) else f"item {index!r}"
+            )
+            exc.add_note(f"while loading {where} of {type(dataset).__name__}")
+        slot.fail(exc)
 
     # ------------------------------------------------------------------ byte budget
 
@@ -297,6 +376,7 @@ class BatchPipeline:
         if self._closed:
             return
         self._closed = True
+        self._flush_stats()
         runtime, self._runtime = self._runtime, None
         try:
             if runtime is not None:
@@ -314,12 +394,3 @@ class BatchPipeline:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         self._wake_bytes()
-
-
-def _name_object(exc: BaseException, dataset: Any, index: int, stage: str) -> None:
-    """Make sure an error from user code says which object it is about."""
-    from .errors import LoaderError
-
-    if isinstance(exc, LoaderError) or not isinstance(dataset, ObjectDataset):
-        return
-    exc.add_note(f"while {stage} of {dataset.url_for(index)}")

@@ -1,9 +1,12 @@
-"""Per-stage counters and latency histograms, cheap to update and mergeable across processes.
+"""Per-stage counters and latency histograms, cheap to update and merged across processes.
 
-A :class:`StageStats` lives in each process's pipeline; snapshots (plain dicts of numbers)
-travel to the main process and are merged there. Latencies go into fixed log-scale
-histograms (10 buckets per decade from 1 microsecond to 1000 s), so merging is adding
-arrays and percentiles are exact to the bucket (about 26 % wide).
+Each process's pipeline counts into a :class:`StageStats` and, after every batch, copies it
+as one flat vector into its own row of a shared-memory matrix (:class:`SharedStats`) that
+the main process sums on demand: no queue, no message, no lock between processes.
+
+Latencies go into fixed log-scale histograms (10 buckets per decade from 1 microsecond to
+1000 s), so merging is adding arrays and percentiles are exact to the bucket (about 26 %
+wide; we report the bucket's upper edge).
 """
 
 from __future__ import annotations
@@ -12,103 +15,117 @@ import math
 import threading
 from typing import Any
 
-__all__ = ["Histogram", "StageStats"]
+import torch
+
+__all__ = ["COUNTERS", "HISTOGRAMS", "SharedStats", "StageStats", "percentile"]
 
 _PER_DECADE = 10
 _LOW = 1e-6
-_BUCKETS = 9 * _PER_DECADE + 1
+BUCKETS = 9 * _PER_DECADE + 1
+COUNTERS = ("objects", "bytes", "batches", "retries", "throttles", "skipped", "inflight")
+HISTOGRAMS = ("fetch", "decode", "wait")
+_HIST_BASE = len(COUNTERS)
+# per histogram: BUCKETS counts, then count and total seconds
+_HIST_WIDTH = BUCKETS + 2
+WIDTH = _HIST_BASE + len(HISTOGRAMS) * _HIST_WIDTH
 
 
-class Histogram:
-    __slots__ = ("count", "counts", "total")
+def _bucket(seconds: float) -> int:
+    if seconds <= _LOW:
+        return 0
+    return min(BUCKETS - 1, int(math.log10(seconds / _LOW) * _PER_DECADE) + 1)
 
-    def __init__(self) -> None:
-        self.counts = [0] * _BUCKETS
-        self.count = 0
-        self.total = 0.0
 
-    def add(self, seconds: float) -> None:
-        if seconds <= _LOW:
-            bucket = 0
-        else:
-            bucket = min(_BUCKETS - 1, int(math.log10(seconds / _LOW) * _PER_DECADE) + 1)
-        self.counts[bucket] += 1
-        self.count += 1
-        self.total += seconds
-
-    def merge(self, other: Histogram) -> None:
-        for i, c in enumerate(other.counts):
-            self.counts[i] += c
-        self.count += other.count
-        self.total += other.total
-
-    def percentile(self, q: float) -> float | None:
-        """Upper edge of the bucket holding the ``q``-th percentile (0-100), in seconds."""
-        if not self.count:
-            return None
-        rank = max(1, math.ceil(self.count * q / 100))
-        seen = 0
-        for i, c in enumerate(self.counts):
-            seen += c
-            if seen >= rank:
-                return _LOW * 10 ** (i / _PER_DECADE)
-        return None  # pragma: no cover - unreachable
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"counts": list(self.counts), "count": self.count, "total": self.total}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Histogram:
-        h = cls()
-        h.counts = list(data["counts"])
-        h.count = data["count"]
-        h.total = data["total"]
-        return h
+def percentile(counts: list[float], q: float) -> float | None:
+    """Upper edge (seconds) of the bucket holding the ``q``-th percentile (0-100)."""
+    total = sum(counts)
+    if not total:
+        return None
+    rank = max(1.0, math.ceil(total * q / 100))
+    seen = 0.0
+    for i, c in enumerate(counts):
+        seen += c
+        if seen >= rank:
+            return _LOW * 10 ** (i / _PER_DECADE)
+    return None  # pragma: no cover - unreachable
 
 
 class StageStats:
-    """What one process's pipeline did: fetches, bytes, decode time, consumer waits."""
+    """What one process's pipeline did. Thread-safe; ``vector()`` is its flat form."""
 
-    _HISTOGRAMS = ("fetch", "decode", "wait")
-    _COUNTERS = ("objects", "bytes", "batches")
-
-    def __init__(self) -> None:
+    def __init__(self, vector: list[float] | None = None) -> None:
         self._lock = threading.Lock()
-        self.histograms = {name: Histogram() for name in self._HISTOGRAMS}
-        self.counters = dict.fromkeys(self._COUNTERS, 0)
+        self._v = list(vector) if vector is not None else [0.0] * WIDTH
+
+    def _add_latency(self, histogram: int, seconds: float) -> None:
+        base = _HIST_BASE + histogram * _HIST_WIDTH
+        self._v[base + _bucket(seconds)] += 1
+        self._v[base + BUCKETS] += 1
+        self._v[base + BUCKETS + 1] += seconds
 
     def add_fetch(self, seconds: float, size: int) -> None:
         with self._lock:
-            self.histograms["fetch"].add(seconds)
-            self.counters["objects"] += 1
-            self.counters["bytes"] += size
+            self._add_latency(0, seconds)
+            self._v[0] += 1
+            self._v[1] += size
 
     def add_decode(self, seconds: float) -> None:
         with self._lock:
-            self.histograms["decode"].add(seconds)
+            self._add_latency(1, seconds)
 
     def add_wait(self, seconds: float) -> None:
         with self._lock:
-            self.histograms["wait"].add(seconds)
-            self.counters["batches"] += 1
+            self._add_latency(2, seconds)
+            self._v[2] += 1
 
-    def __getstate__(self) -> dict[str, Any]:
-        return self.snapshot()
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__()  # type: ignore[misc]
-        self.merge_snapshot(state)
-
-    def snapshot(self) -> dict[str, Any]:
+    def add(self, counter: str, amount: float = 1) -> None:
         with self._lock:
+            self._v[COUNTERS.index(counter)] += amount
+
+    def set(self, counter: str, value: float) -> None:
+        with self._lock:
+            self._v[COUNTERS.index(counter)] = value
+
+    def histogram(self, name: str) -> dict[str, Any]:
+        """``counts`` per bucket, ``count`` and ``total`` seconds of one histogram."""
+        base = _HIST_BASE + HISTOGRAMS.index(name) * _HIST_WIDTH
+        with self._lock:
+            v = self._v
             return {
-                "counters": dict(self.counters),
-                "histograms": {k: h.to_dict() for k, h in self.histograms.items()},
+                "counts": v[base : base + BUCKETS],
+                "count": v[base + BUCKETS],
+                "total": v[base + BUCKETS + 1],
             }
 
-    def merge_snapshot(self, snapshot: dict[str, Any]) -> None:
+    def vector(self) -> list[float]:
         with self._lock:
-            for name, value in snapshot["counters"].items():
-                self.counters[name] = self.counters.get(name, 0) + value
-            for name, data in snapshot["histograms"].items():
-                self.histograms.setdefault(name, Histogram()).merge(Histogram.from_dict(data))
+            return list(self._v)
+
+    def __getstate__(self) -> list[float]:
+        return self.vector()
+
+    def __setstate__(self, state: list[float]) -> None:
+        self.__init__(state)  # type: ignore[misc]
+
+
+class SharedStats:
+    """One row per process (row 0: the main process, row ``w + 1``: worker ``w``), in shared
+    memory, so rows written by workers are visible to the main process at any time."""
+
+    def __init__(self, num_workers: int) -> None:
+        self.rows = torch.zeros((num_workers + 1, WIDTH), dtype=torch.float64).share_memory_()
+
+    def write(self, row: int, stats: StageStats) -> None:
+        self.rows[row] = torch.tensor(stats.vector(), dtype=torch.float64)
+
+    def read(self, row: int) -> StageStats:
+        return StageStats(self.rows[row].tolist())
+
+    def total(self) -> dict[str, Any]:
+        """Counters and histograms summed over every process."""
+        summed = StageStats(self.rows.sum(0).tolist())
+        vector = summed.vector()
+        out: dict[str, Any] = {name: vector[i] for i, name in enumerate(COUNTERS)}
+        for name in HISTOGRAMS:
+            out[name] = summed.histogram(name)
+        return out

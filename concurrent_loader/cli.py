@@ -1,0 +1,300 @@
+"""The ``concurrent-loader`` command line (also ``python -m concurrent_loader``).
+
+Commands::
+
+    concurrent-loader manifest ROOT -o FILE [--endpoint-url URL] [--anonymous] ...
+    concurrent-loader inspect  ROOT [--image-folder] [--json] [--endpoint-url URL] ...
+
+``manifest`` lists ``ROOT`` once (paginated) and writes one key per line, relative to
+``ROOT``, sorted, so that ``ObjectDataset.from_manifest(FILE, root=ROOT)`` (or
+``ImageFolder(ROOT, keys=...)``) starts without listing again. A progress bar is shown
+on stderr while listing when ``tqdm`` is installed (``--no-progress`` turns it off).
+
+``inspect`` prints the number of objects and their total size under ``ROOT``; with
+``--image-folder`` also the classes of the ``ROOT/<class>/<file>`` layout and how many
+images each holds, counted exactly as :class:`~concurrent_loader.ImageFolder` counts them.
+
+``ROOT`` is ``s3://bucket/prefix`` or a local directory. Credentials and the endpoint
+follow the standard AWS chain (``AWS_ENDPOINT_URL`` included) unless given as options.
+Errors print one line, ``concurrent-loader: error: <message>``, and exit with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import IO, Any
+
+from .dataset import IMG_EXTENSIONS, ImageFolder
+from .errors import ConfigError, LoaderError
+from .fetch import CredentialSource, list_objects
+from .location import Location, parse_location
+
+__all__ = ["main"]
+
+PROG = "concurrent-loader"
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Listed:
+    """One object under the root: its key relative to the root, and its size in bytes."""
+
+    key: str
+    size: int
+
+
+# ---------------------------------------------------------------------------- listing
+
+
+def _credentials(args: argparse.Namespace) -> CredentialSource:
+    return CredentialSource(profile=args.profile, anonymous=args.anonymous)
+
+
+def list_root(
+    root: str, args: argparse.Namespace, on_object: Callable[[], None] | None = None
+) -> tuple[Location, list[Listed]]:
+    """Every object under ``root``, sorted by key (directory markers left out)."""
+    location = parse_location(root)
+    if location.is_local:
+        if not os.path.isdir(location.prefix):
+            raise ConfigError(f"no such directory: {location.prefix}")
+        found = list(_walk_local(location.prefix, on_object))
+    elif location.scheme == "s3":
+        found = asyncio.run(_list_s3(location, args, on_object))
+    else:
+        raise ConfigError(
+            f"{location} is plain HTTP(S), which cannot be listed: use an s3:// URL or a "
+            "local directory"
+        )
+    found.sort(key=lambda item: item.key)
+    if not found:
+        raise ConfigError(f"no objects under {location}", url=str(location), cause="EmptyPrefix")
+    return location, found
+
+
+def _walk_local(prefix: str, on_object: Callable[[], None] | None) -> Iterator[Listed]:
+    for directory, dirnames, filenames in os.walk(prefix, followlinks=True):
+        dirnames.sort()
+        rel = os.path.relpath(directory, prefix)
+        for name in sorted(filenames):
+            path = os.path.join(directory, name)
+            key = name if rel == "." else f"{rel}/{name}".replace(os.sep, "/")
+            if on_object is not None:
+                on_object()
+            yield Listed(key, os.path.getsize(path))
+
+
+async def _list_s3(
+    location: Location, args: argparse.Namespace, on_object: Callable[[], None] | None
+) -> list[Listed]:
+    found = []
+    async for obj in list_objects(
+        location.bucket,
+        location.prefix,
+        endpoint_url=args.endpoint_url,
+        region=args.region,
+        credentials=_credentials(args),
+    ):
+        if obj.key.endswith("/") or not obj.key:  # "directory" marker objects
+            continue
+        found.append(Listed(obj.key, obj.size))
+        if on_object is not None:
+            on_object()
+    return found
+
+
+@contextmanager
+def _progress(enabled: bool, description: str) -> Iterator[Callable[[], None] | None]:
+    """A per-object tick for a tqdm bar on stderr, or None without tqdm (or when disabled)."""
+    if not enabled:
+        yield None
+        return
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        yield None
+        return
+    with tqdm(desc=description, unit=" objects", file=sys.stderr, leave=False) as bar:
+        yield lambda: bar.update(1)
+
+
+# ---------------------------------------------------------------------------- commands
+
+
+def _check_key(key: str, location: Location) -> None:
+    """A manifest holds one key per line, stripped, with ``#`` lines as comments: refuse
+    keys that would not read back as themselves."""
+    if "\n" in key or "\r" in key or key != key.strip() or key.startswith("#"):
+        raise ConfigError(
+            f"the key {key!r} cannot be written to a line-based manifest (it has a line "
+            "break, leading/trailing whitespace, or starts with '#')",
+            url=location.url_for(key),
+        )
+
+
+def cmd_manifest(args: argparse.Namespace) -> int:
+    with _progress(args.progress, "listing") as tick:
+        location, found = list_root(args.root, args, tick)
+    for item in found:
+        _check_key(item.key, location)
+    text = "".join(f"{item.key}\n" for item in found)
+    if args.output == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        _write_atomically(args.output, text)
+    total = sum(item.size for item in found)
+    log.info("listed %d objects (%d bytes) under %s", len(found), total, location)
+    print(
+        f"wrote {len(found)} keys ({_human_bytes(total)}) under {location} to {args.output}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _write_atomically(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file, so a reader never sees half."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".manifest-", dir=directory)
+    except OSError as exc:  # name the file asked for, not the temporary one
+        raise OSError(exc.errno, f"cannot write the manifest: {exc.strerror}", path) from exc
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    with _progress(args.progress, "listing") as tick:
+        location, found = list_root(args.root, args, tick)
+    report: dict[str, Any] = {
+        "root": str(location),
+        "objects": len(found),
+        "bytes": sum(item.size for item in found),
+    }
+    if args.image_folder:
+        # The same rules as ImageFolder itself: class folders, image extensions.
+        folder = ImageFolder(
+            args.root,
+            keys=[item.key for item in found],
+            endpoint_url=args.endpoint_url,
+            region=args.region,
+            profile=args.profile,
+            anonymous=args.anonymous,
+        )
+        counts = [0] * len(folder.classes)
+        for target in folder.targets.tolist():
+            counts[target] += 1
+        report["images"] = len(folder)
+        report["classes"] = dict(zip(folder.classes, counts, strict=True))
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        _print_report(report, sys.stdout)
+    return 0
+
+
+def _print_report(report: dict[str, Any], out: IO[str]) -> None:
+    print(f"root:    {report['root']}", file=out)
+    print(f"objects: {report['objects']}", file=out)
+    print(f"bytes:   {report['bytes']} ({_human_bytes(report['bytes'])})", file=out)
+    if "classes" in report:
+        classes: dict[str, int] = report["classes"]
+        print(f"images:  {report['images']} in {len(classes)} classes", file=out)
+        width = max(len(name) for name in classes)
+        for name, count in classes.items():
+            print(f"  {name:<{width}}  {count}", file=out)
+
+
+def _human_bytes(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+# ---------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Tools for datasets read by concurrent_loader."
+    )
+    parser.add_argument(
+        "--log-level",
+        default="WARNING",
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        help="logging level (default WARNING)",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def common(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("root", help="s3://bucket/prefix or a local directory")
+        sub.add_argument("--endpoint-url", default=None, help="S3 endpoint (default: AWS chain)")
+        sub.add_argument("--region", default=None, help="S3 region (default: AWS chain)")
+        sub.add_argument("--profile", default=None, help="AWS profile name")
+        sub.add_argument(
+            "--anonymous", action="store_true", help="unsigned requests (public buckets)"
+        )
+        sub.add_argument(
+            "--no-progress",
+            dest="progress",
+            action="store_false",
+            help="no progress bar while listing (there is none without tqdm)",
+        )
+
+    manifest = commands.add_parser(
+        "manifest",
+        help="list ROOT once and write its keys, one per line, for ObjectDataset.from_manifest",
+    )
+    common(manifest)
+    manifest.add_argument(
+        "-o", "--output", required=True, help="the manifest file to write ('-' for stdout)"
+    )
+    manifest.set_defaults(run=cmd_manifest)
+
+    inspect = commands.add_parser("inspect", help="count the objects and bytes under ROOT")
+    common(inspect)
+    inspect.add_argument(
+        "--image-folder",
+        action="store_true",
+        help=f"also count images ({', '.join(IMG_EXTENSIONS)}) per ROOT/<class>/ folder",
+    )
+    inspect.add_argument("--json", action="store_true", help="print a JSON object instead")
+    inspect.set_defaults(run=cmd_inspect)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, stream=sys.stderr)
+    try:
+        status: int = args.run(args)
+    except LoaderError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # writing the manifest, reading a local root
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    return status
