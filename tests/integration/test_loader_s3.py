@@ -207,3 +207,37 @@ def test_no_thread_left_after_break(image_dataset, s3_env):
 
 def test_start_methods_available():
     assert {"fork", "spawn"} <= set(multiprocessing.get_all_start_methods())
+
+
+def test_persistent_workers_follow_each_epochs_plan(image_dataset, s3_env):
+    ds = hashed_dataset(image_dataset)
+    gen = torch.Generator().manual_seed(11)
+    loader = ConcurrentDataLoader(
+        ds, batch_size=5, shuffle=True, num_workers=2, persistent_workers=True, generator=gen
+    )
+    digests = sha_of(image_dataset)
+    reference = torch.Generator().manual_seed(11)
+    for epoch in range(3):
+        got = [list(b) for b in loader]
+        # Each epoch's plan is drawn from the generator when iteration starts; torch then
+        # draws its worker seed from it, once, as persistent workers start only once.
+        sampler = RandomSampler(range(len(ds)), generator=reference)
+        want = [[digests[i] for i in b] for b in BatchSampler(sampler, 5, False)]
+        if epoch == 0:
+            torch.empty((), dtype=torch.int64).random_(generator=reference)
+        assert got == want
+
+
+def test_sampler_batch_sampler_drop_last_and_unbatched(image_dataset, s3_env):
+    ds = hashed_dataset(image_dataset)
+    digests = sha_of(image_dataset)
+    order = list(reversed(range(len(ds))))
+    loader = ConcurrentDataLoader(ds, batch_size=7, sampler=order, drop_last=True)
+    by_sampler = [list(b) for b in loader]
+    assert by_sampler == [[digests[i] for i in order[j : j + 7]] for j in range(0, len(ds) - 6, 7)]
+    custom = [[3, 1], [0], [5, 4, 2]]
+    assert [list(b) for b in ConcurrentDataLoader(ds, batch_sampler=custom, num_workers=2)] == [
+        [digests[i] for i in b] for b in custom
+    ]
+    single = list(ConcurrentDataLoader(ds, batch_size=None, sampler=[2, 0]))
+    assert single == [digests[2], digests[0]]
