@@ -131,12 +131,11 @@ def make_transport(name: str, config: FetchConfig, ssl_context: ssl.SSLContext |
     if name == "aiohttp":
         return AiohttpTransport(config, ssl_context)
     if name == "http1":
-        from .http1 import ConnectionPool, Timeouts
+        from .http1 import ConnectionPool
 
-        t = config.timeouts
         return ConnectionPool(
             max_connections=config.max_inflight_requests,
-            timeouts=Timeouts(connect=t.connect, first_byte=t.first_byte, read=t.read),
+            timeouts=config.timeouts,
             ssl_context=ssl_context,
         )
     raise ValueError(f"unknown transport {name!r}: expected 'http1' or 'aiohttp'")
