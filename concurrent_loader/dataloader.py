@@ -43,7 +43,7 @@ from torch.utils.data import (
     get_worker_info,
 )
 
-from .errors import ConfigError, SkipBudgetExceeded
+from .errors import ConfigError, SkipBudgetExceeded, WorkerError
 from .pipeline import BatchPipeline, Partial, SkippedSample
 from .stats import SharedStats, StageStats, percentile
 
@@ -186,6 +186,7 @@ class _PlannedBatches(IterableDataset[Any]):
         row = worker + 1 if info is not None else 0
         batches = self.plan.batches_for(worker, num_workers)
         shared = self.shared_stats
+        shared.register(row)
         pipeline = BatchPipeline(
             self.dataset,
             batches,
@@ -440,6 +441,18 @@ class ConcurrentDataLoader(DataLoader[Any]):
                 try:
                     batch = next(batches)
                 except StopIteration:
+                    break
+                except RuntimeError as exc:
+                    dead = self._shared_stats.dead_workers()
+                    if not dead:
+                        raise
+                    failure = WorkerError(
+                        f"loader worker process(es) {dead} died without raising (killed by the "
+                        "OS, e.g. out of memory?)",
+                        stage="worker",
+                        cause="WorkerDied",
+                    )
+                    failure.__cause__ = exc
                     break
                 self._waits.add_wait(time.perf_counter() - waited)
                 if isinstance(batch, _Failure):
