@@ -43,6 +43,7 @@ from torch.utils.data import (
     get_worker_info,
 )
 
+from .dataset import ObjectDataset
 from .errors import ConfigError, SkipBudgetExceeded, WorkerError
 from .pipeline import BatchPipeline, Partial, SkippedSample
 from .stats import SharedStats, StageStats, percentile
@@ -228,7 +229,9 @@ class ConcurrentDataLoader(DataLoader[Any]):
 
     Takes every ``torch.utils.data.DataLoader`` argument with the same meaning, plus:
 
-    - ``max_inflight_requests``: GETs in flight at most per process (default 64);
+    - ``max_inflight_requests``: GETs in flight at most per process (default: the dataset's
+      ``FetchConfig.max_inflight_requests``, 64; for other datasets, threads calling
+      ``__getitem__``);
     - ``max_inflight_bytes``: fetched-but-undecoded bytes held at most per process;
     - ``decode_threads``: decode threads per process (default: the process's share of CPUs);
     - ``prefetch_batches``: batches in progress per process ahead of the consumer (default:
@@ -259,7 +262,7 @@ class ConcurrentDataLoader(DataLoader[Any]):
         persistent_workers: bool = False,
         pin_memory_device: str = "",
         in_order: bool = True,
-        max_inflight_requests: int = 64,
+        max_inflight_requests: int | None = None,
         max_inflight_bytes: int | None = None,
         decode_threads: int | None = None,
         prefetch_batches: int | None = None,
@@ -282,6 +285,12 @@ class ConcurrentDataLoader(DataLoader[Any]):
             )
         if sampler is not None and shuffle:
             raise ValueError("sampler option is mutually exclusive with shuffle")
+        if max_inflight_requests is None:
+            max_inflight_requests = (
+                dataset.fetch_config.max_inflight_requests
+                if isinstance(dataset, ObjectDataset)
+                else 64
+            )
         if max_inflight_requests < 1:
             raise ConfigError(f"max_inflight_requests must be >= 1, got {max_inflight_requests}")
         if decode_threads is not None and decode_threads < 1:
@@ -341,7 +350,7 @@ class ConcurrentDataLoader(DataLoader[Any]):
         self.skipped: list[SkippedSample] = []
         self._waits = StageStats()
         self._iterating_since: float | None = None
-        self._busy_seconds = 0.0
+        self._startup_wait = 0.0
         self._pending_state: dict[str, Any] | None = None
         self._progress: dict[str, Any] | None = None
         self.max_inflight_requests = max_inflight_requests
@@ -435,6 +444,7 @@ class ConcurrentDataLoader(DataLoader[Any]):
         self._iterating_since = self._iterating_since or time.perf_counter()
         last_log = time.monotonic()
         budget = self._skip_budget(progress["samples"])
+        first_batch = progress["batches_taken"]
         try:
             while True:
                 waited = time.perf_counter()
@@ -454,7 +464,10 @@ class ConcurrentDataLoader(DataLoader[Any]):
                     )
                     failure.__cause__ = exc
                     break
-                self._waits.add_wait(time.perf_counter() - waited)
+                seconds = time.perf_counter() - waited
+                self._waits.add_wait(seconds)
+                if progress["batches_taken"] == first_batch:
+                    self._startup_wait += seconds
                 if isinstance(batch, _Failure):
                     failure = batch.exc
                     break
@@ -479,9 +492,7 @@ class ConcurrentDataLoader(DataLoader[Any]):
                 if self.log_every_s is not None and time.monotonic() - last_log >= self.log_every_s:
                     last_log = time.monotonic()
                     log.info("%s", _format_stats(self.stats()))
-                yielded = time.perf_counter()
                 yield batch
-                self._busy_seconds += time.perf_counter() - yielded
             progress["done"] = failure is None
         finally:
             # Drop torch's iterator before raising so its workers shut down now, not
@@ -589,8 +600,11 @@ class ConcurrentDataLoader(DataLoader[Any]):
             "bytes_per_s": total["bytes"] / elapsed if elapsed else 0.0,
             "images_per_s": decode["count"] / elapsed if elapsed else 0.0,
         }
+        # The first batch of an epoch always waits for the pipeline to fill: judge the
+        # steady state.
+        steady = elapsed - self._startup_wait
         out["verdict"] = _verdict(
-            wait_share=waits["total"] / elapsed if elapsed else 0.0,
+            wait_share=(waits["total"] - self._startup_wait) / steady if steady > 0 else 0.0,
             fetch_busy=fetch["total"] / elapsed / (self.max_inflight_requests * processes)
             if elapsed
             else 0.0,
@@ -617,6 +631,12 @@ def _verdict(*, wait_share: float, fetch_busy: float, decode_busy: float) -> str
     fetch slots (GETs in flight / allowed) and decode threads were."""
     if wait_share < 0.1:
         return f"training step: the loader keeps up (the loop waited {wait_share:.0%} of the time)"
+    if max(fetch_busy, decode_busy) < 0.5:
+        return (
+            f"loader: the loop waited {wait_share:.0%} of the time, yet fetch slots were only "
+            f"{fetch_busy:.0%} and decode threads {decode_busy:.0%} busy; raise "
+            "prefetch_batches or num_workers"
+        )
     if fetch_busy >= decode_busy:
         return (
             f"storage: the loop waited {wait_share:.0%} of the time and fetch slots were "

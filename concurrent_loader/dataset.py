@@ -99,7 +99,7 @@ class ObjectDataset(Dataset[Any]):
         ]
         if root is None:
             root = os.path.dirname(os.fspath(manifest)) + "/"
-        return cls(root, keys, **kwargs)
+        return cls(root, keys=keys, **kwargs)
 
     def _list_keys(self) -> list[str]:
         location = self.location
@@ -145,7 +145,7 @@ class ObjectDataset(Dataset[Any]):
 
     # ------------------------------------------------------------------ pipeline hooks
 
-    def reader_key(self) -> Hashable:
+    def reader_key(self, config: FetchConfig | None = None) -> Hashable:
         """Readers are shared, per process, by datasets with equal keys."""
         return (
             "reader",
@@ -153,15 +153,17 @@ class ObjectDataset(Dataset[Any]):
             self.endpoint_url,
             self.region,
             self.credentials,
-            self.fetch_config,
+            config or self.fetch_config,
             self.transport,
         )
 
-    async def open_reader(self) -> Reader:
-        """Make this dataset's reader; called on the runtime's event loop."""
+    async def open_reader(self, config: FetchConfig | None = None) -> Reader:
+        """Make this dataset's reader (with ``config`` instead of the dataset's, if given);
+        called on the runtime's event loop."""
+        config = config or self.fetch_config
         location = self.location
         if location.is_local:
-            return LocalReader(location.prefix, config=self.fetch_config)
+            return LocalReader(location.prefix, config=config)
         if location.scheme == "s3":
             return S3Reader(
                 location.bucket,
@@ -169,10 +171,10 @@ class ObjectDataset(Dataset[Any]):
                 endpoint_url=self.endpoint_url,
                 region=self.region,
                 credentials=self.credentials,
-                config=self.fetch_config,
+                config=config,
                 transport=self.transport,
             )
-        return HttpReader(location, config=self.fetch_config, transport=self.transport)
+        return HttpReader(location, config=config, transport=self.transport)
 
     def open_reader_blocking(self) -> LocalReader:
         """The reader of a local dataset, used from threads without an event loop."""

@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -155,7 +157,7 @@ class BatchPipeline:
         batches: Sequence[Sequence[int]],
         *,
         collate_fn: Callable[[list[Any]], Any],
-        max_inflight_requests: int = 64,
+        max_inflight_requests: int | None = None,
         max_inflight_bytes: int | None = None,
         decode_threads: int = 1,
         prefetch_batches: int = 2,
@@ -179,24 +181,29 @@ class BatchPipeline:
         self._reader: Reader | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         if isinstance(dataset, ObjectDataset):
+            config = dataset.fetch_config
+            if max_inflight_requests is not None:
+                config = dataclasses.replace(config, max_inflight_requests=max_inflight_requests)
             if dataset.location.is_local:
                 self._mode = "local"
                 self._reader = dataset.open_reader_blocking()
-                threads = decode_threads
             else:
                 self._mode = "remote"
                 self._runtime = acquire_runtime()
                 try:
                     self._reader = self._runtime.run(
-                        self._runtime.resource(dataset.reader_key(), dataset.open_reader)
+                        self._runtime.resource(
+                            dataset.reader_key(config),
+                            functools.partial(dataset.open_reader, config),
+                        )
                     )
                 except BaseException:
                     self._runtime.release()
                     raise
-                threads = decode_threads
+            threads = decode_threads
         else:
             self._mode = "generic"
-            threads = max_inflight_requests
+            threads = max_inflight_requests or 64
         self._max_bytes = max_inflight_bytes or (
             dataset.fetch_config.max_inflight_bytes if isinstance(dataset, ObjectDataset) else 0
         )
@@ -276,16 +283,14 @@ class BatchPipeline:
         dataset: ObjectDataset = self._dataset  # type: ignore[assignment]
         reader = self._reader
         assert reader is not None
-        started = time.perf_counter()
         try:
-            data = await reader.get(dataset.key_of(index))
+            data = await reader.get(dataset.key_of(index), on_response=self.stats.add_fetch)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
             self._failed(slot, position, index, exc)
             return
         size = len(data)
-        self.stats.add_fetch(time.perf_counter() - started, size)
         with self._bytes_lock:
             self._held_bytes += size
         try:

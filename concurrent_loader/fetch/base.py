@@ -12,6 +12,7 @@ import asyncio
 import random
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 from ..config import FetchConfig
 from ..errors import FetchError, Throttled
@@ -49,8 +50,14 @@ class Reader(ABC):
     async def close(self) -> None:
         """Release connections. Idempotent."""
 
-    async def get(self, key: str) -> bytes | bytearray:
-        """The whole object, retrying transient failures per ``config.retry``."""
+    async def get(
+        self, key: str, *, on_response: Callable[[float, int], None] | None = None
+    ) -> bytes | bytearray:
+        """The whole object, retrying transient failures per ``config.retry``.
+
+        ``on_response(seconds, size)`` is told the duration of the successful request alone
+        (from its send to its last byte), not the time queued for a slot or backing off.
+        """
         url = self.url_for(key)
         retry = self.config.retry
         deadline = time.monotonic() + retry.max_total_seconds
@@ -59,7 +66,11 @@ class Reader(ABC):
             await self.limit.acquire()
             throttled = False
             try:
-                return await self._get_once(key, url)
+                started = time.perf_counter()
+                data = await self._get_once(key, url)
+                if on_response is not None:
+                    on_response(time.perf_counter() - started, len(data))
+                return data
             except FetchError as exc:
                 throttled = isinstance(exc, Throttled)
                 attempt += 1
