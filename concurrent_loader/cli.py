@@ -22,20 +22,18 @@ Errors print one line, ``concurrent-loader: error: <message>``, and exit with st
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import IO, Any
 
 from .dataset import IMG_EXTENSIONS, ImageFolder
 from .errors import ConfigError, LoaderError
-from .fetch import CredentialSource, list_objects
+from .fetch import CredentialSource, ListedObject
+from .listing import list_location, progress
 from .location import Location, parse_location
 
 __all__ = ["main"]
@@ -44,87 +42,23 @@ PROG = "concurrent-loader"
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Listed:
-    """One object under the root: its key relative to the root, and its size in bytes."""
-
-    key: str
-    size: int
-
-
-# ---------------------------------------------------------------------------- listing
-
-
 def _credentials(args: argparse.Namespace) -> CredentialSource:
     return CredentialSource(profile=args.profile, anonymous=args.anonymous)
 
 
 def list_root(
     root: str, args: argparse.Namespace, on_object: Callable[[], None] | None = None
-) -> tuple[Location, list[Listed]]:
+) -> tuple[Location, list[ListedObject]]:
     """Every object under ``root``, sorted by key (directory markers left out)."""
     location = parse_location(root)
-    if location.is_local:
-        if not os.path.isdir(location.prefix):
-            raise ConfigError(f"no such directory: {location.prefix}")
-        found = list(_walk_local(location.prefix, on_object))
-    elif location.scheme == "s3":
-        found = asyncio.run(_list_s3(location, args, on_object))
-    else:
-        raise ConfigError(
-            f"{location} is plain HTTP(S), which cannot be listed: use an s3:// URL or a "
-            "local directory"
-        )
-    found.sort(key=lambda item: item.key)
-    if not found:
-        raise ConfigError(f"no objects under {location}", url=str(location), cause="EmptyPrefix")
-    return location, found
-
-
-def _walk_local(prefix: str, on_object: Callable[[], None] | None) -> Iterator[Listed]:
-    for directory, dirnames, filenames in os.walk(prefix, followlinks=True):
-        dirnames.sort()
-        rel = os.path.relpath(directory, prefix)
-        for name in sorted(filenames):
-            path = os.path.join(directory, name)
-            key = name if rel == "." else f"{rel}/{name}".replace(os.sep, "/")
-            if on_object is not None:
-                on_object()
-            yield Listed(key, os.path.getsize(path))
-
-
-async def _list_s3(
-    location: Location, args: argparse.Namespace, on_object: Callable[[], None] | None
-) -> list[Listed]:
-    found = []
-    async for obj in list_objects(
-        location.bucket,
-        location.prefix,
+    found = list_location(
+        location,
         endpoint_url=args.endpoint_url,
         region=args.region,
         credentials=_credentials(args),
-    ):
-        if obj.key.endswith("/") or not obj.key:  # "directory" marker objects
-            continue
-        found.append(Listed(obj.key, obj.size))
-        if on_object is not None:
-            on_object()
-    return found
-
-
-@contextmanager
-def _progress(enabled: bool, description: str) -> Iterator[Callable[[], None] | None]:
-    """A per-object tick for a tqdm bar on stderr, or None without tqdm (or when disabled)."""
-    if not enabled:
-        yield None
-        return
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        yield None
-        return
-    with tqdm(desc=description, unit=" objects", file=sys.stderr, leave=False) as bar:
-        yield lambda: bar.update(1)
+        on_object=on_object,
+    )
+    return location, found
 
 
 # ---------------------------------------------------------------------------- commands
@@ -142,7 +76,7 @@ def _check_key(key: str, location: Location) -> None:
 
 
 def cmd_manifest(args: argparse.Namespace) -> int:
-    with _progress(args.progress, "listing") as tick:
+    with progress(args.progress, "listing") as tick:
         location, found = list_root(args.root, args, tick)
     for item in found:
         _check_key(item.key, location)
@@ -179,7 +113,7 @@ def _write_atomically(path: str, text: str) -> None:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    with _progress(args.progress, "listing") as tick:
+    with progress(args.progress, "listing") as tick:
         location, found = list_root(args.root, args, tick)
     report: dict[str, Any] = {
         "root": str(location),

@@ -26,8 +26,9 @@ from .config import FetchConfig
 from .decode import ImageDecoder
 from .errors import ConfigError
 from .fetch import CredentialSource, HttpReader, LocalReader, Reader, S3Reader
-from .fetch.s3 import list_objects
 from .keys import KeyTable
+from .listing import list_location
+from .listing import progress as progress_bar
 from .location import Location, parse_location
 from .runtime import Runtime, acquire_runtime
 
@@ -59,6 +60,7 @@ class ObjectDataset(Dataset[Any]):
         aws_session_token: str | None = None,
         fetch_config: FetchConfig | None = None,
         transport: str = "http1",
+        progress: bool = False,
     ) -> None:
         self.location: Location = parse_location(root)
         self.endpoint_url = endpoint_url
@@ -76,7 +78,7 @@ class ObjectDataset(Dataset[Any]):
         if self.location.is_local and not os.path.isdir(self.location.prefix):
             raise ConfigError(f"no such directory: {self.location.prefix}")
         if keys is None:
-            keys = self._list_keys()
+            keys = self._list_keys(progress)
         self.keys = keys if isinstance(keys, KeyTable) else KeyTable(keys)
         self._runtime: Runtime | None = None
         self._runtime_lock = threading.Lock()
@@ -101,47 +103,17 @@ class ObjectDataset(Dataset[Any]):
             root = os.path.dirname(os.fspath(manifest)) + "/"
         return cls(root, keys=keys, **kwargs)
 
-    def _list_keys(self) -> list[str]:
-        location = self.location
-        if location.is_local:
-            found = []
-            for directory, dirnames, filenames in os.walk(location.prefix, followlinks=True):
-                dirnames.sort()
-                rel = os.path.relpath(directory, location.prefix)
-                for name in sorted(filenames):
-                    found.append(name if rel == "." else f"{rel}/{name}")
-            keys = sorted(found)
-        elif location.scheme == "s3":
-            keys = sorted(obj.key for obj in self._list_s3() if not obj.key.endswith("/"))
-        else:
-            raise ConfigError(
-                f"{location} is plain HTTP(S), which cannot be listed: pass keys= or a manifest"
+    def _list_keys(self, show_progress: bool) -> list[str]:
+        with progress_bar(show_progress, f"listing {self.location}") as tick:
+            listed = list_location(
+                self.location,
+                endpoint_url=self.endpoint_url,
+                region=self.region,
+                credentials=self.credentials,
+                config=self.fetch_config,
+                on_object=tick,
             )
-        if not keys:
-            raise ConfigError(
-                f"no objects under {location}", url=str(location), cause="EmptyPrefix"
-            )
-        return keys
-
-    def _list_s3(self) -> list[Any]:
-        async def collect() -> list[Any]:
-            return [
-                obj
-                async for obj in list_objects(
-                    self.location.bucket,
-                    self.location.prefix,
-                    endpoint_url=self.endpoint_url,
-                    region=self.region,
-                    credentials=self.credentials,
-                    config=self.fetch_config,
-                )
-            ]
-
-        runtime = acquire_runtime()
-        try:
-            return runtime.run(collect())
-        finally:
-            runtime.release()
+        return [obj.key for obj in listed]
 
     # ------------------------------------------------------------------ pipeline hooks
 
