@@ -188,16 +188,17 @@ class _PlannedBatches(IterableDataset[Any]):
         batches = self.plan.batches_for(worker, num_workers)
         shared = self.shared_stats
         shared.register(row)
-        pipeline = BatchPipeline(
-            self.dataset,
-            batches,
-            collate_fn=self.collate_fn,
-            # Counting goes on from what earlier epochs (maybe other processes) left in the row.
-            stats=shared.read(row),
-            publish=lambda stats: shared.write(row, stats),
-            **self.options,
-        )
+        pipeline: BatchPipeline | None = None
         try:
+            pipeline = BatchPipeline(
+                self.dataset,
+                batches,
+                collate_fn=self.collate_fn,
+                # Counting goes on from what earlier epochs (or processes) left in the row.
+                stats=shared.read(row),
+                publish=lambda stats: shared.write(row, stats),
+                **self.options,
+            )
             yield from pipeline
         except Exception as exc:
             if info is None:
@@ -206,7 +207,8 @@ class _PlannedBatches(IterableDataset[Any]):
             # its message alone and lose its attributes.
             yield _Failure(exc)
         finally:
-            pipeline.close()
+            if pipeline is not None:
+                pipeline.close()
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
@@ -452,17 +454,21 @@ class ConcurrentDataLoader(DataLoader[Any]):
                     batch = next(batches)
                 except StopIteration:
                     break
-                except RuntimeError as exc:
+                except Exception as exc:
+                    # Raised inside torch's iterator: the tracebacks of the error and of its
+                    # causes hold the iterator (and so the worker processes) alive for as long
+                    # as the caller keeps the error.
+                    _drop_tracebacks(exc)
+                    failure = exc
                     dead = self._shared_stats.dead_workers()
-                    if not dead:
-                        raise
-                    failure = WorkerError(
-                        f"loader worker process(es) {dead} died without raising (killed by the "
-                        "OS, e.g. out of memory?)",
-                        stage="worker",
-                        cause="WorkerDied",
-                    )
-                    failure.__cause__ = exc
+                    if isinstance(exc, RuntimeError) and dead:
+                        failure = WorkerError(
+                            f"loader worker process(es) {dead} died without raising (killed by "
+                            "the OS, e.g. out of memory?)",
+                            stage="worker",
+                            cause="WorkerDied",
+                        )
+                        failure.__cause__ = exc
                     break
                 seconds = time.perf_counter() - waited
                 self._waits.add_wait(seconds)
@@ -620,6 +626,16 @@ class ConcurrentDataLoader(DataLoader[Any]):
     def source_dataset(self) -> Dataset[Any]:
         """The dataset this loader was given."""
         return self._source
+
+
+def _drop_tracebacks(exc: BaseException | None) -> None:
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        exc.__traceback__ = None
+        if exc.__context__ is not None and exc.__context__ is not exc.__cause__:
+            _drop_tracebacks(exc.__context__)
+        exc = exc.__cause__
 
 
 def _percentiles(counts: list[float]) -> dict[str, float | None]:

@@ -24,7 +24,7 @@ from torch.utils.data import Dataset
 
 from .config import FetchConfig
 from .decode import ImageDecoder
-from .errors import ConfigError
+from .errors import ConfigError, LoaderError
 from .fetch import CredentialSource, HttpReader, LocalReader, Reader, S3Reader
 from .keys import KeyTable
 from .listing import list_location
@@ -164,7 +164,12 @@ class ObjectDataset(Dataset[Any]):
         """Item ``index`` from its bytes (runs on a decode thread)."""
         if self.decode is None:
             return bytes(data)
-        return self.decode(data)
+        try:
+            return self.decode(data)
+        except LoaderError as exc:
+            if exc.url is not None:
+                raise
+            raise exc.for_object(self.url_for(index)) from exc.__cause__
 
     # ------------------------------------------------------------------ plain Dataset API
 
@@ -249,7 +254,9 @@ class ObjectDataset(Dataset[Any]):
         self._runtime_lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.location}, {len(self)} objects)"
+        keys = getattr(self, "keys", None)  # absent while the constructor is still listing
+        count = f"{len(keys)} objects" if keys is not None else "not listed"
+        return f"{type(self).__name__}({getattr(self, 'location', '?')}, {count})"
 
 
 def _release_if_current(runtime: Runtime) -> None:

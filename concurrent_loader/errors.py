@@ -90,6 +90,16 @@ class LoaderError(Exception):
             text += f" (stage: {self.stage})"
         return text
 
+    def for_object(self, url: str) -> LoaderError:
+        """A copy of this error naming ``url`` (for errors raised before the object was known)."""
+        named = type(self)(
+            self.message, url=url, stage=self.stage, cause=self.cause, status=self.status
+        )
+        named.__cause__ = self.__cause__
+        for note in getattr(self, "__notes__", ()):
+            named.add_note(note)
+        return named
+
     def __reduce__(self) -> tuple[Any, ...]:
         return (
             _rebuild,

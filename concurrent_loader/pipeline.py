@@ -18,8 +18,11 @@ Guarantees:
   and decodes complete in; every sample is delivered exactly once.
 - At most ``prefetch_batches`` batches are in progress (started and not yet taken by the
   consumer); within them at most ``max_inflight_requests`` GETs are in flight (the reader's
-  adaptive limit, lowered under throttling) and new GETs wait while fetched-but-undecoded
-  bodies hold ``max_inflight_bytes`` or more (one request's body may overshoot it).
+  adaptive limit, lowered under throttling), and a GET is sent only when the bytes held
+  (fetched, not yet decoded) plus those expected of the GETs in flight (the mean object size
+  so far; before the first object arrives, one GET at a time) fit in ``max_inflight_bytes``.
+  One object larger than the mean may overshoot it; one GET is always allowed, so a single
+  object larger than the budget still loads.
 - The next batches' GETs are in flight while the current batch decodes: no per-batch barrier.
 - The first failure of a batch fails that batch at once; it is raised when the consumer
   reaches the batch, so every earlier batch is still delivered. With ``on_error="skip"`` a
@@ -37,6 +40,7 @@ Datasets that are not ours have their ``__getitem__`` called on a thread pool of
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import dataclasses
 import functools
@@ -209,9 +213,11 @@ class BatchPipeline:
         )
         self._seen_retries = self._reader.retries if self._reader is not None else 0
         self._seen_throttles = self._reader.limit.throttles if self._reader is not None else 0
-        self._held_bytes = 0
+        self._held_bytes = 0  # fetched bodies not yet decoded (decode threads release them)
+        self._reserved_bytes = 0  # expected bodies of the GETs in flight (loop thread only)
+        self._sizes = [0, 0]  # total bytes and count of objects fetched, for the mean
         self._bytes_lock = threading.Lock()
-        self._bytes_waiters: list[asyncio.Future[None]] = []
+        self._bytes_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=max(1, threads), thread_name_prefix=f"concurrent-loader-{self._mode}"
         )
@@ -278,21 +284,25 @@ class BatchPipeline:
     async def _fetch(self, slot: _Slot, position: int, index: int) -> None:
         if slot.failed:
             return
-        if self._held_bytes >= self._max_bytes:
-            await self._wait_for_bytes()
+        expected = await self._reserve_bytes()
         dataset: ObjectDataset = self._dataset  # type: ignore[assignment]
         reader = self._reader
         assert reader is not None
         try:
             data = await reader.get(dataset.key_of(index), on_response=self.stats.add_fetch)
         except asyncio.CancelledError:
+            self._unreserve(expected)
             raise
         except BaseException as exc:
+            self._unreserve(expected)
             self._failed(slot, position, index, exc)
             return
         size = len(data)
+        self._sizes[0] += size
+        self._sizes[1] += 1
         with self._bytes_lock:
             self._held_bytes += size
+        self._unreserve(expected)
         try:
             self._pool.submit(self._decode, slot, position, index, data)
         except RuntimeError:  # the pool is shut down: we are closing
@@ -362,21 +372,67 @@ class BatchPipeline:
 
     # ------------------------------------------------------------------ byte budget
 
-    async def _wait_for_bytes(self) -> None:
-        while self._held_bytes >= self._max_bytes:
+    def _expected_size(self) -> int:
+        total, count = self._sizes
+        return total // count if count else self._max_bytes
+
+    def _fits(self, expected: int) -> bool:
+        committed = self._held_bytes + self._reserved_bytes
+        return committed == 0 or committed + expected <= self._max_bytes
+
+    async def _reserve_bytes(self) -> int:
+        """Wait, in FIFO order, until one more GET's expected body fits; reserve it."""
+        expected = self._expected_size()
+        with self._bytes_lock:
+            # Checked and queued under the lock that decode threads release bytes under, so
+            # a release cannot slip between the check and the queueing unnoticed.
+            if not self._bytes_waiters and self._fits(expected):
+                self._reserved_bytes += expected
+                return expected
             waiter = asyncio.get_running_loop().create_future()
             self._bytes_waiters.append(waiter)
-            await waiter
+        try:
+            while True:
+                await waiter
+                expected = self._expected_size()
+                with self._bytes_lock:
+                    if self._fits(expected):
+                        self._reserved_bytes += expected
+                        break
+                    waiter = asyncio.get_running_loop().create_future()
+                    self._bytes_waiters.appendleft(waiter)  # keep its place in line
+        except asyncio.CancelledError:
+            with self._bytes_lock:
+                if waiter in self._bytes_waiters:
+                    self._bytes_waiters.remove(waiter)
+            if waiter.done() and not waiter.cancelled():
+                self._wake_next()  # pass on the turn we were given
+            raise
+        self._wake_next()  # the next in line may fit too
+        return expected
+
+    def _unreserve(self, expected: int) -> None:
+        with self._bytes_lock:
+            self._reserved_bytes -= expected
+        self._wake_next()
 
     def _release_bytes(self, size: int) -> None:
+        """From decode threads: the body is decoded, its bytes are free."""
         with self._bytes_lock:
             self._held_bytes -= size
-            wake = bool(self._bytes_waiters) and self._held_bytes < self._max_bytes
+            wake = bool(self._bytes_waiters)
         if wake and self._runtime is not None and not self._closed:
-            self._runtime.call_soon(self._wake_bytes)
+            self._runtime.call_soon(self._wake_next)
 
-    def _wake_bytes(self) -> None:
-        waiters, self._bytes_waiters = self._bytes_waiters, []
+    def _wake_next(self) -> None:
+        with self._bytes_lock:
+            waiter = self._bytes_waiters.popleft() if self._bytes_waiters else None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _wake_all(self) -> None:
+        with self._bytes_lock:
+            waiters, self._bytes_waiters = self._bytes_waiters, collections.deque()
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
@@ -391,7 +447,8 @@ class BatchPipeline:
         self._flush_stats()
         runtime, self._runtime = self._runtime, None
         try:
-            if runtime is not None:
+            # At interpreter exit the runtime may already be closed (its tasks cancelled).
+            if runtime is not None and not runtime.closed:
                 runtime.run(self._cancel_tasks())
             self._pool.shutdown(wait=True, cancel_futures=True)
         finally:
@@ -405,4 +462,4 @@ class BatchPipeline:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        self._wake_bytes()
+        self._wake_all()

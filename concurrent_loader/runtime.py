@@ -126,6 +126,13 @@ class Runtime:
             self._thread.join()
 
     async def _close_resources(self) -> None:
+        # Tasks still running belong to users that did not close (e.g. at interpreter exit):
+        # cancel them first so none is destroyed pending or left holding a connection.
+        current = asyncio.current_task()
+        tasks = [task for task in asyncio.all_tasks() if task is not current]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         resources, self._resources = list(self._resources.values()), {}
         for resource in resources:
             try:

@@ -77,7 +77,7 @@ class ImageDecoder:
     def __repr__(self) -> str:
         return f"ImageDecoder(image_size={self.image_size}, transform={self.transform!r})"
 
-    def open(self, data: bytes | bytearray | memoryview, url: str = "<bytes>") -> Image.Image:
+    def open(self, data: bytes | bytearray | memoryview, url: str | None = None) -> Image.Image:
         """Decode to a PIL image (resized and cropped when ``image_size`` is set)."""
         if len(data) == 0:
             raise DecodeError(
@@ -105,7 +105,7 @@ class ImageDecoder:
                 f"not a decodable image: {exc}", url=url, stage="decode", cause=type(exc).__name__
             ) from exc
 
-    def __call__(self, data: bytes | bytearray | memoryview, url: str = "<bytes>") -> Any:
+    def __call__(self, data: bytes | bytearray | memoryview, url: str | None = None) -> Any:
         image = self.open(data, url)
         if self.transform is not None:
             return self.transform(image)

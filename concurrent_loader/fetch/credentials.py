@@ -10,7 +10,9 @@ botocore at most once a second on the hot path.
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +20,33 @@ from typing import Any
 from ..errors import AccessDenied
 from .sigv4 import Credentials
 
-__all__ = ["CredentialCache", "CredentialSource"]
+__all__ = ["CredentialCache", "CredentialSource", "redact_botocore_logs"]
+
+# botocore logs the canonical request and the request headers at DEBUG, session token
+# included. The secret key is never logged; the token is, so it is redacted on the way.
+_TOKEN = re.compile(r"(?i)(x-amz-security-token['\"]?\s*[:=]\s*b?['\"]?)([^'\"\s,}]+)")
+_BOTOCORE_LOGGERS = ("botocore.auth", "botocore.endpoint", "aiobotocore.endpoint")
+
+
+class _RedactSessionTokens(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = _TOKEN.sub(r"\1<redacted>", message)
+        if redacted != message:
+            record.msg, record.args = redacted, ()
+        return True
+
+
+_redactor = _RedactSessionTokens()
+
+
+def redact_botocore_logs() -> None:
+    """Keep session tokens out of botocore's DEBUG logs (idempotent, costs nothing unless
+    those loggers are enabled for DEBUG)."""
+    for name in _BOTOCORE_LOGGERS:
+        logger = logging.getLogger(name)
+        if _redactor not in logger.filters:
+            logger.addFilter(_redactor)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from ..config import FetchConfig
 from ..errors import ConfigError, FetchError, IncompleteBody
 from .base import Reader
-from .credentials import CredentialCache, CredentialSource
+from .credentials import CredentialCache, CredentialSource, redact_botocore_logs
 from .sigv4 import EMPTY_SHA256, SigV4Signer, encode_s3_path
 from .translate import error_for_exception, error_for_status
 from .transport import Transport, make_transport
@@ -159,6 +159,7 @@ async def list_objects(
 
     source = credentials or CredentialSource()
     config = config or FetchConfig()
+    redact_botocore_logs()
     session = AioSession(profile=source.profile)
     if source.access_key and source.secret_key:
         session.set_credentials(source.access_key, source.secret_key, source.session_token)

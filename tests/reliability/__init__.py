@@ -1,0 +1,1 @@
+"""Reliability suite: faults, bad input, shutdown, memory bounds, credentials, skip policy."""
