@@ -543,11 +543,14 @@ class ProxyServer:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
-            await self._server.wait_closed()
+        # Cancel the connections first: wait_closed() waits for them, and keep-alive clients
+        # would hold it open until they hang up.
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
 
     # -- one client connection ---------------------------------------------------------
 
