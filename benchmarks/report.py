@@ -550,6 +550,17 @@ def _context(results: dict[str, Any]) -> str:
     )
 
 
+#: RESULTS.md below this line holds figures from other commands (with their commands); a
+#: re-render keeps it.
+KEPT_MARKER = "<!-- Written by hand below this line: kept when the file is re-rendered. -->"
+
+
+def kept_sections(existing: str) -> str:
+    """The hand-written tail of an existing RESULTS.md, marker included ('' if none)."""
+    at = existing.find(KEPT_MARKER)
+    return "\n" + existing[at:] if at >= 0 else ""
+
+
 def render_markdown(results: dict[str, Any]) -> str:
     m, s, d = results["machine"], results["settings"], results["dataset"]
     pk = m["packages"]

@@ -170,9 +170,10 @@ def open_dataset(args: argparse.Namespace, stack: contextlib.ExitStack) -> tuple
             server.create_bucket(bucket)
             server.upload_dir(args.data_dir, bucket, prefix=prefix)
         else:
+            local = generated_dataset(args)  # puts benchmarks/ on sys.path first
             from benchmarks.data import TRAIN_PREFIX, ensure_uploaded
 
-            bucket, _ = ensure_uploaded(generated_dataset(args), server)
+            bucket, _ = ensure_uploaded(local, server)
             prefix = TRAIN_PREFIX
         endpoint_url = server.endpoint_url
         if args.latency_ms > 0:
