@@ -5,7 +5,6 @@ from __future__ import annotations
 from urllib.parse import quote, urlsplit
 
 from ..config import FetchConfig
-from ..errors import IncompleteBody
 from ..location import Location
 from .base import Reader
 from .s3 import ssl_context_for
@@ -43,16 +42,9 @@ class HttpReader(Reader):
             url=url,
             max_bytes=self.config.max_object_bytes,
         )
+        # Both transports already refuse a body shorter than its Content-Length.
         if response.status != 200:
             raise error_for_status(response.status, response.body, url)
-        expected = response.headers.get("content-length")
-        if expected is not None and len(response.body) != int(expected):
-            raise IncompleteBody(
-                f"got {len(response.body)} of {expected} bytes",
-                url=url,
-                stage="fetch",
-                cause="IncompleteBody",
-            )
         return response.body
 
     async def close(self) -> None:

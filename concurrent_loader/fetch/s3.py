@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from ..config import FetchConfig
-from ..errors import ConfigError, FetchError, IncompleteBody
+from ..errors import ConfigError, FetchError
 from .base import Reader
 from .credentials import CredentialCache, CredentialSource, redact_botocore_logs
 from .sigv4 import EMPTY_SHA256, SigV4Signer, encode_s3_path
@@ -126,16 +126,9 @@ class S3Reader(Reader):
             url=url,
             max_bytes=self.config.max_object_bytes,
         )
+        # Both transports already refuse a body shorter than its Content-Length.
         if response.status != 200:
             raise error_for_status(response.status, response.body, url)
-        expected = response.headers.get("content-length")
-        if expected is not None and len(response.body) != int(expected):
-            raise IncompleteBody(
-                f"got {len(response.body)} of {expected} bytes",
-                url=url,
-                stage="fetch",
-                cause="IncompleteBody",
-            )
         return response.body
 
     async def close(self) -> None:
