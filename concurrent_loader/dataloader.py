@@ -138,7 +138,16 @@ class _EpochPlan:
         self.indices = torch.zeros(0, dtype=torch.int64).share_memory_()
         self.offsets = torch.zeros(1, dtype=torch.int64).share_memory_()
 
-    def write(self, batches: Sequence[Sequence[int]], epoch: int, *, may_grow: bool) -> None:
+    def write(
+        self,
+        batches: Sequence[Sequence[int]],
+        epoch: int,
+        *,
+        may_grow: bool,
+        room: tuple[int, int] = (0, 0),
+    ) -> None:
+        """Write ``batches``; when buffers are (re)made, size them for at least ``room``
+        (samples, batches): a resumed epoch writes only its rest, later epochs all of it."""
         flat = [int(i) for batch in batches for i in batch]
         if len(flat) > self.indices.numel() or len(batches) + 1 > self.offsets.numel():
             if not may_grow:
@@ -146,8 +155,9 @@ class _EpochPlan:
                     "the sampler yields more samples this epoch than in the first one, which "
                     "persistent_workers=True cannot take: use persistent_workers=False"
                 )
-            self.indices = torch.zeros(len(flat), dtype=torch.int64).share_memory_()
-            self.offsets = torch.zeros(len(batches) + 1, dtype=torch.int64).share_memory_()
+            samples, count = max(len(flat), room[0]), max(len(batches), room[1])
+            self.indices = torch.zeros(samples, dtype=torch.int64).share_memory_()
+            self.offsets = torch.zeros(count + 1, dtype=torch.int64).share_memory_()
         sizes = torch.tensor([len(b) for b in batches], dtype=torch.int64)
         self.offsets[0] = 0
         torch.cumsum(sizes, 0, out=self.offsets[1 : len(batches) + 1])
@@ -427,7 +437,8 @@ class ConcurrentDataLoader(DataLoader[Any]):
                 f"the state resumes after batch {skip}, but this epoch has {len(batches)} batches"
             )
         may_grow = not (self.persistent_workers and self._plan_written)
-        self._plan.write(batches[skip:], epoch, may_grow=may_grow)
+        samples = sum(len(b) for b in batches)
+        self._plan.write(batches[skip:], epoch, may_grow=may_grow, room=(samples, len(batches)))
         self._plan_written = True
         self.skipped = []
         self._progress = {
@@ -435,7 +446,7 @@ class ConcurrentDataLoader(DataLoader[Any]):
             "generator_states": start_state,
             "num_batches": len(batches),
             "batches_taken": skip,
-            "samples": sum(len(b) for b in batches),
+            "samples": samples,
             "done": skip == len(batches),
         }
         return self._consume(super().__iter__(), self._progress)

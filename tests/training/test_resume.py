@@ -224,3 +224,27 @@ def test_state_of_an_unknown_version_is_refused(hashed):
     state = loader.state_dict()
     with pytest.raises(ConfigError, match="version"):
         loader.load_state_dict({**state, "version": 999})
+
+
+def test_resume_with_persistent_workers_into_the_next_epoch(hashed):
+    url, keys, _ = hashed
+
+    def persistent() -> ConcurrentDataLoader:
+        loader = make_loader(url, keys, num_workers=2)
+        return ConcurrentDataLoader(
+            loader.source_dataset,
+            batch_size=BATCH_SIZE,
+            shuffle=True,
+            generator=torch.Generator().manual_seed(SEED),
+            num_workers=2,
+            persistent_workers=True,
+            max_inflight_requests=8,
+        )
+
+    expected = flat(run_epochs(persistent(), EPOCHS))
+    prefix, state = interrupt(persistent(), 2)
+    resumed = persistent()
+    resumed.load_state_dict(round_trip(state))
+    # The resumed first epoch writes only its rest; the next, full epoch must still fit the
+    # plan the persistent workers share.
+    assert prefix + continuation(resumed, 2) == expected
