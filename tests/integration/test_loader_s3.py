@@ -42,7 +42,9 @@ def sha_of(image_dataset) -> list[str]:
     return [digest for _, _, digest in image_dataset.files]
 
 
-@pytest.mark.parametrize("num_workers,context", [(0, None), (2, "fork"), (2, "spawn")])
+@pytest.mark.parametrize(
+    "num_workers,context", [(0, None), (2, "fork"), (2, "spawn"), (2, "forkserver")]
+)
 def test_every_sample_once_in_sampler_order(image_dataset, s3_env, num_workers, context):
     ds = hashed_dataset(image_dataset)
     loader = ConcurrentDataLoader(
