@@ -58,9 +58,6 @@ class PartialBatch(tuple[Any, ...]):
 
     skipped: list[SkippedSample]
 
-    def __reduce__(self) -> Any:
-        return (_partial, (tuple, tuple(self), self.skipped))
-
 
 class PartialList(list[Any]):
     """A list batch that lost samples under ``on_error="skip"``; see ``.skipped``."""
@@ -130,18 +127,17 @@ class _Unbatched:
 class _EpochPlan:
     """The epoch's batches, in shared memory so every worker (also persistent ones) reads them.
 
-    ``indices[offsets[b]:offsets[b+1]]`` is batch ``b``; ``header = [num_batches, epoch]``.
+    ``indices[offsets[b]:offsets[b+1]]`` is batch ``b``; ``count[0]`` batches are valid.
     """
 
     def __init__(self) -> None:
-        self.header = torch.zeros(2, dtype=torch.int64).share_memory_()
+        self.count = torch.zeros(1, dtype=torch.int64).share_memory_()
         self.indices = torch.zeros(0, dtype=torch.int64).share_memory_()
         self.offsets = torch.zeros(1, dtype=torch.int64).share_memory_()
 
     def write(
         self,
         batches: Sequence[Sequence[int]],
-        epoch: int,
         *,
         may_grow: bool,
         room: tuple[int, int] = (0, 0),
@@ -162,11 +158,10 @@ class _EpochPlan:
         self.offsets[0] = 0
         torch.cumsum(sizes, 0, out=self.offsets[1 : len(batches) + 1])
         self.indices[: len(flat)] = torch.tensor(flat, dtype=torch.int64)
-        self.header[0] = len(batches)
-        self.header[1] = epoch
+        self.count[0] = len(batches)
 
     def batches_for(self, worker: int, num_workers: int) -> list[list[int]]:
-        count = int(self.header[0])
+        count = int(self.count[0])
         offsets = self.offsets[: count + 1].tolist()
         indices = self.indices
         return [
@@ -438,7 +433,7 @@ class ConcurrentDataLoader(DataLoader[Any]):
             )
         may_grow = not (self.persistent_workers and self._plan_written)
         samples = sum(len(b) for b in batches)
-        self._plan.write(batches[skip:], epoch, may_grow=may_grow, room=(samples, len(batches)))
+        self._plan.write(batches[skip:], may_grow=may_grow, room=(samples, len(batches)))
         self._plan_written = True
         self.skipped = []
         self._progress = {

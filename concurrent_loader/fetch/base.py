@@ -24,10 +24,6 @@ __all__ = ["Reader"]
 class Reader(ABC):
     """Reads whole objects, at most ``config.max_inflight_requests`` at a time."""
 
-    #: True when ``read_blocking`` is the cheap path (local files): the pipeline then reads
-    #: and decodes in one thread-pool job instead of going through the event loop.
-    blocking = False
-
     def __init__(self, config: FetchConfig) -> None:
         self.config = config
         self.limit = AdaptiveLimit(
@@ -45,7 +41,8 @@ class Reader(ABC):
         """One attempt: the whole body, or a ``FetchError``."""
 
     def read_blocking(self, key: str) -> bytes | bytearray:
-        raise NotImplementedError
+        """Read without an event loop; only readers of local files have it."""
+        raise NotImplementedError(f"{type(self).__name__} reads only through get()")
 
     async def close(self) -> None:
         """Release connections. Idempotent."""

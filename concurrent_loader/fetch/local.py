@@ -15,8 +15,6 @@ __all__ = ["LocalReader"]
 class LocalReader(Reader):
     """Reads ``{root}/{key}``. Blocking, so the pipeline reads and decodes in one pool job."""
 
-    blocking = True
-
     def __init__(self, root: str, *, config: FetchConfig | None = None) -> None:
         super().__init__(config or FetchConfig())
         self.root = root
