@@ -93,6 +93,16 @@ def _mark(batch: Any, skipped: list[SkippedSample]) -> Any:
     )
 
 
+def _pin(batch: Any) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.pin_memory()
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_pin(item) for item in batch)
+    if isinstance(batch, dict):
+        return {key: _pin(value) for key, value in batch.items()}
+    return batch
+
+
 def is_partial(batch: Any) -> bool:
     """True if ``batch`` lost samples under ``on_error="skip"`` (its ``.skipped`` says which)."""
     return bool(getattr(batch, "skipped", None))
@@ -500,7 +510,11 @@ class ConcurrentDataLoader(DataLoader[Any]):
                         break
                     if batch.batch is None:
                         continue  # every sample of it failed: counted and logged above
-                    batch = _mark(batch.batch, batch.skipped)
+                    contents = batch.batch
+                    if self.pin_memory and torch.cuda.is_available():
+                        # torch's pin thread passed this wrapper through unpinned.
+                        contents = _pin(contents)
+                    batch = _mark(contents, batch.skipped)
                 if self.log_every_s is not None and time.monotonic() - last_log >= self.log_every_s:
                     last_log = time.monotonic()
                     log.info("%s", _format_stats(self.stats()))
@@ -542,6 +556,8 @@ class ConcurrentDataLoader(DataLoader[Any]):
         Taken mid-epoch, a loader that loads it continues with the next batch the consumer
         has not received; taken between epochs, with the next epoch.
         """
+        if not self.in_order:
+            raise ConfigError("exact resume needs in_order=True (batches in sampler order)")
         rank, world = self._world()
         progress = self._progress
         if progress is None or progress["done"]:
