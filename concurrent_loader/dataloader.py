@@ -253,7 +253,10 @@ class ConcurrentDataLoader(DataLoader[Any]):
     - ``decode_threads``: decode threads per process (default: the process's share of CPUs);
     - ``prefetch_batches``: batches in progress per process ahead of the consumer (default:
       enough to keep ``max_inflight_requests`` busy, at least 2);
-    - ``seed``: the shuffle seed shared by all ranks under ``torch.distributed``.
+    - ``seed``: the shuffle seed shared by all ranks under ``torch.distributed``;
+    - ``on_error``: ``"raise"`` (default) or ``"skip"``, with ``max_skipped`` (a count, or a
+      fraction of the epoch's samples) before ``SkipBudgetExceeded``;
+    - ``log_every_s``: log :meth:`stats` as one INFO line this often (off by default).
 
     ``loader.dataset`` is the user's dataset seen through a thin wrapper (attributes read
     through); ``len(loader)`` is the number of batches.
