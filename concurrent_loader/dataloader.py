@@ -622,10 +622,8 @@ class ConcurrentDataLoader(DataLoader[Any]):
             "inflight": int(total["inflight"]),
             "batches": int(waits["count"]),
             "elapsed_s": elapsed,
-            "get_latency_s": {
-                q: percentile(fetch["counts"], n)
-                for q, n in (("p50", 50), ("p95", 95), ("p99", 99))
-            },
+            "get_latency_s": _percentiles(fetch["counts"]),
+            "first_byte_s": _percentiles(total["first_byte"]["counts"]),
             "decode_s_per_image": decode["total"] / decode["count"] if decode["count"] else None,
             "wait_s_per_batch": _percentiles(waits["counts"]),
             "bytes_per_s": total["bytes"] / elapsed if elapsed else 0.0,

@@ -24,7 +24,7 @@ _PER_DECADE = 10
 _LOW = 1e-6
 BUCKETS = 9 * _PER_DECADE + 1
 COUNTERS = ("objects", "bytes", "batches", "retries", "throttles", "skipped", "inflight")
-HISTOGRAMS = ("fetch", "decode", "wait")
+HISTOGRAMS = ("fetch", "decode", "wait", "first_byte")
 _HIST_BASE = len(COUNTERS)
 # per histogram: BUCKETS counts, then count and total seconds
 _HIST_WIDTH = BUCKETS + 2
@@ -64,9 +64,11 @@ class StageStats:
         self._v[base + BUCKETS] += 1
         self._v[base + BUCKETS + 1] += seconds
 
-    def add_fetch(self, seconds: float, size: int) -> None:
+    def add_fetch(self, seconds: float, size: int, first_byte_s: float | None = None) -> None:
         with self._lock:
             self._add_latency(0, seconds)
+            if first_byte_s is not None:
+                self._add_latency(3, first_byte_s)
             self._v[0] += 1
             self._v[1] += size
 

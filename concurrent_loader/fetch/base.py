@@ -37,8 +37,9 @@ class Reader(ABC):
         """The object's name for messages (``s3://bucket/key``): never holds credentials."""
 
     @abstractmethod
-    async def _get_once(self, key: str, url: str) -> bytes | bytearray:
-        """One attempt: the whole body, or a ``FetchError``."""
+    async def _get_once(self, key: str, url: str) -> tuple[bytes | bytearray, float | None]:
+        """One attempt: the whole body and its time to first byte (None when unknown), or a
+        ``FetchError``."""
 
     def read_blocking(self, key: str) -> bytes | bytearray:
         """Read without an event loop; only readers of local files have it."""
@@ -48,12 +49,16 @@ class Reader(ABC):
         """Release connections. Idempotent."""
 
     async def get(
-        self, key: str, *, on_response: Callable[[float, int], None] | None = None
+        self,
+        key: str,
+        *,
+        on_response: Callable[[float, int, float | None], None] | None = None,
     ) -> bytes | bytearray:
         """The whole object, retrying transient failures per ``config.retry``.
 
-        ``on_response(seconds, size)`` is told the duration of the successful request alone
-        (from its send to its last byte), not the time queued for a slot or backing off.
+        ``on_response(seconds, size, first_byte_s)`` is told the duration of the successful
+        request alone (from its send to its last byte; not the time queued for a slot or
+        backing off), and its time to first byte when the transport knows it.
         """
         url = self.url_for(key)
         retry = self.config.retry
@@ -64,9 +69,9 @@ class Reader(ABC):
             throttled = False
             try:
                 started = time.perf_counter()
-                data = await self._get_once(key, url)
+                data, first_byte_s = await self._get_once(key, url)
                 if on_response is not None:
-                    on_response(time.perf_counter() - started, len(data))
+                    on_response(time.perf_counter() - started, len(data), first_byte_s)
                 return data
             except FetchError as exc:
                 throttled = isinstance(exc, Throttled)

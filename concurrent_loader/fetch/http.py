@@ -31,7 +31,7 @@ class HttpReader(Reader):
     def url_for(self, key: str) -> str:
         return self.location.url_for(key)
 
-    async def _get_once(self, key: str, url: str) -> bytes | bytearray:
+    async def _get_once(self, key: str, url: str) -> tuple[bytes | bytearray, float | None]:
         target = quote(self.location.prefix + key, safe="/-_.~!$&'()*+,;=:@%")
         response = await self._transport.get(
             self.location.scheme,
@@ -45,7 +45,7 @@ class HttpReader(Reader):
         # Both transports already refuse a body shorter than its Content-Length.
         if response.status != 200:
             raise error_for_status(response.status, response.body, url)
-        return response.body
+        return response.body, response.first_byte_s
 
     async def close(self) -> None:
         await self._transport.close()

@@ -87,6 +87,8 @@ class Response:
     status: int
     headers: dict[str, str]
     body: bytearray | bytes
+    #: seconds from the request's send to the first byte of the response
+    first_byte_s: float = 0.0
 
 
 def _malformed(url: str, detail: str) -> ConnectionFailed:
@@ -107,6 +109,7 @@ class _Connection(asyncio.BufferedProtocol):
         "chunk_left",
         "chunk_state",
         "expected",
+        "first_byte_at",
         "got",
         "head",
         "head_len",
@@ -157,6 +160,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.started = False
         self.sent_at = 0.0
         self.last_data = 0.0
+        self.first_byte_at = 0.0
         self.head = bytearray(_HEAD_BUFFER_BYTES)
         self.head_view = memoryview(self.head)
         self.head_len = 0
@@ -204,6 +208,8 @@ class _Connection(asyncio.BufferedProtocol):
                 self._complete()
             return
         if state == _HEAD:
+            if not self.started:
+                self.first_byte_at = self.last_data
             self.started = True
             search_from = self.head_len - 3 if self.head_len > 3 else 0
             self.head_len += nbytes
@@ -543,7 +549,9 @@ class _Connection(asyncio.BufferedProtocol):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        response = Response(self.status, self.headers, self.body)
+        response = Response(
+            self.status, self.headers, self.body, self.first_byte_at - self.sent_at
+        )
         # Drop our references so the caller owns the only one (and may resize it).
         self.body = _NO_BODY
         self.body_view = _NO_VIEW

@@ -46,5 +46,6 @@ class LocalReader(Reader):
         except OSError as exc:
             raise FetchError(str(exc), url=path, stage="fetch", cause=type(exc).__name__) from exc
 
-    async def _get_once(self, key: str, url: str) -> bytes:
-        return await asyncio.get_running_loop().run_in_executor(None, self.read_blocking, key)
+    async def _get_once(self, key: str, url: str) -> tuple[bytes, float | None]:
+        data = await asyncio.get_running_loop().run_in_executor(None, self.read_blocking, key)
+        return data, None

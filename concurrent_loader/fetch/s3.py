@@ -107,7 +107,7 @@ class S3Reader(Reader):
     def url_for(self, key: str) -> str:
         return f"s3://{self.bucket}/{self.prefix}{key}"
 
-    async def _get_once(self, key: str, url: str) -> bytes | bytearray:
+    async def _get_once(self, key: str, url: str) -> tuple[bytes | bytearray, float | None]:
         endpoint = self._endpoint
         path = encode_s3_path(self._path_bucket, self.prefix + key)
         if self._credentials is None:
@@ -129,7 +129,7 @@ class S3Reader(Reader):
         # Both transports already refuse a body shorter than its Content-Length.
         if response.status != 200:
             raise error_for_status(response.status, response.body, url)
-        return response.body
+        return response.body, response.first_byte_s
 
     async def close(self) -> None:
         await self._transport.close()

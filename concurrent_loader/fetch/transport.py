@@ -33,6 +33,8 @@ class TransportResponse(Protocol):
     def headers(self) -> Mapping[str, str]: ...
     @property
     def body(self) -> bytes | bytearray: ...
+    @property
+    def first_byte_s(self) -> float | None: ...
 
 
 class Transport(Protocol):
@@ -52,12 +54,13 @@ class Transport(Protocol):
 
 
 class _Response:
-    __slots__ = ("body", "headers", "status")
+    __slots__ = ("body", "first_byte_s", "headers", "status")
 
     def __init__(self, status: int, headers: Mapping[str, str], body: bytes) -> None:
         self.status = status
         self.headers = headers
         self.body = body
+        self.first_byte_s: float | None = None  # aiohttp does not tell
 
 
 class AiohttpTransport:
