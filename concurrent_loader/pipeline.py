@@ -230,12 +230,7 @@ class BatchPipeline:
                 self._start_next()
             for b in range(len(self._batches)):
                 slot = self._slots.pop(b)
-                if not slot.future.done():
-                    waited = time.perf_counter()
-                    concurrent.futures.wait([slot.future])
-                    self.stats.add_wait(time.perf_counter() - waited)
-                else:
-                    self.stats.add_wait(0.0)
+                slot.future.exception()  # wait for the batch (its error is raised below)
                 if self._next_to_start < len(self._batches):
                     self._start_next()
                 batch = slot.collated()

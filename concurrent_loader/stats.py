@@ -23,7 +23,7 @@ __all__ = ["COUNTERS", "HISTOGRAMS", "SharedStats", "StageStats", "percentile"]
 _PER_DECADE = 10
 _LOW = 1e-6
 BUCKETS = 9 * _PER_DECADE + 1
-COUNTERS = ("objects", "bytes", "batches", "retries", "throttles", "skipped", "inflight")
+COUNTERS = ("objects", "bytes", "retries", "throttles", "skipped", "inflight")
 HISTOGRAMS = ("fetch", "decode", "wait", "first_byte")
 _HIST_BASE = len(COUNTERS)
 # per histogram: BUCKETS counts, then count and total seconds
@@ -79,7 +79,6 @@ class StageStats:
     def add_wait(self, seconds: float) -> None:
         with self._lock:
             self._add_latency(2, seconds)
-            self._v[2] += 1
 
     def add(self, counter: str, amount: float = 1) -> None:
         with self._lock:

@@ -69,12 +69,13 @@ class CredentialSource:
             session.set_credentials(self.access_key, self.secret_key, self.session_token)
         return session
 
-    def default_region(self) -> str | None:
-        region = self.botocore_session().get_config_variable("region")
+    def default_region(self, session: Any = None) -> str | None:
+        session = session or self.botocore_session()
+        region = session.get_config_variable("region")
         return region if isinstance(region, str) and region else None
 
-    def default_endpoint(self) -> str | None:
-        session = self.botocore_session()
+    def default_endpoint(self, session: Any = None) -> str | None:
+        session = session or self.botocore_session()
         # AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL and the profile's endpoint_url (botocore >= 1.31)
         for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
             if os.environ.get(name):
@@ -89,9 +90,9 @@ class CredentialSource:
 class CredentialCache:
     """Frozen credentials for signing, refreshed from botocore at most once a second."""
 
-    def __init__(self, source: CredentialSource, url: str) -> None:
+    def __init__(self, source: CredentialSource, url: str, session: Any = None) -> None:
         self._url = url
-        self._botocore = source.botocore_session().get_credentials()
+        self._botocore = (session or source.botocore_session()).get_credentials()
         if self._botocore is None:
             raise AccessDenied(
                 "no AWS credentials found (env vars, profile, instance role); pass "

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from types import TracebackType
 
 __all__ = ["AdaptiveLimit"]
 
@@ -60,17 +59,3 @@ class AdaptiveLimit:
             if not waiter.done():
                 self.in_flight += 1
                 waiter.set_result(None)
-
-    async def __aenter__(self) -> AdaptiveLimit:
-        await self.acquire()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        from ..errors import Throttled
-
-        self.release(throttled=isinstance(exc, Throttled))

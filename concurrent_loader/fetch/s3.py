@@ -93,12 +93,16 @@ class S3Reader(Reader):
             source = CredentialSource(profile=source.profile, anonymous=True)
         self.bucket = bucket
         self.prefix = prefix
-        self.region = region or source.default_region() or "us-east-1"
-        self.endpoint_url = endpoint_url or source.default_endpoint()
+        # One botocore session resolves region, endpoint and credentials: each costs file reads.
+        session = source.botocore_session()
+        self.region = region or source.default_region(session) or "us-east-1"
+        self.endpoint_url = endpoint_url or source.default_endpoint(session)
         self._endpoint = _endpoint(bucket, self.endpoint_url, self.region)
         self._path_bucket = bucket if self._endpoint.path_style else None
         self._signer = SigV4Signer(self.region)
-        self._credentials = None if source.anonymous else CredentialCache(source, self.url_for(""))
+        self._credentials = (
+            None if source.anonymous else CredentialCache(source, self.url_for(""), session)
+        )
         self._transport: Transport = make_transport(transport, config, ssl_context_for(config))
 
     def __repr__(self) -> str:
@@ -153,12 +157,13 @@ async def list_objects(
     source = credentials or CredentialSource()
     config = config or FetchConfig()
     redact_botocore_logs()
+    endpoint_url = endpoint_url or source.default_endpoint()
     session = AioSession(profile=source.profile)
     if source.access_key and source.secret_key:
         session.set_credentials(source.access_key, source.secret_key, source.session_token)
     aio_config = AioConfig(
         signature_version=UNSIGNED if source.anonymous else None,
-        s3={"addressing_style": "path"} if (endpoint_url or source.default_endpoint()) else None,
+        s3={"addressing_style": "path"} if endpoint_url else None,
         connect_timeout=config.timeouts.connect,
         read_timeout=config.timeouts.read,
         retries={"max_attempts": config.retry.max_attempts, "mode": "standard"},
@@ -167,7 +172,7 @@ async def list_objects(
     try:
         async with session.create_client(
             "s3",
-            endpoint_url=endpoint_url or source.default_endpoint(),
+            endpoint_url=endpoint_url,
             region_name=region or source.default_region() or "us-east-1",
             config=aio_config,
             verify=config.verify_tls,

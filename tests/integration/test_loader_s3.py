@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import multiprocessing
 import threading
 import time
 
@@ -206,9 +205,6 @@ def test_no_thread_left_after_break(image_dataset, s3_env):
         time.sleep(0.05)
     assert set(threading.enumerate()) - before == set()
 
-
-def test_start_methods_available():
-    assert {"fork", "spawn"} <= set(multiprocessing.get_all_start_methods())
 
 
 def test_persistent_workers_follow_each_epochs_plan(image_dataset, s3_env):
