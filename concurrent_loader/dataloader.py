@@ -44,7 +44,7 @@ from torch.utils.data import (
 )
 
 from .dataset import ObjectDataset
-from .errors import ConfigError, SkipBudgetExceeded, WorkerError
+from .errors import ConfigError, Reason, SkipBudgetExceeded, WorkerError
 from .pipeline import BatchPipeline, Partial, SkippedSample
 from .stats import SharedStats, StageStats, percentile
 
@@ -485,7 +485,7 @@ class ConcurrentDataLoader(DataLoader[Any]):
                             f"loader worker process(es) {dead} died without raising (killed by "
                             "the OS, e.g. out of memory?)",
                             stage="worker",
-                            cause="WorkerDied",
+                            cause=Reason.WORKER_DIED,
                         )
                         failure.__cause__ = exc
                     break
@@ -507,7 +507,7 @@ class ConcurrentDataLoader(DataLoader[Any]):
                             f"{len(self.skipped)} samples skipped this epoch, more than "
                             f"max_skipped={self.max_skipped!r} allows ({budget})",
                             url=last.url,
-                            cause="SkipBudgetExceeded",
+                            cause=Reason.SKIP_BUDGET_EXCEEDED,
                         )
                         failure.__cause__ = last.error
                         break

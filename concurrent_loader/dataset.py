@@ -24,7 +24,7 @@ from torch.utils.data import Dataset
 
 from .config import FetchConfig
 from .decode import ImageDecoder
-from .errors import ConfigError, LoaderError
+from .errors import ConfigError, LoaderError, Reason
 from .fetch import CredentialSource, HttpReader, LocalReader, Reader, S3Reader
 from .keys import KeyTable
 from .listing import list_location
@@ -322,7 +322,7 @@ class ImageFolder(ObjectDataset):
             raise ConfigError(
                 f"no images ({', '.join(self.extensions)}) in class folders under {self.location}",
                 url=str(self.location),
-                cause="EmptyPrefix",
+                cause=Reason.EMPTY_PREFIX,
             )
         self.keys = KeyTable(images)
         self.classes = sorted({k.split("/", 1)[0] for k in images})

@@ -22,15 +22,18 @@
 Backend exceptions (aiohttp, botocore, OSError) are translated to this tree in one place,
 :mod:`concurrent_loader.fetch.translate`, by type and status code, never by message text.
 
-Every error names the object it is about (``s3://bucket/key``) and the stage that failed,
-keeps the original cause as ``__cause__``, and survives pickling, so one raised in a worker
-process reaches the training loop with its type, message and attributes intact. Every
-class can also be built from a single message string, which is what
-``torch.utils.data.DataLoader`` does when it re-raises a worker's exception.
+Every error names the object it is about (``s3://bucket/key``), the stage that failed and
+its :class:`Reason` (one fixed spelling per cause; the server's own error code, such as S3's
+``NoSuchKey``, is kept apart in ``code``), keeps the original exception as ``__cause__``,
+and survives pickling, so one raised in a worker process reaches the training loop with its
+type, message and attributes intact. Every class can also be built from a single message
+string, which is what ``torch.utils.data.DataLoader`` does when it re-raises a worker's
+exception.
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any
 
 __all__ = [
@@ -46,6 +49,7 @@ __all__ = [
     "LoaderError",
     "ObjectNotFound",
     "ObjectTooLarge",
+    "Reason",
     "ServerError",
     "SkipBudgetExceeded",
     "Throttled",
@@ -53,12 +57,54 @@ __all__ = [
 ]
 
 
+class Reason(StrEnum):
+    """Why an operation failed: the fixed set of ``LoaderError.cause`` values.
+
+    A ``StrEnum``, so ``error.cause == "NotFound"`` and logs read naturally; building an
+    error with a spelling that is not listed here raises ``ValueError``.
+    """
+
+    # the object or its container
+    NOT_FOUND = "NotFound"
+    BUCKET_NOT_FOUND = "BucketNotFound"
+    ACCESS_DENIED = "AccessDenied"
+    NO_CREDENTIALS = "NoCredentials"
+    BAD_REQUEST = "BadRequest"
+    WRONG_REGION = "WrongRegion"
+    OBJECT_TOO_LARGE = "ObjectTooLarge"
+    # the store or the network (transient)
+    THROTTLED = "Throttled"
+    SERVER_ERROR = "ServerError"
+    CONNECTION_REFUSED = "ConnectionRefused"
+    CONNECTION_RESET = "ConnectionReset"
+    CONNECTION_CLOSED = "ConnectionClosed"
+    CONNECTION_FAILED = "ConnectionFailed"
+    MALFORMED_RESPONSE = "MalformedResponse"
+    INCOMPLETE_BODY = "IncompleteBody"
+    CONNECT_TIMEOUT = "ConnectTimeout"
+    FIRST_BYTE_TIMEOUT = "FirstByteTimeout"
+    READ_TIMEOUT = "ReadTimeout"
+    TIMED_OUT = "TimedOut"
+    TLS_FAILED = "TLSFailed"
+    # the bytes
+    EMPTY_OBJECT = "EmptyObject"
+    UNDECODABLE = "Undecodable"
+    # the configuration
+    INVALID_ARGUMENT = "InvalidArgument"
+    EMPTY_PREFIX = "EmptyPrefix"
+    # the loader
+    SKIP_BUDGET_EXCEEDED = "SkipBudgetExceeded"
+    WORKER_DIED = "WorkerDied"
+    UNKNOWN = "Unknown"
+
+
 class LoaderError(Exception):
     """Base of every error raised on purpose by concurrent_loader.
 
     ``url`` names the object (``s3://bucket/key``, ``https://...`` or a local path),
-    ``stage`` the pipeline stage that failed (``"fetch"``, ``"decode"``, ...), and ``cause``
-    is a short human-readable reason (``"NoSuchKey"``, ``"HTTP 503 SlowDown"``).
+    ``stage`` the pipeline stage that failed (``"fetch"``, ``"decode"``, ...), ``cause`` is a
+    :class:`Reason`, ``status`` the HTTP status and ``code`` the server's error code
+    (``"NoSuchKey"``, ``"SlowDown"``) when there was one.
     """
 
     #: whether retrying the same request may succeed
@@ -70,14 +116,16 @@ class LoaderError(Exception):
         *,
         url: str | None = None,
         stage: str | None = None,
-        cause: str | None = None,
+        cause: Reason | str | None = None,
         status: int | None = None,
+        code: str | None = None,
     ) -> None:
         self.message = message
         self.url = url
         self.stage = stage
-        self.cause = cause
+        self.cause: Reason | None = Reason(cause) if cause is not None else None
         self.status = status
+        self.code = code
         super().__init__(self._render())
 
     def _render(self) -> str:
@@ -93,7 +141,12 @@ class LoaderError(Exception):
     def for_object(self, url: str) -> LoaderError:
         """A copy of this error naming ``url`` (for errors raised before the object was known)."""
         named = type(self)(
-            self.message, url=url, stage=self.stage, cause=self.cause, status=self.status
+            self.message,
+            url=url,
+            stage=self.stage,
+            cause=self.cause,
+            status=self.status,
+            code=self.code,
         )
         named.__cause__ = self.__cause__
         for note in getattr(self, "__notes__", ()):
@@ -103,7 +156,7 @@ class LoaderError(Exception):
     def __reduce__(self) -> tuple[Any, ...]:
         return (
             _rebuild,
-            (type(self), self.message, self.url, self.stage, self.cause, self.status),
+            (type(self), self.message, self.url, self.stage, self.cause, self.status, self.code),
             self.__dict__,
         )
 
@@ -113,10 +166,11 @@ def _rebuild(
     message: str,
     url: str | None,
     stage: str | None,
-    cause: str | None,
+    cause: Reason | None,
     status: int | None,
+    code: str | None = None,
 ) -> LoaderError:
-    return cls(message, url=url, stage=stage, cause=cause, status=status)
+    return cls(message, url=url, stage=stage, cause=cause, status=status, code=code)
 
 
 class ConfigError(LoaderError, ValueError):

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from .config import FetchConfig
-from .errors import ConfigError
+from .errors import ConfigError, Reason
 from .fetch import CredentialSource, ListedObject, list_objects
 from .location import Location
 from .runtime import acquire_runtime
@@ -65,7 +65,9 @@ def list_location(
         )
     found.sort(key=lambda item: item.key)
     if not found:
-        raise ConfigError(f"no objects under {location}", url=str(location), cause="EmptyPrefix")
+        raise ConfigError(
+            f"no objects under {location}", url=str(location), cause=Reason.EMPTY_PREFIX
+        )
     return found
 
 

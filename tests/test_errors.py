@@ -6,21 +6,29 @@ from concurrent_loader import errors
 
 
 def _all_error_classes():
-    return [getattr(errors, name) for name in errors.__all__]
+    return [getattr(errors, name) for name in errors.__all__ if name != "Reason"]
 
 
 @pytest.mark.parametrize("cls", _all_error_classes())
 def test_every_error_pickles_with_its_attributes(cls):
-    exc = cls("HTTP 404", url="s3://b/k.jpg", stage="fetch", cause="NoSuchKey", status=404)
+    exc = cls(
+        "HTTP 404",
+        url="s3://b/k.jpg",
+        stage="fetch",
+        cause="NotFound",
+        status=404,
+        code="NoSuchKey",
+    )
     exc.add_note("gave up after 3 attempts")
     back = pickle.loads(pickle.dumps(exc))
     assert type(back) is cls
     assert str(back) == str(exc)
-    assert (back.url, back.stage, back.cause, back.status) == (
+    assert (back.url, back.stage, back.cause, back.status, back.code) == (
         "s3://b/k.jpg",
         "fetch",
-        "NoSuchKey",
+        errors.Reason.NOT_FOUND,
         404,
+        "NoSuchKey",
     )
     assert back.__notes__ == ["gave up after 3 attempts"]
 
@@ -34,6 +42,12 @@ def test_every_error_builds_from_one_message(cls):
 def test_message_names_object_cause_and_stage():
     exc = errors.AccessDenied("HTTP 403", url="s3://b/k", stage="fetch", cause="AccessDenied")
     assert str(exc) == "AccessDenied: s3://b/k - HTTP 403 (stage: fetch)"
+
+
+def test_causes_have_one_spelling():
+    assert errors.LoaderError("x", cause="NotFound").cause is errors.Reason.NOT_FOUND
+    with pytest.raises(ValueError):
+        errors.LoaderError("x", cause="object not found")
 
 
 def test_tree():

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from PIL import Image, JpegImagePlugin, UnidentifiedImageError
 
-from ..errors import DecodeError
+from ..errors import DecodeError, Reason
 
 __all__ = ["ImageDecoder", "center_crop_box", "to_tensor"]
 
@@ -81,7 +81,7 @@ class ImageDecoder:
         """Decode to a PIL image (resized and cropped when ``image_size`` is set)."""
         if len(data) == 0:
             raise DecodeError(
-                "the object is empty (0 bytes)", url=url, stage="decode", cause="EmptyObject"
+                "the object is empty (0 bytes)", url=url, stage="decode", cause=Reason.EMPTY_OBJECT
             )
         try:
             image: Image.Image = Image.open(io.BytesIO(data))
@@ -102,7 +102,7 @@ class ImageDecoder:
             return image
         except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
             raise DecodeError(
-                f"not a decodable image: {exc}", url=url, stage="decode", cause=type(exc).__name__
+                f"not a decodable image: {exc}", url=url, stage="decode", cause=Reason.UNDECODABLE
             ) from exc
 
     def __call__(self, data: bytes | bytearray | memoryview, url: str | None = None) -> Any:

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import AccessDenied
+from ..errors import AccessDenied, Reason
 from .sigv4 import Credentials
 
 __all__ = ["CredentialCache", "CredentialSource", "redact_botocore_logs"]
@@ -99,7 +99,7 @@ class CredentialCache:
                 "anonymous=True to read a public bucket",
                 url=url,
                 stage="fetch",
-                cause="NoCredentials",
+                cause=Reason.NO_CREDENTIALS,
             )
         self._frozen = self._read()
         self._checked = time.monotonic()

@@ -43,6 +43,7 @@ from concurrent_loader.errors import (
     FetchTimeout,
     IncompleteBody,
     ObjectTooLarge,
+    Reason,
 )
 
 __all__ = ["ConnectionPool", "Response", "Timeouts"]
@@ -92,7 +93,7 @@ class Response:
 
 
 def _malformed(url: str, detail: str) -> ConnectionFailed:
-    return ConnectionFailed(detail, url=url, stage="fetch", cause="malformed HTTP response")
+    return ConnectionFailed(detail, url=url, stage="fetch", cause=Reason.MALFORMED_RESPONSE)
 
 
 class _Connection(asyncio.BufferedProtocol):
@@ -247,33 +248,34 @@ class _Connection(asyncio.BufferedProtocol):
             return
         error: ConnectionFailed | IncompleteBody
         how = "closed" if exc is None else "reset"
+        reason = Reason.CONNECTION_CLOSED if exc is None else Reason.CONNECTION_RESET
         if not self.started:
             error = ConnectionFailed(
                 f"connection {how} before any response byte",
                 url=self.url,
                 stage="fetch",
-                cause=f"connection {how}",
+                cause=reason,
             )
         elif state == _LENGTH and exc is None:
             error = IncompleteBody(
                 f"got {self.got} of {self.expected} bytes",
                 url=self.url,
                 stage="fetch",
-                cause="incomplete body",
+                cause=Reason.INCOMPLETE_BODY,
             )
         elif state == _CHUNKED and exc is None:
             error = IncompleteBody(
                 f"chunked body ended after {len(self.body)} bytes, before its last chunk",
                 url=self.url,
                 stage="fetch",
-                cause="incomplete body",
+                cause=Reason.INCOMPLETE_BODY,
             )
         elif state == _HEAD:
             error = ConnectionFailed(
                 f"connection {how} inside the response headers",
                 url=self.url,
                 stage="fetch",
-                cause=f"connection {how}",
+                cause=reason,
             )
         else:
             progress = f"{self.got} of {self.expected}" if state == _LENGTH else f"{len(self.body)}"
@@ -281,7 +283,7 @@ class _Connection(asyncio.BufferedProtocol):
                 f"connection {how} after {progress} body bytes",
                 url=self.url,
                 stage="fetch",
-                cause=f"connection {how}",
+                cause=reason,
             )
         error.__cause__ = exc
         self._fail(error)
@@ -322,7 +324,7 @@ class _Connection(asyncio.BufferedProtocol):
             "connection closed before the request was sent",
             url=self.url,
             stage="fetch",
-            cause="connection closed",
+            cause=Reason.CONNECTION_CLOSED,
         )
         error.__cause__ = exc
         self._fail(error)
@@ -353,7 +355,7 @@ class _Connection(asyncio.BufferedProtocol):
                         f"no response byte within {timeouts.first_byte:g} s",
                         url=self.url,
                         stage="fetch",
-                        cause="first byte timeout",
+                        cause=Reason.FIRST_BYTE_TIMEOUT,
                     )
                 )
                 return
@@ -365,7 +367,7 @@ class _Connection(asyncio.BufferedProtocol):
                         f"no data for {timeouts.read:g} s",
                         url=self.url,
                         stage="fetch",
-                        cause="read timeout",
+                        cause=Reason.READ_TIMEOUT,
                     )
                 )
                 return
@@ -458,7 +460,7 @@ class _Connection(asyncio.BufferedProtocol):
                     f"Content-Length {length} > max_bytes {self.max_bytes}",
                     url=self.url,
                     stage="fetch",
-                    cause="object too large",
+                    cause=Reason.OBJECT_TOO_LARGE,
                 )
             )
             return
@@ -538,7 +540,7 @@ class _Connection(asyncio.BufferedProtocol):
                 f"body over max_bytes {self.max_bytes}",
                 url=self.url,
                 stage="fetch",
-                cause="object too large",
+                cause=Reason.OBJECT_TOO_LARGE,
             )
         )
         return False
@@ -831,14 +833,14 @@ def _connect_error(exc: Exception, url: str, timeout: float) -> FetchTimeout | C
             f"could not connect within {timeout:g} s",
             url=url,
             stage="fetch",
-            cause="connect timeout",
+            cause=Reason.CONNECT_TIMEOUT,
         )
     if isinstance(exc, (ssl.SSLError, ssl.CertificateError)):
-        cause = "TLS handshake failed"
+        cause = Reason.TLS_FAILED
     elif isinstance(exc, ConnectionRefusedError):
-        cause = "connection refused"
+        cause = Reason.CONNECTION_REFUSED
     else:
-        cause = "connect failed"
+        cause = Reason.CONNECTION_FAILED
     return ConnectionFailed(str(exc) or type(exc).__name__, url=url, stage="fetch", cause=cause)
 
 

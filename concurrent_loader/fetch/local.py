@@ -6,7 +6,7 @@ import asyncio
 import os
 
 from ..config import FetchConfig
-from ..errors import AccessDenied, FetchError, ObjectNotFound, ObjectTooLarge
+from ..errors import AccessDenied, FetchError, ObjectNotFound, ObjectTooLarge, Reason
 from .base import Reader
 
 __all__ = ["LocalReader"]
@@ -32,19 +32,23 @@ class LocalReader(Reader):
                         f"{size} bytes > max_object_bytes={self.config.max_object_bytes}",
                         url=path,
                         stage="fetch",
-                        cause="ObjectTooLarge",
+                        cause=Reason.OBJECT_TOO_LARGE,
                     )
                 return f.read()
         except FileNotFoundError as exc:
-            raise ObjectNotFound("no such file", url=path, stage="fetch", cause="NotFound") from exc
+            raise ObjectNotFound(
+                "no such file", url=path, stage="fetch", cause=Reason.NOT_FOUND
+            ) from exc
         except IsADirectoryError as exc:
             raise ObjectNotFound(
-                "is a directory", url=path, stage="fetch", cause="NotFound"
+                "is a directory", url=path, stage="fetch", cause=Reason.NOT_FOUND
             ) from exc
         except PermissionError as exc:
-            raise AccessDenied(str(exc), url=path, stage="fetch", cause="PermissionError") from exc
+            raise AccessDenied(
+                str(exc), url=path, stage="fetch", cause=Reason.ACCESS_DENIED
+            ) from exc
         except OSError as exc:
-            raise FetchError(str(exc), url=path, stage="fetch", cause=type(exc).__name__) from exc
+            raise FetchError(str(exc), url=path, stage="fetch", cause=Reason.UNKNOWN) from exc
 
     async def _get_once(self, key: str, url: str) -> tuple[bytes, float | None]:
         data = await asyncio.get_running_loop().run_in_executor(None, self.read_blocking, key)

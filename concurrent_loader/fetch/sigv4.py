@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
-from concurrent_loader.errors import ConfigError
+from concurrent_loader.errors import ConfigError, Reason
 
 __all__ = ["EMPTY_SHA256", "Credentials", "SigV4Signer", "encode_s3_path"]
 
@@ -64,7 +64,7 @@ def encode_s3_path(bucket: str | None, key: str) -> str:
     if bucket is None:
         return "/" + encoded_key
     if not bucket or "/" in bucket:
-        raise ConfigError(f"invalid bucket name {bucket!r}", cause="bad bucket name")
+        raise ConfigError(f"invalid bucket name {bucket!r}", cause=Reason.INVALID_ARGUMENT)
     return f"/{quote(bucket, safe='-_.~')}/{encoded_key}"
 
 
@@ -127,7 +127,7 @@ class SigV4Signer:
 
     def __init__(self, region: str, service: str = "s3") -> None:
         if not region or not service:
-            raise ConfigError("region and service must be non-empty", cause="bad region")
+            raise ConfigError("region and service must be non-empty", cause=Reason.INVALID_ARGUMENT)
         self.region = region
         self.service = service
         # One tuple, replaced whole, so a reader never pairs one second with another's string.

@@ -17,6 +17,7 @@ from ..errors import (
     FetchError,
     FetchTimeout,
     ObjectNotFound,
+    Reason,
     ServerError,
     Throttled,
 )
@@ -43,6 +44,16 @@ _BY_CODE: dict[str, type[FetchError]] = {
 }
 
 
+_REASONS: dict[type[FetchError], Reason] = {
+    ObjectNotFound: Reason.NOT_FOUND,
+    BucketNotFound: Reason.BUCKET_NOT_FOUND,
+    AccessDenied: Reason.ACCESS_DENIED,
+    BadRequest: Reason.BAD_REQUEST,
+    Throttled: Reason.THROTTLED,
+    ServerError: Reason.SERVER_ERROR,
+}
+
+
 def _class_for_status(status: int) -> type[FetchError]:
     if status in (401, 403):
         return AccessDenied
@@ -60,8 +71,8 @@ def error_for_code(code: str | None, status: int, url: str, *, stage: str = "fet
     cls = _BY_CODE.get(code or "") or _class_for_status(status)
     if cls is Throttled and status < 500 and status != 429:
         cls = BadRequest
-    cause = code or f"HTTP {status}"
-    return cls(f"HTTP {status}", url=url, stage=stage, cause=cause, status=status)
+    message = f"HTTP {status} {code}" if code else f"HTTP {status}"
+    return cls(message, url=url, stage=stage, cause=_REASONS[cls], status=status, code=code)
 
 
 def error_for_status(status: int, body: bytes | bytearray, url: str) -> FetchError:
@@ -88,11 +99,11 @@ def error_for_exception(exc: BaseException, url: str, *, stage: str = "fetch") -
         import aiohttp
 
         if isinstance(exc, aiohttp.ClientPayloadError):
-            return ConnectionFailed(str(exc), url=url, stage=stage, cause="body cut short")
+            return ConnectionFailed(str(exc), url=url, stage=stage, cause=Reason.INCOMPLETE_BODY)
         if isinstance(exc, aiohttp.ServerTimeoutError):
-            return FetchTimeout(str(exc), url=url, stage=stage, cause="timed out")
+            return FetchTimeout(str(exc), url=url, stage=stage, cause=Reason.TIMED_OUT)
         if isinstance(exc, aiohttp.ClientConnectionError):
-            return ConnectionFailed(str(exc), url=url, stage=stage, cause="connection failed")
+            return ConnectionFailed(str(exc), url=url, stage=stage, cause=Reason.CONNECTION_FAILED)
     except ImportError:  # pragma: no cover - aiohttp is a dependency
         pass
     try:
@@ -104,21 +115,21 @@ def error_for_exception(exc: BaseException, url: str, *, stage: str = "fetch") -
         )
 
         if isinstance(exc, (ConnectTimeoutError, ReadTimeoutError)):
-            return FetchTimeout(str(exc), url=url, stage=stage, cause="timed out")
+            return FetchTimeout(str(exc), url=url, stage=stage, cause=Reason.TIMED_OUT)
         if isinstance(exc, EndpointConnectionError):
-            return ConnectionFailed(str(exc), url=url, stage=stage, cause="connection failed")
+            return ConnectionFailed(str(exc), url=url, stage=stage, cause=Reason.CONNECTION_FAILED)
         if isinstance(exc, NoCredentialsError):
             return AccessDenied(
                 "no AWS credentials found (env vars, profile, instance role); pass "
                 "anonymous=True for a public bucket",
                 url=url,
                 stage=stage,
-                cause="NoCredentials",
+                cause=Reason.NO_CREDENTIALS,
             )
     except ImportError:  # pragma: no cover
         pass
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
-        return FetchTimeout(str(exc), url=url, stage=stage, cause="timed out")
+        return FetchTimeout(str(exc), url=url, stage=stage, cause=Reason.TIMED_OUT)
     if isinstance(exc, (ConnectionError, OSError)):
-        return ConnectionFailed(str(exc), url=url, stage=stage, cause=type(exc).__name__)
-    return FetchError(repr(exc), url=url, stage=stage, cause=type(exc).__name__)
+        return ConnectionFailed(str(exc), url=url, stage=stage, cause=Reason.CONNECTION_FAILED)
+    return FetchError(repr(exc), url=url, stage=stage, cause=Reason.UNKNOWN)

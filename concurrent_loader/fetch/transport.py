@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from ..config import FetchConfig
-from ..errors import FetchError, FetchTimeout, IncompleteBody, ObjectTooLarge
+from ..errors import FetchError, FetchTimeout, IncompleteBody, ObjectTooLarge, Reason
 from .translate import error_for_exception
 
 __all__ = ["AiohttpTransport", "Transport", "TransportResponse", "make_transport"]
@@ -106,7 +106,7 @@ class AiohttpTransport:
                         f"{length} bytes > max_object_bytes={max_bytes}",
                         url=url,
                         stage="fetch",
-                        cause="ObjectTooLarge",
+                        cause=Reason.OBJECT_TOO_LARGE,
                     )
                 body = await response.read()
                 if length is not None and len(body) < length:
@@ -114,7 +114,7 @@ class AiohttpTransport:
                         f"got {len(body)} of {length} bytes",
                         url=url,
                         stage="fetch",
-                        cause="IncompleteBody",
+                        cause=Reason.INCOMPLETE_BODY,
                     )
                 return _Response(response.status, dict(response.headers), body)
         except FetchError:
@@ -122,7 +122,7 @@ class AiohttpTransport:
         except (TimeoutError, self._aiohttp.ClientError, OSError) as exc:
             if isinstance(exc, asyncio.TimeoutError):
                 raise FetchTimeout(
-                    "no data within the timeout", url=url, stage="fetch", cause="FetchTimeout"
+                    "no data within the timeout", url=url, stage="fetch", cause=Reason.TIMED_OUT
                 ) from exc
             raise error_for_exception(exc, url) from exc
 

@@ -91,7 +91,7 @@ def _fails_fast(expected, ds, num_workers: int, **kwargs):
         ("empty", None, "EmptyObject"),
         ("truncated", None, None),
         ("truncated", 16, None),
-        ("text", None, "UnidentifiedImageError"),
+        ("text", None, "Undecodable"),
     ],
 )
 def test_bad_image_fails_with_decode_error_naming_it(
