@@ -5,7 +5,7 @@ it up with ``c`` GETs (connections open, credentials resolved), then time exactl
 ``requests`` GETs with ``c`` in flight and read this process's CPU time (all threads,
 including a Rust runtime's) around the same window. Every GET's body is read whole.
 
-Clients: ``ours`` (:class:`concurrent_loader.fetch.S3Reader`), ``aiobotocore``
+Clients: ``ours`` (:class:`concurrent_loader.fetch.FetchClient` over the S3 store), ``aiobotocore``
 (``get_object`` on one client), ``boto3-threads`` (one client shared by ``c`` threads, as
 boto3 documents for multithreading) and ``obstore`` (``get_async`` + ``bytes_async``).
 The asyncio clients all run on the event loop the loader itself uses (uvloop when it is
@@ -32,9 +32,9 @@ def unavailable_reason(client: str) -> str | None:
     """Why ``client`` cannot run in this environment, or None when it can."""
     if client == "ours":
         try:
-            from concurrent_loader.fetch import S3Reader  # noqa: F401
+            from concurrent_loader.fetch import FetchClient  # noqa: F401
         except ImportError as exc:
-            return f"concurrent_loader.fetch.S3Reader does not import: {exc}"
+            return f"concurrent_loader.fetch.FetchClient does not import: {exc}"
         return None
     module = {"aiobotocore": "aiobotocore", "boto3-threads": "boto3", "obstore": "obstore"}
     if client not in module:
@@ -82,19 +82,17 @@ async def _async_client(client: str, spec: dict[str, Any], c: int) -> tuple[Any,
     bucket, endpoint, region = spec["bucket"], spec["endpoint_url"], spec["region"]
     if client == "ours":
         from concurrent_loader.config import FetchConfig
-        from concurrent_loader.fetch import S3Reader
+        from concurrent_loader.fetch import FetchClient
+        from concurrent_loader.stores import S3Config
 
-        reader = S3Reader(
-            bucket,
-            endpoint_url=endpoint,
-            region=region,
-            config=FetchConfig(max_inflight_requests=c),
-        )
+        config = FetchConfig(max_inflight_requests=c)
+        store = S3Config(bucket, endpoint_url=endpoint, region=region)
+        client = FetchClient(store.open(config), config)
 
         async def get_ours(key: str) -> int:
-            return len(await reader.get(key))
+            return len(await client.get(key))
 
-        return get_ours, reader.close
+        return get_ours, client.close
     if client == "aiobotocore":
         from aiobotocore.config import AioConfig
         from aiobotocore.session import get_session

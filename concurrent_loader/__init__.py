@@ -1,13 +1,17 @@
 """concurrent_loader: PyTorch data loading from S3-compatible object storage at local-disk speed.
 
-The pipeline, by folder: :mod:`~concurrent_loader.fetch` (keys -> bytes, many GETs in flight
-per process), :mod:`~concurrent_loader.decode` (bytes -> samples, on a thread pool) and
-:mod:`~concurrent_loader.gpu` (batches -> device, on a copy stream). Users meet it as
-:class:`ObjectDataset` / :class:`ImageFolder` and :class:`ConcurrentDataLoader`.
+The path of a sample, by folder: :mod:`~concurrent_loader.loader` (sampler -> the epoch's
+plan -> worker processes), :mod:`~concurrent_loader.pipeline` (a process's batches, in
+order), :mod:`~concurrent_loader.sources` (index -> reads), :mod:`~concurrent_loader.fetch`
+(reads -> bytes through retry and limits, many GETs in flight per process),
+:mod:`~concurrent_loader.stores` (S3, HTTP, local files, in-memory) over
+:mod:`~concurrent_loader.transport` (HTTP/1.1), :mod:`~concurrent_loader.decode` (bytes ->
+samples, on a thread pool) and :mod:`~concurrent_loader.gpu` (batches -> device, on a copy
+stream). Users meet it as :class:`ObjectDataset` / :class:`ImageFolder` and
+:class:`ConcurrentDataLoader`. ``ARCHITECTURE.md`` draws the whole path.
 """
 
 from .config import FetchConfig, RetryConfig, Timeouts
-from .dataloader import ConcurrentDataLoader, PartialBatch, PartialDict, PartialList, is_partial
 from .dataset import IMG_EXTENSIONS, ImageFolder, ObjectDataset
 from .errors import (
     AccessDenied,
@@ -22,11 +26,13 @@ from .errors import (
     LoaderError,
     ObjectNotFound,
     ObjectTooLarge,
+    Reason,
     ServerError,
     SkipBudgetExceeded,
     Throttled,
     WorkerError,
 )
+from .loader import ConcurrentDataLoader, PartialBatch, PartialDict, PartialList, is_partial
 from .pipeline import SkippedSample
 
 __version__ = "0.1.0"
@@ -52,6 +58,7 @@ __all__ = [
     "PartialBatch",
     "PartialDict",
     "PartialList",
+    "Reason",
     "RetryConfig",
     "ServerError",
     "SkipBudgetExceeded",

@@ -32,9 +32,8 @@ from typing import IO, Any
 
 from .dataset import IMG_EXTENSIONS, ImageFolder
 from .errors import ConfigError, LoaderError
-from .fetch import CredentialSource, ListedObject
-from .listing import list_location, progress
-from .location import Location, parse_location
+from .listing import list_store, progress
+from .stores import ObjectInfo, StoreConfig, store_config_for
 
 __all__ = ["main"]
 
@@ -42,44 +41,39 @@ PROG = "concurrent-loader"
 log = logging.getLogger(__name__)
 
 
-def _credentials(args: argparse.Namespace) -> CredentialSource:
-    return CredentialSource(profile=args.profile, anonymous=args.anonymous)
-
-
 def list_root(
     root: str, args: argparse.Namespace, on_object: Callable[[], None] | None = None
-) -> tuple[Location, list[ListedObject]]:
+) -> tuple[StoreConfig, list[ObjectInfo]]:
     """Every object under ``root``, sorted by key (directory markers left out)."""
-    location = parse_location(root)
-    found = list_location(
-        location,
+    store = store_config_for(
+        root,
         endpoint_url=args.endpoint_url,
         region=args.region,
-        credentials=_credentials(args),
-        on_object=on_object,
+        profile=args.profile,
+        anonymous=args.anonymous,
     )
-    return location, found
+    return store, list_store(store, on_object=on_object)
 
 
 # ---------------------------------------------------------------------------- commands
 
 
-def _check_key(key: str, location: Location) -> None:
+def _check_key(key: str, store: StoreConfig) -> None:
     """A manifest holds one key per line, stripped, with ``#`` lines as comments: refuse
     keys that would not read back as themselves."""
     if "\n" in key or "\r" in key or key != key.strip() or key.startswith("#"):
         raise ConfigError(
             f"the key {key!r} cannot be written to a line-based manifest (it has a line "
             "break, leading/trailing whitespace, or starts with '#')",
-            url=location.url_for(key),
+            url=store.url_for(key),
         )
 
 
 def cmd_manifest(args: argparse.Namespace) -> int:
     with progress(args.progress, "listing") as tick:
-        location, found = list_root(args.root, args, tick)
+        store, found = list_root(args.root, args, tick)
     for item in found:
-        _check_key(item.key, location)
+        _check_key(item.key, store)
     text = "".join(f"{item.key}\n" for item in found)
     if args.output == "-":
         sys.stdout.write(text)
@@ -87,9 +81,9 @@ def cmd_manifest(args: argparse.Namespace) -> int:
     else:
         _write_atomically(args.output, text)
     total = sum(item.size for item in found)
-    log.info("listed %d objects (%d bytes) under %s", len(found), total, location)
+    log.info("listed %d objects (%d bytes) under %s", len(found), total, store)
     print(
-        f"wrote {len(found)} keys ({_human_bytes(total)}) under {location} to {args.output}",
+        f"wrote {len(found)} keys ({_human_bytes(total)}) under {store} to {args.output}",
         file=sys.stderr,
     )
     return 0
@@ -114,9 +108,9 @@ def _write_atomically(path: str, text: str) -> None:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     with progress(args.progress, "listing") as tick:
-        location, found = list_root(args.root, args, tick)
+        store, found = list_root(args.root, args, tick)
     report: dict[str, Any] = {
-        "root": str(location),
+        "root": str(store),
         "objects": len(found),
         "bytes": sum(item.size for item in found),
     }

@@ -67,9 +67,10 @@ class RetryConfig:
 
 @dataclass(frozen=True)
 class FetchConfig:
-    """Limits of one process's fetch stage.
+    """Limits of one process's fetch stage, for one store.
 
-    ``max_inflight_requests`` GETs at most are in flight at once, and at most
+    ``max_inflight_requests`` GETs at most are in flight at once (nothing else: every other
+    size is its own setting or derived here), and at most
     ``max_inflight_bytes`` of fetched-but-not-yet-decoded bodies are held; an object larger
     than ``max_object_bytes`` is refused with ``ObjectTooLarge`` before its body is read.
     """
@@ -90,3 +91,8 @@ class FetchConfig:
             raise ConfigError(f"max_inflight_bytes must be >= 1, got {self.max_inflight_bytes}")
         if self.max_object_bytes < 1:
             raise ConfigError(f"max_object_bytes must be >= 1, got {self.max_object_bytes}")
+
+    @property
+    def max_connections(self) -> int:
+        """Connections a transport may hold open: one per GET that may be in flight."""
+        return self.max_inflight_requests

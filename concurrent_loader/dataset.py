@@ -3,12 +3,13 @@
 Both are ordinary ``torch.utils.data.Dataset``s: ``len(ds)`` and ``ds[i]`` work on their own
 (``ds[i]`` fetches synchronously through this process's runtime), so they also work with a
 stock ``DataLoader``; ``__getitems__`` fetches a whole batch concurrently. With
-:class:`~concurrent_loader.ConcurrentDataLoader` they are read by the pipelined fetch ->
-decode path instead, through the two hooks :meth:`ObjectDataset.open_reader` and
-:meth:`ObjectDataset.decode_sample`.
+:class:`~concurrent_loader.ConcurrentDataLoader` they are read through their
+:attr:`~ObjectDataset.source` (:mod:`concurrent_loader.sources`) by the pipelined
+fetch -> decode path instead.
 
-A dataset holds only its configuration and key table: no client, socket, loop or resolved
-credential, so it pickles to ``spawn`` workers and each process opens its own reader.
+A dataset holds configuration (its store config, fetch config, keys and decoder) and
+nothing open: no client, socket, loop or resolved credential, so it pickles to ``spawn``
+workers and each process opens its own.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,30 +25,46 @@ from torch.utils.data import Dataset
 
 from .config import FetchConfig
 from .decode import ImageDecoder
-from .errors import ConfigError, LoaderError, Reason
-from .fetch import CredentialSource, HttpReader, LocalReader, Reader, S3Reader
+from .errors import ConfigError, Reason
+from .fetch import fetch_blocking
 from .keys import KeyTable
-from .listing import list_location
+from .listing import list_store
 from .listing import progress as progress_bar
-from .location import Location, parse_location
 from .runtime import Runtime, acquire_runtime
+from .sources import CallDecoder, ObjectDecoder, ObjectSource
+from .sources.load import load_samples
+from .stores import StoreConfig, store_config_for
 
 __all__ = ["IMG_EXTENSIONS", "ImageFolder", "ObjectDataset"]
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
+# The dataset arguments that say where and how to reach the store (passed to its backend).
+_STORE_OPTIONS = (
+    "endpoint_url",
+    "region",
+    "anonymous",
+    "profile",
+    "aws_access_key_id",
+    "aws_secret_access_key",
+    "aws_session_token",
+    "transport",
+)
+
 
 class ObjectDataset(Dataset[Any]):
     """Item ``i`` is ``decode(bytes of key i)``, or the raw ``bytes`` when ``decode`` is None.
 
-    ``root`` is ``s3://bucket/prefix``, ``http(s)://host/base/`` (with ``keys``) or a local
-    directory. Keys are relative to ``root`` and come from ``keys``, from a manifest
-    (:meth:`from_manifest`) or from a paginated listing of the root.
+    ``root`` is ``s3://bucket/prefix``, ``http(s)://host/base/`` (with ``keys``), a local
+    directory, or a store config (:mod:`concurrent_loader.stores`). Keys are relative to
+    ``root`` and come from ``keys``, from a manifest (:meth:`from_manifest`) or from a
+    paginated listing of the root. The store options (``endpoint_url`` ... ``transport``)
+    go to the root's backend; one that does not apply to it is a ``ConfigError``.
     """
 
     def __init__(
         self,
-        root: str | os.PathLike[str],
+        root: str | os.PathLike[str] | StoreConfig,
         keys: Iterable[str] | None = None,
         *,
         decode: Callable[..., Any] | None = None,
@@ -59,31 +76,44 @@ class ObjectDataset(Dataset[Any]):
         aws_secret_access_key: str | None = None,
         aws_session_token: str | None = None,
         fetch_config: FetchConfig | None = None,
-        transport: str = "http1",
+        transport: str | None = None,
         progress: bool = False,
     ) -> None:
-        self.location: Location = parse_location(root)
-        self.endpoint_url = endpoint_url
-        self.region = region
-        self.fetch_config = fetch_config or FetchConfig()
-        self.transport = transport
-        self.credentials = CredentialSource(
-            profile=profile,
+        self.store: StoreConfig = store_config_for(
+            root,
+            endpoint_url=endpoint_url,
+            region=region,
             anonymous=anonymous,
-            access_key=aws_access_key_id,
-            secret_key=aws_secret_access_key,
-            session_token=aws_session_token,
+            profile=profile,
+            aws_access_key_id=aws_access_key_id,
+            aws_secret_access_key=aws_secret_access_key,
+            aws_session_token=aws_session_token,
+            transport=transport,
         )
+        self.fetch_config = fetch_config or FetchConfig()
         self.decode = decode
-        if self.location.is_local and not os.path.isdir(self.location.prefix):
-            raise ConfigError(f"no such directory: {self.location.prefix}")
+        sizes: np.ndarray | None = None
         if keys is None:
-            keys = self._list_keys(progress)
-        self.keys = keys if isinstance(keys, KeyTable) else KeyTable(keys)
+            with progress_bar(progress, f"listing {self.store}") as tick:
+                listed = list_store(self.store, self.fetch_config, on_object=tick)
+            keys = [info.key for info in listed]
+            sizes = np.fromiter((info.size for info in listed), dtype=np.int64, count=len(listed))
+        table, sizes = self._select(keys if isinstance(keys, KeyTable) else KeyTable(keys), sizes)
+        self.keys = table
+        self.source = ObjectSource(self.store, table, self._decoder(), self.fetch_config, sizes)
         self._runtime: Runtime | None = None
         self._runtime_lock = threading.Lock()
 
-    # ------------------------------------------------------------------ construction
+    # ------------------------------------------------------------------ construction hooks
+
+    def _select(
+        self, keys: KeyTable, sizes: np.ndarray | None
+    ) -> tuple[KeyTable, np.ndarray | None]:
+        """The keys (and their sizes) this dataset serves, from those given or listed."""
+        return keys, sizes
+
+    def _decoder(self) -> ObjectDecoder:
+        return CallDecoder(self.decode)
 
     @classmethod
     def from_manifest(
@@ -94,116 +124,30 @@ class ObjectDataset(Dataset[Any]):
     ) -> ObjectDataset:
         """A dataset whose keys are the lines of ``manifest`` (a local file or an object URL),
         so a million-object dataset starts without listing. Lines are keys relative to
-        ``root``; with ``root`` None, the manifest's directory is the root."""
+        ``root``, split on ``\\n`` only (a trailing ``\\r`` is dropped); empty lines and lines
+        starting with ``#`` are skipped. With ``root`` None, the manifest's directory is the
+        root."""
         text = _read_manifest(manifest, kwargs)
-        keys = [
-            line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")
-        ]
+        keys = [line.removesuffix("\r") for line in text.split("\n")]
+        keys = [key for key in keys if key.strip() and not key.startswith("#")]
         if root is None:
             root = os.path.dirname(os.fspath(manifest)) + "/"
         return cls(root, keys=keys, **kwargs)
 
-    def _list_keys(self, show_progress: bool) -> list[str]:
-        with progress_bar(show_progress, f"listing {self.location}") as tick:
-            listed = list_location(
-                self.location,
-                endpoint_url=self.endpoint_url,
-                region=self.region,
-                credentials=self.credentials,
-                config=self.fetch_config,
-                on_object=tick,
-            )
-        return [obj.key for obj in listed]
-
-    # ------------------------------------------------------------------ pipeline hooks
-
-    def reader_key(self, config: FetchConfig | None = None) -> Hashable:
-        """Readers are shared, per process, by datasets with equal keys."""
-        return (
-            "reader",
-            self.location,
-            self.endpoint_url,
-            self.region,
-            self.credentials,
-            config or self.fetch_config,
-            self.transport,
-        )
-
-    async def open_reader(self, config: FetchConfig | None = None) -> Reader:
-        """Make this dataset's reader (with ``config`` instead of the dataset's, if given);
-        called on the runtime's event loop."""
-        config = config or self.fetch_config
-        location = self.location
-        if location.is_local:
-            return LocalReader(location.prefix, config=config)
-        if location.scheme == "s3":
-            return S3Reader(
-                location.bucket,
-                prefix=location.prefix,
-                endpoint_url=self.endpoint_url,
-                region=self.region,
-                credentials=self.credentials,
-                config=config,
-                transport=self.transport,
-            )
-        return HttpReader(location, config=config, transport=self.transport)
-
-    def open_reader_blocking(self) -> LocalReader:
-        """The reader of a local dataset, used from threads without an event loop."""
-        if not self.location.is_local:
-            raise TypeError(f"{self.location} is not a local directory")
-        return LocalReader(self.location.prefix, config=self.fetch_config)
-
-    def key_of(self, index: int) -> str:
-        return self.keys[index]
+    # ------------------------------------------------------------------ plain Dataset API
 
     def url_for(self, index: int) -> str:
-        return self.location.url_for(self.keys[index])
-
-    def decode_sample(self, index: int, data: bytes | bytearray) -> Any:
-        """Item ``index`` from its bytes (runs on a decode thread)."""
-        if self.decode is None:
-            return bytes(data)
-        try:
-            return self.decode(data)
-        except LoaderError as exc:
-            if exc.url is not None:
-                raise
-            raise exc.for_object(self.url_for(index)) from exc.__cause__
-
-    # ------------------------------------------------------------------ plain Dataset API
+        return self.source.url_for(index)
 
     def __len__(self) -> int:
         return len(self.keys)
 
     def __getitem__(self, index: int) -> Any:
-        index = self._check_index(index)
-        if self.location.is_local:
-            return self.decode_sample(
-                index, self.open_reader_blocking().read_blocking(self.keys[index])
-            )
-        runtime = self._acquire()
-        data: bytes | bytearray = runtime.run(self._fetch(runtime, self.keys[index]))
-        return self.decode_sample(index, data)
+        return load_samples(self.source, [self._check_index(index)], self._acquire)[0]
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """Fetch a batch's objects concurrently (used by a stock DataLoader)."""
-        if self.location.is_local:
-            return [self[i] for i in indices]
-        checked = [self._check_index(i) for i in indices]
-        runtime = self._acquire()
-
-        async def fetch_all() -> list[bytes | bytearray]:
-            import asyncio
-
-            return await asyncio.gather(*(self._fetch(runtime, self.keys[i]) for i in checked))
-
-        bodies: list[bytes | bytearray] = runtime.run(fetch_all())
-        return [self.decode_sample(i, body) for i, body in zip(checked, bodies, strict=True)]
-
-    async def _fetch(self, runtime: Runtime, key: str) -> bytes | bytearray:
-        reader: Reader = await runtime.resource(self.reader_key(), self.open_reader)
-        return await reader.get(key)
+        return load_samples(self.source, [self._check_index(i) for i in indices], self._acquire)
 
     def _check_index(self, index: int) -> int:
         n = len(self.keys)
@@ -256,7 +200,7 @@ class ObjectDataset(Dataset[Any]):
     def __repr__(self) -> str:
         keys = getattr(self, "keys", None)  # absent while the constructor is still listing
         count = f"{len(keys)} objects" if keys is not None else "not listed"
-        return f"{type(self).__name__}({getattr(self, 'location', '?')}, {count})"
+        return f"{type(self).__name__}({getattr(self, 'store', '?')}, {count})"
 
 
 def _release_if_current(runtime: Runtime) -> None:
@@ -267,30 +211,39 @@ def _release_if_current(runtime: Runtime) -> None:
 def _read_manifest(manifest: str | os.PathLike[str], kwargs: dict[str, Any]) -> str:
     text = os.fspath(manifest)
     if "://" not in text or text.startswith("file://"):
-        path = text.removeprefix("file://")
-        with open(path, encoding="utf-8") as f:
+        with open(text.removeprefix("file://"), encoding="utf-8") as f:
             return f.read()
-    location = parse_location(text.rsplit("/", 1)[0] + "/")
-    name = text.rsplit("/", 1)[1]
-    allowed = {
-        "endpoint_url",
-        "region",
-        "anonymous",
-        "profile",
-        "aws_access_key_id",
-        "aws_secret_access_key",
-        "aws_session_token",
-        "fetch_config",
-        "transport",
-    }
-    probe = ObjectDataset(
-        location.url_for(""), [name], **{k: v for k, v in kwargs.items() if k in allowed}
-    )
+    parent, name = text.rsplit("/", 1)
+    store = store_config_for(parent + "/", **{k: kwargs[k] for k in _STORE_OPTIONS if k in kwargs})
+    config = kwargs.get("fetch_config") or FetchConfig()
+    if not store.capabilities.remote:
+        return store.open(config).get_blocking(name).decode("utf-8")  # type: ignore[attr-defined]
+    runtime = acquire_runtime()
     try:
-        data = probe[0]
+        return fetch_blocking(runtime, store, config, name).decode("utf-8")
     finally:
-        probe.close()
-    return bytes(data).decode("utf-8")
+        runtime.release()
+
+
+class _ImageFolderDecoder:
+    """``(decoded image, target)`` for item ``index``."""
+
+    def __init__(
+        self,
+        decoder: ImageDecoder,
+        targets: np.ndarray,
+        target_transform: Callable[[int], Any] | None,
+    ) -> None:
+        self.decoder = decoder
+        self.targets = targets
+        self.target_transform = target_transform
+
+    def __call__(self, index: int, data: bytes | bytearray, url: str) -> tuple[Any, Any]:
+        image = self.decoder(data, url)
+        target: Any = int(self.targets[index])
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return image, target
 
 
 class ImageFolder(ObjectDataset):
@@ -304,7 +257,7 @@ class ImageFolder(ObjectDataset):
 
     def __init__(
         self,
-        root: str | os.PathLike[str],
+        root: str | os.PathLike[str] | StoreConfig,
         *,
         transform: Callable[[Any], Any] | None = None,
         target_transform: Callable[[int], Any] | None = None,
@@ -317,14 +270,22 @@ class ImageFolder(ObjectDataset):
         self.target_transform = target_transform
         self.extensions = tuple(e.lower() for e in extensions)
         super().__init__(root, keys, decode=None, **kwargs)
-        images = sorted(k for k in self.keys if "/" in k and k.lower().endswith(self.extensions))
-        if not images:
+
+    def _select(
+        self, keys: KeyTable, sizes: np.ndarray | None
+    ) -> tuple[KeyTable, np.ndarray | None]:
+        chosen = sorted(
+            (key, i)
+            for i, key in enumerate(keys)
+            if "/" in key and key.lower().endswith(self.extensions)
+        )
+        if not chosen:
             raise ConfigError(
-                f"no images ({', '.join(self.extensions)}) in class folders under {self.location}",
-                url=str(self.location),
+                f"no images ({', '.join(self.extensions)}) in class folders under {self.store}",
+                url=self.store.url_for(""),
                 cause=Reason.EMPTY_PREFIX,
             )
-        self.keys = KeyTable(images)
+        images = [key for key, _ in chosen]
         self.classes = sorted({k.split("/", 1)[0] for k in images})
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
         self.targets = np.fromiter(
@@ -332,17 +293,16 @@ class ImageFolder(ObjectDataset):
             dtype=np.int64,
             count=len(images),
         )
+        if sizes is not None:
+            sizes = sizes[np.fromiter((i for _, i in chosen), dtype=np.int64, count=len(chosen))]
+        return KeyTable(images), sizes
+
+    def _decoder(self) -> ObjectDecoder:
+        return _ImageFolderDecoder(self.decoder, self.targets, self.target_transform)
 
     @property
     def samples(self) -> list[tuple[str, int]]:
         """(object URL, class index) pairs, as torchvision's ``ImageFolder.samples``."""
         return [
-            (self.location.url_for(k), int(t)) for k, t in zip(self.keys, self.targets, strict=True)
+            (self.store.url_for(k), int(t)) for k, t in zip(self.keys, self.targets, strict=True)
         ]
-
-    def decode_sample(self, index: int, data: bytes | bytearray) -> tuple[Any, Any]:
-        image = self.decoder(data, self.location.url_for(self.keys[index]))
-        target: Any = int(self.targets[index])
-        if self.target_transform is not None:
-            target = self.target_transform(target)
-        return image, target

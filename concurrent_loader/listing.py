@@ -1,57 +1,60 @@
-"""Listing a root's objects (local directory or S3 prefix), with an optional progress bar.
+"""Listing a store's root, with an optional progress bar.
 
-One implementation for datasets (which need keys) and the command line (which also needs
-sizes): keys are relative to the root, sorted (the same order locally and on S3, so item
-``i`` is the same object in both), without S3 "directory" marker objects; an empty root is
-a ``ConfigError`` naming it.
+One implementation for datasets (which need keys, and use the sizes for the byte budget)
+and the command line: keys are relative to the root, sorted (the same order locally and on
+S3, so item ``i`` is the same object in both), without S3 "directory" marker objects; an
+empty root is a ``ConfigError`` naming it, and so is a store that cannot list.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from .config import FetchConfig
 from .errors import ConfigError, Reason
-from .fetch import CredentialSource, ListedObject, list_objects
-from .location import Location
 from .runtime import acquire_runtime
+from .stores.base import BlockingStore, ObjectInfo, StoreConfig
 
-__all__ = ["list_location", "progress"]
+__all__ = ["list_store", "progress"]
 
 
-def list_location(
-    location: Location,
-    *,
-    endpoint_url: str | None = None,
-    region: str | None = None,
-    credentials: CredentialSource | None = None,
+def list_store(
+    store: StoreConfig,
     config: FetchConfig | None = None,
+    *,
     on_object: Callable[[], None] | None = None,
-) -> list[ListedObject]:
-    """Every object under ``location``, sorted by key."""
-    if location.is_local:
-        if not os.path.isdir(location.prefix):
-            raise ConfigError(f"no such directory: {location.prefix}")
-        found = list(_walk_local(location.prefix, on_object))
-    elif location.scheme == "s3":
+) -> list[ObjectInfo]:
+    """Every object under ``store``'s root, sorted by key."""
+    config = config or FetchConfig()
+    capabilities = store.capabilities
+    if not capabilities.listing:
+        raise ConfigError(
+            f"{store} cannot be listed: pass keys= or a manifest",
+            url=store.url_for(""),
+            cause=Reason.INVALID_ARGUMENT,
+        )
+    tick = on_object or (lambda: None)
+    if not capabilities.remote:
+        blocking: BlockingStore = store.open(config)  # type: ignore[assignment]
+        found = []
+        for info in blocking.list_blocking():
+            if _is_object(info):
+                found.append(info)
+                tick()
+    else:
 
-        async def collect() -> list[ListedObject]:
+        async def collect() -> list[ObjectInfo]:
+            opened = store.open(config)
             listed = []
-            async for obj in list_objects(
-                location.bucket,
-                location.prefix,
-                endpoint_url=endpoint_url,
-                region=region,
-                credentials=credentials,
-                config=config,
-            ):
-                if obj.key and not obj.key.endswith("/"):
-                    listed.append(obj)
-                    if on_object is not None:
-                        on_object()
+            try:
+                async for info in opened.list():
+                    if _is_object(info):
+                        listed.append(info)
+                        tick()
+            finally:
+                await opened.close()
             return listed
 
         runtime = acquire_runtime()
@@ -59,28 +62,16 @@ def list_location(
             found = runtime.run(collect())
         finally:
             runtime.release()
-    else:
-        raise ConfigError(
-            f"{location} is plain HTTP(S), which cannot be listed: pass keys= or a manifest"
-        )
     found.sort(key=lambda item: item.key)
     if not found:
         raise ConfigError(
-            f"no objects under {location}", url=str(location), cause=Reason.EMPTY_PREFIX
+            f"no objects under {store}", url=store.url_for(""), cause=Reason.EMPTY_PREFIX
         )
     return found
 
 
-def _walk_local(prefix: str, on_object: Callable[[], None] | None) -> Iterator[ListedObject]:
-    for directory, dirnames, filenames in os.walk(prefix, followlinks=True):
-        dirnames.sort()
-        rel = os.path.relpath(directory, prefix)
-        for name in filenames:
-            path = os.path.join(directory, name)
-            key = name if rel == "." else f"{rel}/{name}".replace(os.sep, "/")
-            if on_object is not None:
-                on_object()
-            yield ListedObject(key, os.path.getsize(path))
+def _is_object(info: ObjectInfo) -> bool:
+    return bool(info.key) and not info.key.endswith("/")
 
 
 @contextmanager

@@ -1,23 +1,22 @@
-"""Stage 1 of the pipeline: turning keys into bytes.
+"""Stage 1 of the pipeline: keys -> bytes, through a store wrapped in policies.
 
-Readers for S3 (:class:`S3Reader`), plain HTTP(S) (:class:`HttpReader`) and local files
-(:class:`LocalReader`) share one contract (:class:`Reader`): whole objects or a
-:class:`~concurrent_loader.errors.FetchError` naming the object, a bounded number of
-requests in flight that backs off under throttling, and retries with full-jitter backoff.
+:class:`FetchClient` (:mod:`.client`) composes retry, the in-flight limit and timing around
+any :class:`~concurrent_loader.stores.Store`; :mod:`.limits` holds the process's limits
+(requests in flight, bytes held); :mod:`.hooks` how results are reported; :mod:`.open`
+where each process gets its client.
 """
 
-from .base import Reader
-from .credentials import CredentialSource
-from .http import HttpReader
-from .local import LocalReader
-from .s3 import ListedObject, S3Reader, list_objects
+from .client import FetchClient
+from .hooks import NO_OBSERVER, FetchObserver
+from .limits import AdaptiveLimit, ByteBudget
+from .open import client_for, fetch_blocking
 
 __all__ = [
-    "CredentialSource",
-    "HttpReader",
-    "ListedObject",
-    "LocalReader",
-    "Reader",
-    "S3Reader",
-    "list_objects",
+    "NO_OBSERVER",
+    "AdaptiveLimit",
+    "ByteBudget",
+    "FetchClient",
+    "FetchObserver",
+    "client_for",
+    "fetch_blocking",
 ]

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 import torch
 
 from ..errors import ConfigError
+from ..metrics import StallLedger
 from .tree import first_tensor
 
 __all__ = ["StallComparison", "StallMeter", "StallReport", "measure_stalls", "repeat_batch"]
@@ -139,17 +140,11 @@ class StallMeter:
         self._synchronize = _synchronizer(device)
         self._samples_per_batch = samples_per_batch or _default_samples
         self._clock = clock
-        self._seen = 0
-        self._waits: list[float] = []
-        self._computes: list[float] = []
-        self._samples = 0
+        self._ledger = StallLedger()
 
     def reset(self) -> None:
         """Forget every step, warm-up included."""
-        self._seen = 0
-        self._waits.clear()
-        self._computes.clear()
-        self._samples = 0
+        self._ledger.reset()
 
     def iterate(self, batches: Iterable[T], *, max_steps: int | None = None) -> Iterator[T]:
         """Yield from ``batches`` (at most ``max_steps``), timing each step.
@@ -181,23 +176,20 @@ class StallMeter:
                 close()
 
     def _record(self, wait: float, compute: float, samples: int) -> None:
-        self._seen += 1
-        if self._seen > self.warmup_steps:
-            self._waits.append(wait)
-            self._computes.append(compute)
-            self._samples += samples
+        ledger = self._ledger
+        ledger.record(wait, compute, samples, warmup=ledger.warmup_steps < self.warmup_steps)
 
     def report(self) -> StallReport:
         """The steps recorded so far, warm-up left out."""
-        steps = [w + c for w, c in zip(self._waits, self._computes, strict=True)]
+        ledger = self._ledger
         return StallReport(
-            steps=len(steps),
-            samples=self._samples,
-            wait_s=sum(self._waits),
-            compute_s=sum(self._computes),
-            step_p50_s=_percentile(steps, 50),
-            step_p95_s=_percentile(steps, 95),
-            wait_p95_s=_percentile(self._waits, 95),
+            steps=ledger.steps,
+            samples=ledger.samples,
+            wait_s=ledger.wait_s,
+            compute_s=ledger.compute_s,
+            step_p50_s=_or_nan(ledger.step_percentile(50)),
+            step_p95_s=_or_nan(ledger.step_percentile(95)),
+            wait_p95_s=_or_nan(ledger.wait_percentile(95)),
         )
 
 
@@ -274,10 +266,5 @@ def _default_samples(batch: Any) -> int:
     return int(tensor.shape[0])
 
 
-def _percentile(values: list[float], percent: float) -> float:
-    """Nearest-rank percentile; NaN for no values."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    rank = max(1, math.ceil(percent / 100 * len(ordered)))
-    return ordered[rank - 1]
+def _or_nan(value: float | None) -> float:
+    return math.nan if value is None else value

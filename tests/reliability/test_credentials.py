@@ -22,9 +22,10 @@ from concurrent_loader import (
     FetchError,
     ObjectDataset,
 )
-from concurrent_loader.fetch import CredentialSource
-from concurrent_loader.fetch.sigv4 import Credentials
+from concurrent_loader.fetch import client_for
 from concurrent_loader.runtime import acquire_runtime
+from concurrent_loader.stores import CredentialSource
+from concurrent_loader.stores.s3.sigv4 import Credentials
 
 from ._support import sha256_hex
 
@@ -58,14 +59,12 @@ def _error_texts(error: BaseException) -> list[str]:
     ]
 
 
-def _reader_repr(ds: ObjectDataset) -> str:
+def _client_repr(ds: ObjectDataset) -> str:
     runtime = acquire_runtime()
     try:
-        reader = runtime.run(ds.open_reader())
-        try:
-            return f"{reader!r} {reader!s} {reader.limit!r} {vars(reader).get('_credentials')!r}"
-        finally:
-            runtime.run(reader.close())
+        client = runtime.run(client_for(runtime, ds.store, ds.fetch_config))
+        store = client.store
+        return f"{client!r} {client!s} {store!r} {vars(store).get('_credentials')!r}"
     finally:
         runtime.release()
 
@@ -100,11 +99,11 @@ def test_secrets_stay_out_of_logs_reprs_errors_and_pickles(
     texts = [
         repr(ds),
         str(ds),
-        repr(ds.credentials),
+        repr(ds.store),
         repr(ds.fetch_config),
         repr(loader),
         repr(loader.dataset),
-        _reader_repr(ds),
+        _client_repr(ds),
     ]
     if outcome == "read":
         assert [d for b in loader for d in b] == small_objects.digests[:16]
@@ -127,8 +126,8 @@ def test_secrets_stay_out_of_logs_reprs_errors_and_pickles(
     else:
         # Explicit keys travel, because the workers need them to sign: and only for that.
         copy = pickle.loads(pickled)
-        assert copy.credentials == ds.credentials
-        _assert_hidden(secrets, [repr(copy), repr(copy.credentials)], "an unpickled repr")
+        assert copy.store == ds.store
+        _assert_hidden(secrets, [repr(copy), repr(copy.store)], "an unpickled repr")
 
 
 @pytest.mark.parametrize("source", ["explicit", "env"])

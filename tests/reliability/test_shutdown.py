@@ -142,7 +142,8 @@ def test_error_raised_in_a_worker(small_objects, s3_env, slow_proxy, failure):
         expected: type[Exception] = ObjectNotFound
     else:
         ds = _dataset(small_objects, slow_proxy)
-        ds.endpoint_url = "ftp://127.0.0.1:1/"
+        # A store config that passed validation but fails when a worker opens it.
+        object.__setattr__(ds.store, "endpoint_url", "ftp://127.0.0.1:1/")
         expected = ConfigError
     with pytest.raises(expected) as info:
         for _batch in _loader(ds, num_workers=2):

@@ -1,6 +1,6 @@
 import asyncio
 
-from concurrent_loader.fetch.limit import AdaptiveLimit
+from concurrent_loader.fetch.limits import AdaptiveLimit
 
 
 def test_bounds_holders_and_backs_off_on_throttle():

@@ -15,8 +15,8 @@ from botocore.awsrequest import AWSRequest
 from botocore.config import Config
 
 from concurrent_loader.errors import ConfigError
-from concurrent_loader.fetch import sigv4
-from concurrent_loader.fetch.sigv4 import EMPTY_SHA256, Credentials, SigV4Signer, encode_s3_path
+from concurrent_loader.stores.s3 import sigv4
+from concurrent_loader.stores.s3.sigv4 import EMPTY_SHA256, Credentials, SigV4Signer, encode_s3_path
 
 KEYS = [
     "plain.jpg",

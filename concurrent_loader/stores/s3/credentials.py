@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import AccessDenied, Reason
+from ...errors import AccessDenied, Reason
 from .sigv4 import Credentials
 
 __all__ = ["CredentialCache", "CredentialSource", "redact_botocore_logs"]

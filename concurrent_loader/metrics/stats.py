@@ -18,7 +18,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["COUNTERS", "HISTOGRAMS", "SharedStats", "StageStats", "percentile"]
+from ..errors import FetchError
+from .percentile import percentile
+
+__all__ = ["COUNTERS", "HISTOGRAMS", "SharedStats", "StageStats", "histogram_percentiles"]
 
 _PER_DECADE = 10
 _LOW = 1e-6
@@ -37,22 +40,21 @@ def _bucket(seconds: float) -> int:
     return min(BUCKETS - 1, int(math.log10(seconds / _LOW) * _PER_DECADE) + 1)
 
 
-def percentile(counts: list[float], q: float) -> float | None:
-    """Upper edge (seconds) of the bucket holding the ``q``-th percentile (0-100)."""
-    total = sum(counts)
-    if not total:
-        return None
-    rank = max(1.0, math.ceil(total * q / 100))
-    seen = 0.0
-    for i, c in enumerate(counts):
-        seen += c
-        if seen >= rank:
-            return _LOW * 10 ** (i / _PER_DECADE)
-    return None  # pragma: no cover - unreachable
+#: upper edge (seconds) of each bucket
+EDGES = [_LOW * 10 ** (i / _PER_DECADE) for i in range(BUCKETS)]
+
+
+def histogram_percentiles(counts: list[float]) -> dict[str, float | None]:
+    """p50, p95 and p99 of a histogram, each the upper edge of its bucket (seconds)."""
+    return {f"p{q}": percentile(EDGES, q, counts) for q in (50, 95, 99)}
 
 
 class StageStats:
-    """What one process's pipeline did. Thread-safe; ``vector()`` is its flat form."""
+    """What one process's pipeline did. Thread-safe; ``vector()`` is its flat form.
+
+    It is the :class:`~concurrent_loader.fetch.FetchObserver` the pipeline hands the fetch
+    client, so responses, retries and throttles are counted for the pipeline they were for.
+    """
 
     def __init__(self, vector: list[float] | None = None) -> None:
         self._lock = threading.Lock()
@@ -71,6 +73,15 @@ class StageStats:
                 self._add_latency(3, first_byte_s)
             self._v[0] += 1
             self._v[1] += size
+
+    def on_response(self, seconds: float, size: int, first_byte_s: float | None) -> None:
+        self.add_fetch(seconds, size, first_byte_s)
+
+    def on_retry(self, error: FetchError) -> None:
+        self.add("retries")
+
+    def on_throttle(self) -> None:
+        self.add("throttles")
 
     def add_decode(self, seconds: float) -> None:
         with self._lock:

@@ -1,0 +1,153 @@
+"""The fetch client: a store wrapped in policies, one per (store, fetch config) per process.
+
+A GET goes through layers, outermost first::
+
+    RetryLayer      retry transient FetchErrors with full-jitter backoff, within a deadline
+    LimitLayer      at most ``max_inflight_requests`` attempts in flight; throttles halve it
+    TimingLayer     the attempt's own duration and size, told to the caller's observer
+    Store           one attempt: bytes or a FetchError naming the object
+
+Each layer is a :class:`Getter` around the next, so a new policy (hedged GETs, a cache in
+front of the store) is one more wrapper, not a change to the others. A retried object is
+fetched whole again, never stitched from a partial body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..config import FetchConfig, RetryConfig
+from ..errors import FetchError, Throttled
+from ..stores.base import Body, ByteRange, Store
+from .hooks import NO_OBSERVER, FetchObserver
+from .limits import AdaptiveLimit
+
+__all__ = ["FetchClient", "Getter", "Request"]
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    key: str
+    byte_range: ByteRange | None
+    url: str
+    observer: FetchObserver
+
+
+class Getter(Protocol):
+    async def get(self, request: Request) -> Body: ...
+
+
+class StoreGetter:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    async def get(self, request: Request) -> Body:
+        return await self.store.get(request.key, request.byte_range)
+
+
+class TimingLayer:
+    """Tells the observer each successful attempt's duration, size and time to first byte."""
+
+    def __init__(self, inner: Getter) -> None:
+        self.inner = inner
+
+    async def get(self, request: Request) -> Body:
+        started = time.perf_counter()
+        body = await self.inner.get(request)
+        request.observer.on_response(
+            time.perf_counter() - started, len(body.data), body.first_byte_s
+        )
+        return body
+
+
+class LimitLayer:
+    """At most ``limit.limit`` attempts in flight; a throttled attempt lowers the limit."""
+
+    def __init__(self, inner: Getter, limit: AdaptiveLimit) -> None:
+        self.inner = inner
+        self.limit = limit
+
+    async def get(self, request: Request) -> Body:
+        await self.limit.acquire()
+        throttled = False
+        try:
+            return await self.inner.get(request)
+        except Throttled:
+            throttled = True
+            request.observer.on_throttle()
+            raise
+        finally:
+            self.limit.release(throttled=throttled)
+
+
+class RetryLayer:
+    """Retries transient errors per :class:`~concurrent_loader.config.RetryConfig`."""
+
+    def __init__(self, inner: Getter, config: RetryConfig) -> None:
+        self.inner = inner
+        self.config = config
+        self._rng = random.Random()
+
+    async def get(self, request: Request) -> Body:
+        retry = self.config
+        deadline = time.monotonic() + retry.max_total_seconds
+        attempt = 0
+        while True:
+            try:
+                return await self.inner.get(request)
+            except FetchError as exc:
+                attempt += 1
+                delay = retry.backoff(attempt - 1, self._rng)
+                if not exc.retryable or attempt >= retry.max_attempts:
+                    if attempt > 1:
+                        exc.add_note(f"gave up after {attempt} attempts")
+                    raise
+                if time.monotonic() + delay >= deadline:
+                    exc.add_note(f"gave up after {retry.max_total_seconds:g} s of retries")
+                    raise
+                request.observer.on_retry(exc)
+            await asyncio.sleep(delay)
+
+
+class FetchClient:
+    """Whole objects (or byte ranges) from ``store``, under ``config``'s policies.
+
+    Shared by every pipeline of a process that reads the same store with the same config
+    (it is cached on the runtime), so ``max_inflight_requests`` caps the process's GETs to
+    that store. Use it on the runtime's event loop.
+    """
+
+    def __init__(self, store: Store, config: FetchConfig) -> None:
+        self.store = store
+        self.config = config
+        self.limit = AdaptiveLimit(
+            config.max_inflight_requests, cooldown=config.retry.throttle_cooldown
+        )
+        self._getter: Getter = RetryLayer(
+            LimitLayer(TimingLayer(StoreGetter(store)), self.limit), config.retry
+        )
+
+    @property
+    def in_flight(self) -> int:
+        """Attempts in flight now."""
+        return self.limit.in_flight
+
+    async def get(
+        self,
+        key: str,
+        byte_range: ByteRange | None = None,
+        *,
+        observer: FetchObserver = NO_OBSERVER,
+    ) -> bytes | bytearray:
+        request = Request(key, byte_range, self.store.url_for(key), observer)
+        return (await self._getter.get(request)).data
+
+    async def close(self) -> None:
+        await self.store.close()
+
+    def __repr__(self) -> str:
+        return f"FetchClient({self.store!r}, max_inflight_requests={self.limit.maximum})"

@@ -1,0 +1,41 @@
+"""How the fetch client reports what it did: to the caller's observer, per call.
+
+Each ``FetchClient.get`` takes the observer of the pipeline that asked, so a client shared
+by several pipelines of one process attributes every response, retry and throttle to the
+pipeline it was for. :class:`~concurrent_loader.metrics.StageStats` is the observer the
+pipelines pass.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ..errors import FetchError
+
+__all__ = ["NO_OBSERVER", "FetchObserver"]
+
+
+class FetchObserver(Protocol):
+    def on_response(self, seconds: float, size: int, first_byte_s: float | None) -> None:
+        """A GET succeeded: the request's own duration (not queueing or backoff), its size
+        and its time to first byte when known."""
+
+    def on_retry(self, error: FetchError) -> None:
+        """An attempt failed with a transient ``error`` and will be retried."""
+
+    def on_throttle(self) -> None:
+        """The store asked us to slow down (503 SlowDown, 429)."""
+
+
+class _NoObserver:
+    def on_response(self, seconds: float, size: int, first_byte_s: float | None) -> None:
+        pass
+
+    def on_retry(self, error: FetchError) -> None:
+        pass
+
+    def on_throttle(self) -> None:
+        pass
+
+
+NO_OBSERVER: FetchObserver = _NoObserver()

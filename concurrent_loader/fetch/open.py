@@ -1,0 +1,34 @@
+"""Where each process gets its fetch client: cached on the process's runtime, made there.
+
+Clients (and so connections and resolved credentials) are created inside the process and
+event loop that use them, on first use after a worker starts, whatever the start method.
+"""
+
+from __future__ import annotations
+
+from ..config import FetchConfig
+from ..runtime import Runtime
+from ..stores.base import StoreConfig
+from .client import FetchClient
+
+__all__ = ["client_for", "fetch_blocking"]
+
+
+async def client_for(runtime: Runtime, store: StoreConfig, config: FetchConfig) -> FetchClient:
+    """This process's client for ``store`` under ``config`` (on the runtime's loop)."""
+
+    async def make() -> FetchClient:
+        return FetchClient(store.open(config), config)
+
+    client: FetchClient = await runtime.resource(("fetch-client", store, config), make)
+    return client
+
+
+def fetch_blocking(runtime: Runtime, store: StoreConfig, config: FetchConfig, key: str) -> bytes:
+    """One object through this process's client, from a thread that is not the loop's."""
+
+    async def fetch() -> bytes:
+        client = await client_for(runtime, store, config)
+        return bytes(await client.get(key))
+
+    return runtime.run(fetch())

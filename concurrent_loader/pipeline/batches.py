@@ -1,0 +1,309 @@
+"""The per-process batch pipeline: fetch -> decode -> collate, pipelined across batches.
+
+One :class:`BatchPipeline` runs in each process that produces batches (each DataLoader
+worker, or the main process when ``num_workers=0``). It is given this process's share of
+the epoch's batches, in sampler order, and yields them collated, in that order.
+
+How work flows, for a dataset with a remote :class:`~concurrent_loader.sources.SampleSource`::
+
+    consumer thread           event loop thread (runtime)          decode threads
+    ---------------           ---------------------------          --------------
+    start batch b+p   --->    per sample: reserve bytes, GET  --->  source.decode, put in
+    wait for batch b  <----------------------------------------   slot; last completes it
+    collate batch b
+
+Guarantees:
+
+- Batch ``b`` holds exactly the samples of ``batches[b]``, in order, whatever order the GETs
+  and decodes complete in; every sample is delivered exactly once.
+- At most ``prefetch_batches`` batches are in progress (started and not yet taken by the
+  consumer); within them the fetch client keeps at most ``max_inflight_requests`` GETs in
+  flight, and the :class:`~concurrent_loader.fetch.ByteBudget` keeps fetched-but-undecoded
+  bytes (plus those expected of the GETs in flight) within ``max_inflight_bytes``.
+- The next batches' GETs are in flight while the current batch decodes: no per-batch barrier.
+- The first failure of a batch fails that batch at once; it is raised when the consumer
+  reaches the batch, so every earlier batch is still delivered. With ``on_error="skip"`` a
+  sample failing with a :class:`~concurrent_loader.errors.LoaderError` is left out instead
+  and the batch is yielded as :class:`~.slot.Partial`; other exceptions (bugs) always fail.
+- :meth:`close` (also on ``break``, exceptions and garbage collection of the generator)
+  cancels outstanding GETs, joins the threads and returns the runtime lease.
+
+Local stores skip the event loop: reading and decoding happen in one thread-pool job.
+Datasets without a source have their ``__getitem__`` called on ``getitem_threads`` threads,
+pipelined the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from torch.utils.data import Dataset
+
+from ..errors import LoaderError
+from ..fetch import ByteBudget, FetchClient, client_for
+from ..metrics import StageStats
+from ..runtime import Runtime, acquire_runtime
+from ..sources import Read, SampleSource
+from ..stores.base import BlockingStore
+from .options import PipelineOptions
+from .slot import SkippedSample, Slot
+
+__all__ = ["BatchPipeline", "source_of"]
+
+log = logging.getLogger(__name__)
+
+Bodies = list[bytes | bytearray]
+
+
+def source_of(dataset: Dataset[Any]) -> SampleSource | None:
+    """The dataset's sample source, when it has one (our datasets do)."""
+    source = getattr(dataset, "source", None)
+    return source if isinstance(source, SampleSource) else None
+
+
+class BatchPipeline:
+    """Yields ``collate([dataset[i] for i in batch])`` for each batch of ``batches``, in order."""
+
+    def __init__(
+        self,
+        dataset: Dataset[Any],
+        batches: Sequence[Sequence[int]],
+        *,
+        collate_fn: Callable[[list[Any]], Any],
+        options: PipelineOptions,
+        stats: StageStats | None = None,
+        publish: Callable[[StageStats], None] | None = None,
+    ) -> None:
+        self._skip = options.on_error == "skip"
+        self._publish = publish
+        self._dataset = dataset
+        self._source = source_of(dataset)
+        self._batches = batches
+        self._collate = collate_fn
+        self._prefetch = options.prefetch_batches
+        self._slots: dict[int, Slot] = {}
+        self._next_to_start = 0
+        self._closed = False
+        self.stats = stats if stats is not None else StageStats()
+        self._runtime: Runtime | None = None
+        self._client: FetchClient | None = None
+        self._budget: ByteBudget | None = None
+        self._blocking: BlockingStore | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        source = self._source
+        if source is None:
+            self._mode = "getitem"
+            threads = options.getitem_threads
+        else:
+            config = source.fetch_config
+            if options.max_inflight_requests is not None:
+                config = dataclasses.replace(
+                    config, max_inflight_requests=options.max_inflight_requests
+                )
+            threads = options.decode_threads
+            if not source.store.capabilities.remote:
+                self._mode = "local"
+                self._blocking = source.store.open(config)  # type: ignore[assignment]
+            else:
+                self._mode = "remote"
+                runtime = self._runtime = acquire_runtime()
+                try:
+                    self._client = runtime.run(client_for(runtime, source.store, config))
+                except BaseException:
+                    runtime.release()
+                    raise
+                self._budget = ByteBudget(
+                    options.max_inflight_bytes or config.max_inflight_bytes, runtime.call_soon
+                )
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=threads, thread_name_prefix=f"concurrent-loader-{self._mode}"
+        )
+
+    # ------------------------------------------------------------------ consumer side
+
+    def __iter__(self) -> Iterator[Any]:
+        try:
+            for _ in range(min(self._prefetch, len(self._batches))):
+                self._start_next()
+            for b in range(len(self._batches)):
+                slot = self._slots.pop(b)
+                slot.future.exception()  # wait for the batch (its error is raised below)
+                if self._next_to_start < len(self._batches):
+                    self._start_next()
+                batch = slot.collated()
+                self._flush_stats()
+                yield batch
+        finally:
+            self.close()
+
+    def _flush_stats(self) -> None:
+        if self._client is not None:
+            self.stats.set("inflight", self._client.in_flight)
+        if self._publish is not None:
+            self._publish(self.stats)
+
+    def _start_next(self) -> None:
+        b = self._next_to_start
+        self._next_to_start += 1
+        slot = Slot(self._batches[b], self._collate)
+        self._slots[b] = slot
+        if self._mode == "remote":
+            assert self._runtime is not None
+            self._runtime.call_soon(self._start_fetches, slot)
+            return
+        job = self._read_and_decode if self._mode == "local" else self._getitem
+        for position, index in enumerate(slot.indices):
+            self._pool.submit(job, slot, position, index)
+
+    # ------------------------------------------------------------------ remote: on the loop
+
+    def _start_fetches(self, slot: Slot) -> None:
+        """One task per sample, created in sampler order."""
+        if self._closed:
+            return
+        loop = asyncio.get_running_loop()
+        for position, index in enumerate(slot.indices):
+            task = loop.create_task(self._fetch(slot, position, index))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _read(self, read: Read) -> bytes | bytearray:
+        """One read within the byte budget; its bytes stay held until released."""
+        budget, client = self._budget, self._client
+        assert budget is not None and client is not None
+        reserved = await budget.reserve(read.size)
+        try:
+            data = await client.get(read.key, read.byte_range, observer=self.stats)
+        except BaseException:
+            budget.cancel(reserved)
+            raise
+        budget.settle(reserved, len(data))
+        return data
+
+    async def _fetch(self, slot: Slot, position: int, index: int) -> None:
+        if slot.failed:
+            return
+        source = self._source
+        assert source is not None
+        try:
+            reads = source.reads(index)
+            if len(reads) == 1:
+                bodies: Bodies = [await self._read(reads[0])]
+            else:
+                bodies = await self._read_all(reads)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self._failed(slot, position, index, exc)
+            return
+        size = sum(len(body) for body in bodies)
+        try:
+            self._pool.submit(self._decode, slot, position, index, bodies, size)
+        except RuntimeError:  # the pool is shut down: we are closing
+            self._release(size)
+
+    async def _read_all(self, reads: Sequence[Read]) -> Bodies:
+        results = await asyncio.gather(*(self._read(r) for r in reads), return_exceptions=True)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            self._release(sum(len(r) for r in results if not isinstance(r, BaseException)))
+            raise failures[0]
+        return results  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------ pool jobs
+
+    def _decode(self, slot: Slot, position: int, index: int, bodies: Bodies, size: int) -> None:
+        source = self._source
+        assert source is not None
+        try:
+            if slot.failed:
+                return
+            started = time.perf_counter()
+            item = source.decode(index, bodies)
+            self.stats.add_decode(time.perf_counter() - started)
+        except BaseException as exc:
+            self._failed(slot, position, index, exc)
+        else:
+            slot.put(position, item)
+        finally:
+            self._release(size)
+
+    def _release(self, size: int) -> None:
+        if self._budget is not None:
+            self._budget.release(size)
+
+    def _read_and_decode(self, slot: Slot, position: int, index: int) -> None:
+        if slot.failed:
+            return
+        source, store = self._source, self._blocking
+        assert source is not None and store is not None
+        try:
+            started = time.perf_counter()
+            bodies: Bodies = [store.get_blocking(r.key, r.byte_range) for r in source.reads(index)]
+            fetched = time.perf_counter()
+            self.stats.add_fetch(fetched - started, sum(len(b) for b in bodies))
+            item = source.decode(index, bodies)
+            self.stats.add_decode(time.perf_counter() - fetched)
+        except BaseException as exc:
+            self._failed(slot, position, index, exc)
+        else:
+            slot.put(position, item)
+
+    def _getitem(self, slot: Slot, position: int, index: int) -> None:
+        if slot.failed:
+            return
+        try:
+            started = time.perf_counter()
+            item = self._dataset[index]
+            self.stats.add_decode(time.perf_counter() - started)
+        except BaseException as exc:
+            self._failed(slot, position, index, exc)
+        else:
+            slot.put(position, item)
+
+    def _failed(self, slot: Slot, position: int, index: int, exc: BaseException) -> None:
+        """Sample ``index`` failed: skip it (policy "skip", our errors only) or fail its batch."""
+        source = self._source
+        where = source.url_for(index) if source is not None else f"item {index!r}"
+        if self._skip and isinstance(exc, LoaderError):
+            self.stats.add("skipped")
+            slot.skip(position, SkippedSample(index, exc.url or where, exc))
+            return
+        if not isinstance(exc, LoaderError):
+            # Errors from user code (a transform, a foreign dataset) get the object's name.
+            exc.add_note(f"while loading {where} of {type(self._dataset).__name__}")
+        slot.fail(exc)
+
+    # ------------------------------------------------------------------ shutdown
+
+    def close(self) -> None:
+        """Cancel outstanding work, join the threads, return the runtime lease. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._flush_stats()
+        runtime, self._runtime = self._runtime, None
+        try:
+            # At interpreter exit the runtime may already be closed (its tasks cancelled).
+            if runtime is not None and not runtime.closed:
+                runtime.run(self._cancel_tasks())
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        finally:
+            if runtime is not None:
+                runtime.release()
+            self._slots.clear()
+
+    async def _cancel_tasks(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        if self._budget is not None:
+            self._budget.close()

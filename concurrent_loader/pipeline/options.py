@@ -1,0 +1,91 @@
+"""The pipeline's settings, validated once (``ConfigError``) and derived in one place."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..errors import ConfigError, Reason
+
+__all__ = ["PipelineOptions", "available_cpus"]
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    """Per process:
+
+    - ``max_inflight_requests``: GETs in flight at most (None: the dataset's ``FetchConfig``);
+    - ``max_inflight_bytes``: fetched-but-undecoded bytes at most (None: the ``FetchConfig``'s);
+    - ``decode_threads``: threads decoding samples of our datasets;
+    - ``getitem_threads``: threads calling ``__getitem__`` of a dataset that is not ours;
+    - ``prefetch_batches``: batches in progress ahead of the consumer;
+    - ``on_error``: ``"raise"`` or ``"skip"``.
+    """
+
+    max_inflight_requests: int | None = None
+    max_inflight_bytes: int | None = None
+    decode_threads: int = 1
+    getitem_threads: int = 64
+    prefetch_batches: int = 2
+    on_error: str = "raise"
+
+    def __post_init__(self) -> None:
+        for name in ("max_inflight_requests", "max_inflight_bytes"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(
+                    f"{name} must be >= 1, got {value}", cause=Reason.INVALID_ARGUMENT
+                )
+        for name in ("decode_threads", "getitem_threads", "prefetch_batches"):
+            value = getattr(self, name)
+            if value < 1:
+                raise ConfigError(
+                    f"{name} must be >= 1, got {value}", cause=Reason.INVALID_ARGUMENT
+                )
+        if self.on_error not in ("raise", "skip"):
+            raise ConfigError(
+                f"on_error must be 'raise' or 'skip', got {self.on_error!r}",
+                cause=Reason.INVALID_ARGUMENT,
+            )
+
+    @classmethod
+    def derive(
+        cls,
+        *,
+        inflight_default: int,
+        batch_size: int,
+        num_workers: int,
+        max_inflight_requests: int | None = None,
+        max_inflight_bytes: int | None = None,
+        decode_threads: int | None = None,
+        getitem_threads: int | None = None,
+        prefetch_batches: int | None = None,
+        on_error: str = "raise",
+    ) -> PipelineOptions:
+        """Fill what the user left out: decode threads = this process's share of the CPUs
+        (at most 8); batches in progress = enough to keep the GETs in flight busy, plus one
+        (at least 2). ``inflight_default`` is the dataset's ``max_inflight_requests``."""
+        inflight = max_inflight_requests or inflight_default
+        if inflight < 1:
+            raise ConfigError(
+                f"max_inflight_requests must be >= 1, got {inflight}", cause=Reason.INVALID_ARGUMENT
+            )
+        if decode_threads is None:
+            decode_threads = max(1, min(8, available_cpus() // max(1, num_workers)))
+        if prefetch_batches is None:
+            prefetch_batches = max(2, -(-inflight // max(1, batch_size)) + 1)
+        return cls(
+            max_inflight_requests=max_inflight_requests,
+            max_inflight_bytes=max_inflight_bytes,
+            decode_threads=decode_threads,
+            getitem_threads=getitem_threads if getitem_threads is not None else 64,
+            prefetch_batches=prefetch_batches,
+            on_error=on_error,
+        )
+
+
+def available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1

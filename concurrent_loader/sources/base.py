@@ -1,0 +1,53 @@
+"""What a sample is made of: the contract between datasets and the pipeline.
+
+A :class:`SampleSource` turns a dataset index into the reads it needs from one store (a
+key, optionally a byte range, optionally the expected size) and, once their bytes are in,
+into the sample (on a decode thread). One object per sample
+(:class:`~concurrent_loader.sources.objects.ObjectSource`) is one read; a member of a tar
+shard is a ranged read; a sample of several objects is several reads. The pipeline never
+looks further into a dataset than this.
+
+A source is picklable (it travels to workers with the dataset) and holds no open resource.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from ..config import FetchConfig
+from ..stores.base import ByteRange, StoreConfig
+
+__all__ = ["Read", "SampleSource"]
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """One read of a sample: ``key`` of the source's store, all of it or ``byte_range``;
+    ``size`` is the body's expected size when known (it feeds the byte budget)."""
+
+    key: str
+    byte_range: ByteRange | None = None
+    size: int | None = None
+
+
+@runtime_checkable
+class SampleSource(Protocol):
+    store: StoreConfig
+    fetch_config: FetchConfig
+
+    def __len__(self) -> int: ...
+
+    def reads(self, index: int) -> Sequence[Read]:
+        """The reads sample ``index`` needs (``index`` is already in range)."""
+        ...
+
+    def decode(self, index: int, bodies: Sequence[bytes | bytearray]) -> Any:
+        """Sample ``index`` from the bodies of its reads, in order; errors that are not a
+        ``LoaderError`` get the object's name attached by the caller."""
+        ...
+
+    def url_for(self, index: int) -> str:
+        """The name of sample ``index`` in messages."""
+        ...

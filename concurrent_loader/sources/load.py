@@ -1,0 +1,44 @@
+"""Loading samples outside the pipeline: ``dataset[i]`` and ``dataset.__getitems__``.
+
+Remote reads go through this process's fetch client on its runtime, all of a batch's reads
+at once; local reads happen on the calling thread. Decoding happens on the calling thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..fetch import client_for
+from ..runtime import Runtime
+from ..stores.base import BlockingStore
+from .base import SampleSource
+
+__all__ = ["load_samples"]
+
+
+def load_samples(
+    source: SampleSource, indices: Sequence[int], runtime: Callable[[], Runtime]
+) -> list[Any]:
+    """Samples ``indices`` of ``source``; ``runtime()`` gives a runtime when one is needed."""
+    store, config = source.store, source.fetch_config
+    if not store.capabilities.remote:
+        opened: BlockingStore = store.open(config)  # type: ignore[assignment]
+        return [
+            source.decode(i, [opened.get_blocking(r.key, r.byte_range) for r in source.reads(i)])
+            for i in indices
+        ]
+    loop_runtime = runtime()
+
+    async def fetch_all() -> list[list[bytes | bytearray]]:
+        client = await client_for(loop_runtime, store, config)
+
+        async def one(index: int) -> list[bytes | bytearray]:
+            reads = source.reads(index)
+            return list(await asyncio.gather(*(client.get(r.key, r.byte_range) for r in reads)))
+
+        return list(await asyncio.gather(*(one(i) for i in indices)))
+
+    bodies = loop_runtime.run(fetch_all())
+    return [source.decode(i, b) for i, b in zip(indices, bodies, strict=True)]

@@ -1,0 +1,127 @@
+"""The contract between the loader and a storage backend.
+
+A backend is two objects:
+
+- a **store config** (:class:`StoreConfig`): a frozen, hashable, picklable value that names
+  a root (``s3://bucket/prefix``, ``https://host/base/``, a directory) and holds the
+  backend's own options (endpoint, credentials source, ...). It travels to worker
+  processes with the dataset and names objects in messages (:meth:`StoreConfig.url_for`);
+- a **store** (:class:`Store`), made from the config by :meth:`StoreConfig.open` inside the
+  process (and, for remote stores, the event loop) that uses it, so no socket, client or
+  resolved credential ever crosses a ``fork``.
+
+A store does one attempt per call: ``get`` returns the object's bytes (or the requested
+byte range of them) or raises a :class:`~concurrent_loader.errors.FetchError` naming the
+object. Retries, limits, hedging and metrics are policies of the fetch client that wraps a
+store (:mod:`concurrent_loader.fetch`), never of the store itself.
+
+Callers check :class:`Capabilities` instead of the URL scheme.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from ..config import FetchConfig
+
+__all__ = ["Body", "ByteRange", "Capabilities", "ObjectInfo", "Store", "StoreConfig"]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do.
+
+    - ``remote``: reads go over the network through the asyncio ``get``; when False the
+      store also reads without an event loop (``get_blocking``, ``list_blocking``), and the
+      pipeline reads and decodes in one thread-pool job;
+    - ``listing``: ``list`` works (plain HTTP cannot list: keys come from the caller);
+    - ``ranges``: ``get`` honours ``byte_range``.
+    """
+
+    remote: bool
+    listing: bool
+    ranges: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ByteRange:
+    """Bytes ``start`` (inclusive) to ``end`` (exclusive) of an object."""
+
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start < self.end:
+            raise ValueError(f"invalid byte range [{self.start}, {self.end})")
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """One listed object: its key relative to the store's root, and its size in bytes."""
+
+    key: str
+    size: int
+
+
+@dataclass(slots=True)
+class Body:
+    """A successful read: the bytes, and the time to first byte when the transport knows it."""
+
+    data: bytes | bytearray
+    first_byte_s: float | None = None
+
+
+@runtime_checkable
+class Store(Protocol):
+    """An open store, bound to one process (and, when remote, one event loop)."""
+
+    capabilities: Capabilities
+
+    def url_for(self, key: str) -> str:
+        """The object's name for messages (``s3://bucket/key``); never holds credentials."""
+        ...
+
+    async def get(self, key: str, byte_range: ByteRange | None = None) -> Body:
+        """One attempt at the object (or ``byte_range`` of it), or a ``FetchError``."""
+        ...
+
+    def list(self) -> AsyncIterator[ObjectInfo]:
+        """Every object under the root, keys relative to it, in any order."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections. Idempotent."""
+        ...
+
+
+class BlockingStore(Store, Protocol):
+    """A store that also reads without an event loop (``capabilities.remote`` is False)."""
+
+    def get_blocking(self, key: str, byte_range: ByteRange | None = None) -> bytes:
+        """The object (or ``byte_range`` of it), read on the calling thread."""
+        ...
+
+    def list_blocking(self) -> Iterator[ObjectInfo]:
+        """Every object under the root, on the calling thread."""
+        ...
+
+
+class StoreConfig(Protocol):
+    """A root and its backend's options: frozen, hashable, picklable."""
+
+    @property
+    def capabilities(self) -> Capabilities: ...
+
+    def url_for(self, key: str) -> str:
+        """The name of object ``key`` (relative to the root) as users write it."""
+        ...
+
+    def open(self, fetch: FetchConfig) -> Store:
+        """A store for this process. Remote stores are opened on the runtime's loop."""
+        ...

@@ -1,0 +1,102 @@
+"""The plain HTTP(S) backend: ``GET {base}{key}`` for keys the caller lists (no listing)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from urllib.parse import quote, urlsplit
+
+from ..config import FetchConfig
+from ..errors import ConfigError, Reason
+from ..transport import Origin, Transport, make_transport
+from .base import Body, ByteRange, Capabilities, ObjectInfo
+from .status import error_for_status
+from .tls import ssl_context_for
+
+__all__ = ["HttpConfig", "HttpStore"]
+
+_CAPABILITIES = Capabilities(remote=True, listing=False, ranges=True)
+
+
+@dataclass(frozen=True)
+class HttpConfig:
+    """``http(s)://host[:port]/base/``: ``base`` always ends with ``/``."""
+
+    scheme: str
+    netloc: str
+    base: str
+    transport: str = "http1"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return _CAPABILITIES
+
+    @classmethod
+    def from_url(cls, url: str, *, transport: str = "http1") -> HttpConfig:
+        parts = urlsplit(url)
+        if not parts.netloc:
+            raise ConfigError(f"malformed URL {url!r}: no host", cause=Reason.INVALID_ARGUMENT)
+        if parts.username or parts.password:
+            raise ConfigError(
+                "credentials in a URL are not supported: use the AWS credential chain",
+                cause=Reason.INVALID_ARGUMENT,
+            )
+        base = parts.path or "/"
+        if not base.endswith("/"):
+            base += "/"
+        return cls(parts.scheme.lower(), parts.netloc, base, transport)
+
+    def url_for(self, key: str) -> str:
+        return f"{self.scheme}://{self.netloc}{self.base}{key}"
+
+    def open(self, fetch: FetchConfig) -> HttpStore:
+        return HttpStore(self, fetch)
+
+    def __str__(self) -> str:
+        return self.url_for("")
+
+
+class HttpStore:
+    """GETs ``{base}{key}`` (keys are percent-encoded; ``/`` kept). Open it inside a loop."""
+
+    capabilities = _CAPABILITIES
+
+    def __init__(self, config: HttpConfig, fetch: FetchConfig) -> None:
+        self.config = config
+        self._max_bytes = fetch.max_object_bytes
+        self._origin = Origin.from_url(f"{config.scheme}://{config.netloc}")
+        self._transport: Transport = make_transport(
+            config.transport,
+            max_connections=fetch.max_connections,
+            timeouts=fetch.timeouts,
+            ssl_context=ssl_context_for(fetch),
+        )
+
+    def url_for(self, key: str) -> str:
+        return self.config.url_for(key)
+
+    async def get(self, key: str, byte_range: ByteRange | None = None) -> Body:
+        url = self.url_for(key)
+        target = quote(self.config.base + key, safe="/-_.~!$&'()*+,;=:@%")
+        response = await self._transport.get(
+            self._origin,
+            target,
+            (),
+            url=url,
+            max_bytes=self._max_bytes,
+            byte_range=(byte_range.start, byte_range.end) if byte_range else None,
+        )
+        if response.status not in (200, 206):
+            raise error_for_status(response.status, url)
+        return Body(response.body, response.first_byte_s)
+
+    async def list(self) -> AsyncIterator[ObjectInfo]:
+        raise ConfigError(
+            f"{self.config} is plain HTTP(S), which cannot be listed: pass keys= or a manifest",
+            url=self.url_for(""),
+            cause=Reason.INVALID_ARGUMENT,
+        )
+        yield  # pragma: no cover - makes this an async generator
+
+    async def close(self) -> None:
+        await self._transport.close()

@@ -1,0 +1,99 @@
+"""S3's error codes and botocore's exceptions -> :mod:`concurrent_loader.errors`.
+
+S3 names the failure in the ``<Code>`` of its XML error document (and botocore parses the
+same code for the control plane). Translation is by that code and the HTTP status, never by
+message text; codes not listed here fall back to the status table of
+:mod:`concurrent_loader.stores.status`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+from ...errors import (
+    AccessDenied,
+    BadRequest,
+    BucketNotFound,
+    ConnectionFailed,
+    FetchError,
+    FetchTimeout,
+    ObjectNotFound,
+    Reason,
+    Throttled,
+)
+from ..status import error_class_for_status, error_for_status
+
+__all__ = ["error_for_code", "error_for_exception", "error_for_response"]
+
+_CODE_RE = re.compile(rb"<Code>([^<]{1,64})</Code>")
+
+_BY_CODE: dict[str, type[FetchError]] = {
+    "NoSuchKey": ObjectNotFound,
+    "NotFound": ObjectNotFound,
+    "NoSuchBucket": BucketNotFound,
+    "AccessDenied": AccessDenied,
+    "InvalidAccessKeyId": AccessDenied,
+    "SignatureDoesNotMatch": AccessDenied,
+    "ExpiredToken": AccessDenied,
+    "InvalidToken": AccessDenied,
+    "AllAccessDisabled": AccessDenied,
+    "SlowDown": Throttled,
+    "Throttling": Throttled,
+    "ThrottlingException": Throttled,
+    "RequestLimitExceeded": Throttled,
+    "TooManyRequests": Throttled,
+}
+
+
+def error_for_code(code: str | None, status: int, url: str, *, stage: str = "fetch") -> FetchError:
+    """Error for an S3 error ``code`` (e.g. ``NoSuchKey``) and HTTP ``status``."""
+    cls = _BY_CODE.get(code or "") or error_class_for_status(status)
+    if cls is Throttled and status < 500 and status != 429:
+        cls = BadRequest
+    return error_for_status(status, url, cls=cls, code=code, stage=stage)
+
+
+def error_for_response(status: int, body: bytes | bytearray, url: str) -> FetchError:
+    """Error for a non-2xx GET response whose (possibly XML) body is ``body``."""
+    match = _CODE_RE.search(bytes(body[:4096]))
+    code = match.group(1).decode("ascii", "replace") if match else None
+    return error_for_code(code, status, url)
+
+
+def error_for_exception(exc: BaseException, url: str, *, stage: str = "list") -> FetchError:
+    """Error for an exception raised by aiobotocore / botocore (the control plane)."""
+    from botocore.exceptions import (
+        ClientError,
+        ConnectTimeoutError,
+        EndpointConnectionError,
+        NoCredentialsError,
+        ReadTimeoutError,
+    )
+
+    if isinstance(exc, FetchError):
+        return exc
+    if isinstance(exc, ClientError):
+        error = exc.response.get("Error", {})
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        return error_for_code(error.get("Code"), status or 400, url, stage=stage)
+    if isinstance(exc, (ConnectTimeoutError, ReadTimeoutError, TimeoutError, asyncio.TimeoutError)):
+        return FetchTimeout(str(exc), url=url, stage=stage, cause=Reason.TIMED_OUT)
+    if isinstance(exc, NoCredentialsError):
+        return AccessDenied(
+            "no AWS credentials found (env vars, profile, instance role); pass "
+            "anonymous=True for a public bucket",
+            url=url,
+            stage=stage,
+            cause=Reason.NO_CREDENTIALS,
+        )
+    if isinstance(exc, (EndpointConnectionError, ConnectionError, OSError)):
+        return ConnectionFailed(str(exc), url=url, stage=stage, cause=Reason.CONNECTION_FAILED)
+    try:
+        import aiohttp
+
+        if isinstance(exc, aiohttp.ClientError):
+            return ConnectionFailed(str(exc), url=url, stage=stage, cause=Reason.CONNECTION_FAILED)
+    except ImportError:  # pragma: no cover - aiohttp comes with aiobotocore
+        pass
+    return FetchError(repr(exc), url=url, stage=stage, cause=Reason.UNKNOWN)

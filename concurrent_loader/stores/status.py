@@ -1,0 +1,57 @@
+"""HTTP status -> error class, for every backend that speaks HTTP.
+
+The one place where a non-2xx status becomes a :mod:`concurrent_loader.errors` class;
+backends with their own error codes (S3's ``<Code>``) refine it in their own module and fall
+back to this table.
+"""
+
+from __future__ import annotations
+
+from ..errors import (
+    AccessDenied,
+    BadRequest,
+    BucketNotFound,
+    FetchError,
+    ObjectNotFound,
+    Reason,
+    ServerError,
+    Throttled,
+)
+
+__all__ = ["error_class_for_status", "error_for_status"]
+
+
+def error_class_for_status(status: int) -> type[FetchError]:
+    if status in (401, 403):
+        return AccessDenied
+    if status == 404:
+        return ObjectNotFound
+    if status in (429, 503):
+        return Throttled
+    if status >= 500:
+        return ServerError
+    return BadRequest
+
+
+def error_for_status(
+    status: int,
+    url: str,
+    *,
+    cls: type[FetchError] | None = None,
+    code: str | None = None,
+    stage: str = "fetch",
+) -> FetchError:
+    """The error for a failed response: ``cls`` if the backend knows better, else by status."""
+    cls = cls or error_class_for_status(status)
+    message = f"HTTP {status} {code}" if code else f"HTTP {status}"
+    return cls(message, url=url, stage=stage, cause=REASONS[cls], status=status, code=code)
+
+
+REASONS: dict[type[FetchError], Reason] = {
+    ObjectNotFound: Reason.NOT_FOUND,
+    BucketNotFound: Reason.BUCKET_NOT_FOUND,
+    AccessDenied: Reason.ACCESS_DENIED,
+    BadRequest: Reason.BAD_REQUEST,
+    Throttled: Reason.THROTTLED,
+    ServerError: Reason.SERVER_ERROR,
+}

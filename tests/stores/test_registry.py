@@ -1,0 +1,68 @@
+import pytest
+
+from concurrent_loader.errors import ConfigError
+from concurrent_loader.stores import (
+    HttpConfig,
+    LocalConfig,
+    MemoryConfig,
+    S3Config,
+    store_config_for,
+)
+
+
+def test_s3():
+    store = store_config_for("s3://bucket/a/b")
+    assert isinstance(store, S3Config)
+    assert (store.bucket, store.prefix) == ("bucket", "a/b/")
+    assert store.url_for("c.jpg") == "s3://bucket/a/b/c.jpg"
+    assert store_config_for("s3://bucket").prefix == ""  # type: ignore[attr-defined]
+    assert store.capabilities.remote and store.capabilities.listing
+
+
+def test_http():
+    store = store_config_for("https://host:8443/data")
+    assert isinstance(store, HttpConfig)
+    assert (store.netloc, store.base) == ("host:8443", "/data/")
+    assert store.url_for("x") == "https://host:8443/data/x"
+    assert not store.capabilities.listing
+
+
+def test_local(tmp_path):
+    store = store_config_for(tmp_path)
+    assert isinstance(store, LocalConfig)
+    assert not store.capabilities.remote and store.url_for("a") == str(tmp_path / "a")
+    assert store_config_for(f"file://{tmp_path}") == store
+
+
+def test_a_store_config_is_its_own_root():
+    memory = MemoryConfig({"a": b"x"})
+    assert store_config_for(memory) is memory
+
+
+def test_backend_options_reach_the_backend_and_others_are_refused(tmp_path):
+    store = store_config_for("s3://b/p", endpoint_url="http://127.0.0.1:9000", anonymous=True)
+    assert store.endpoint_url == "http://127.0.0.1:9000"  # type: ignore[attr-defined]
+    assert store.credentials.anonymous  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match="endpoint_url"):
+        store_config_for(tmp_path, endpoint_url="http://127.0.0.1:9000")
+    # Options left at their defaults apply to every backend.
+    assert isinstance(store_config_for(tmp_path, endpoint_url=None, anonymous=False), LocalConfig)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "",
+        "gs://bucket/x",
+        "s3:///nobucket",
+        "s3://user:pw@bucket/x",
+        "http:///nohost",
+        "https://user:secret@host/x",
+    ],
+)
+def test_malformed_roots_are_refused_with_the_input_named(bad):
+    with pytest.raises(ConfigError) as info:
+        store_config_for(bad)
+    if bad and "secret" not in bad:
+        assert bad.split("://")[0] in str(info.value)
+    assert "secret" not in str(info.value)
