@@ -86,11 +86,6 @@ class ImageTransform:
             keys=keys,
         )
 
-    @property
-    def is_identity(self) -> bool:
-        """Whether no leaf is ever changed (the prefetcher then only moves tensors)."""
-        return not self.keys or (self.mean is None and not self.channels_last)
-
     def selects(self, path: Path, leaf: object) -> bool:
         """Whether ``leaf`` at ``path`` is the image this transform converts."""
         if not self.keys:

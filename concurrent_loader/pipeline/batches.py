@@ -239,29 +239,35 @@ class BatchPipeline:
             self._budget.release(size)
 
     def _read_and_decode(self, slot: Slot, position: int, index: int) -> None:
-        if slot.failed:
-            return
         source, store = self._source, self._blocking
         assert source is not None and store is not None
-        try:
+
+        def produce() -> Any:
             started = time.perf_counter()
             bodies: Bodies = [store.get_blocking(r.key, r.byte_range) for r in source.reads(index)]
             fetched = time.perf_counter()
             self.stats.add_fetch(fetched - started, sum(len(b) for b in bodies))
             item = source.decode(index, bodies)
             self.stats.add_decode(time.perf_counter() - fetched)
-        except BaseException as exc:
-            self._failed(slot, position, index, exc)
-        else:
-            slot.put(position, item)
+            return item
+
+        self._complete(slot, position, index, produce)
 
     def _getitem(self, slot: Slot, position: int, index: int) -> None:
-        if slot.failed:
-            return
-        try:
+        def produce() -> Any:
             started = time.perf_counter()
             item = self._dataset[index]
             self.stats.add_decode(time.perf_counter() - started)
+            return item
+
+        self._complete(slot, position, index, produce)
+
+    def _complete(self, slot: Slot, position: int, index: int, produce: Callable[[], Any]) -> None:
+        """Put ``produce()`` in the slot, or fail the sample with what it raised."""
+        if slot.failed:
+            return
+        try:
+            item = produce()
         except BaseException as exc:
             self._failed(slot, position, index, exc)
         else:

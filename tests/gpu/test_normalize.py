@@ -50,7 +50,6 @@ def test_build_accepts_one_key_several_or_none() -> None:
     assert build(2).keys == (2,)
     assert build(["a", 1]).keys == ("a", 1)
     assert build(None).keys == ()
-    assert build(None).is_identity
 
 
 def test_default_keys_select_first_element_or_image_key() -> None:

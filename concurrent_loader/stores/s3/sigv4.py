@@ -68,17 +68,6 @@ def encode_s3_path(bucket: str | None, key: str) -> str:
     return f"/{quote(bucket, safe='-_.~')}/{encoded_key}"
 
 
-def _canonical_query(query: str) -> str:
-    """Sort ``k=v`` pairs of an already-encoded query string, as SigV4 requires."""
-    pairs = []
-    for pair in query.split("&"):
-        name, _, value = pair.partition("=")
-        pairs.append((name, value))
-    pairs.sort()
-    # A bare "uploads" is signed as "uploads=": the spec always writes the "=".
-    return "&".join(f"{name}={value}" for name, value in pairs)
-
-
 class _DayKey:
     """Everything that stays fixed for one set of credentials during one UTC day."""
 
@@ -163,22 +152,20 @@ class SigV4Signer:
         canonical_path: str,
         credentials: Credentials,
         *,
-        query: str = "",
         amz_date: str | None = None,
     ) -> list[tuple[str, str]]:
-        """Return the headers that sign ``GET canonical_path?query`` for ``host``.
+        """Return the headers that sign ``GET canonical_path`` (no query) for ``host``.
 
         ``host`` must be exactly the ``Host`` header that will be sent (``name:port`` when
         the port is not the scheme's default). ``canonical_path`` is already URI-encoded
-        (:func:`encode_s3_path`); ``query`` is the already-encoded query string without
-        ``?``. ``amz_date`` (``YYYYMMDDTHHMMSSZ``) overrides the current UTC time.
+        (:func:`encode_s3_path`). ``amz_date`` (``YYYYMMDDTHHMMSSZ``) overrides the current
+        UTC time.
         """
         if amz_date is None:
             amz_date = self._now()
         elif len(amz_date) != 16 or amz_date[8] != "T" or amz_date[15] != "Z":
             raise ConfigError(f"amz_date must look like 20240131T235959Z, got {amz_date!r}")
         day_key = self._key_for(credentials, amz_date[:8])
-        canonical_query = _canonical_query(query) if query else ""
         # S3 requires x-amz-content-sha256 on every SigV4 request. botocore sends the hash
         # of the empty body for a GET (over http, where it always signs payloads, and over
         # https too since a GET carries no checksum header), so we do the same: the
@@ -186,14 +173,14 @@ class SigV4Signer:
         # schemes.
         if day_key.token:
             canonical_request = (
-                f"GET\n{canonical_path}\n{canonical_query}\nhost:{host}\n"
+                f"GET\n{canonical_path}\n\nhost:{host}\n"
                 f"x-amz-content-sha256:{EMPTY_SHA256}\nx-amz-date:{amz_date}\n"
                 f"x-amz-security-token:{day_key.token}\n\n"
                 f"{day_key.signed_headers}\n{EMPTY_SHA256}"
             )
         else:
             canonical_request = (
-                f"GET\n{canonical_path}\n{canonical_query}\nhost:{host}\n"
+                f"GET\n{canonical_path}\n\nhost:{host}\n"
                 f"x-amz-content-sha256:{EMPTY_SHA256}\nx-amz-date:{amz_date}\n\n"
                 f"{day_key.signed_headers}\n{EMPTY_SHA256}"
             )

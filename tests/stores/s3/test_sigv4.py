@@ -33,14 +33,6 @@ KEYS = [
     "dot/./seg/../x",
     "tab\tnew\nline",
 ]
-QUERIES = [
-    "",
-    "partNumber=1",
-    "versionId=3HL4kqtJlcpXroDTDmJ%2Bs",
-    "uploads",
-    "b=2&a=1&a=0",
-    "response-content-type=image%2Fjpeg&partNumber=2",
-]
 # (scheme, host as in the URL, the Host header that is sent and signed)
 HOSTS = [
     ("http", "127.0.0.1:9000", "127.0.0.1:9000"),
@@ -76,11 +68,8 @@ def botocore_headers(
 
 
 @pytest.mark.parametrize(
-    ("scheme", "url_host", "host_header", "credentials", "query"),
-    [
-        (*host, credentials, query)
-        for host, credentials, query in itertools.product(HOSTS, CREDENTIALS, QUERIES)
-    ],
+    ("scheme", "url_host", "host_header", "credentials"),
+    [(*host, credentials) for host, credentials in itertools.product(HOSTS, CREDENTIALS)],
 )
 def test_matches_botocore(
     monkeypatch: pytest.MonkeyPatch,
@@ -88,18 +77,17 @@ def test_matches_botocore(
     url_host: str,
     host_header: str,
     credentials: Credentials,
-    query: str,
 ) -> None:
     signer = SigV4Signer("eu-west-1")
     amz_date = FROZEN.strftime("%Y%m%dT%H%M%SZ")
     for bucket, key in itertools.product(["my-bucket", None], KEYS):
         path = encode_s3_path(bucket, key)
-        url = f"{scheme}://{url_host}{path}" + (f"?{query}" if query else "")
+        url = f"{scheme}://{url_host}{path}"
         expected = botocore_headers(monkeypatch, url, credentials, "eu-west-1", FROZEN)
         ours = dict(
             (name.lower(), value)
             for name, value in signer.headers_for_get(
-                host_header, path, credentials, query=query, amz_date=amz_date
+                host_header, path, credentials, amz_date=amz_date
             )
         )
         assert ours == expected, (url, ours, expected)
