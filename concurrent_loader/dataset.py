@@ -49,6 +49,8 @@ _STORE_OPTIONS = (
     "aws_secret_access_key",
     "aws_session_token",
     "transport",
+    "addressing_style",
+    "ca_bundle",
 )
 
 
@@ -77,6 +79,8 @@ class ObjectDataset(Dataset[Any]):
         aws_session_token: str | None = None,
         fetch_config: FetchConfig | None = None,
         transport: str | None = None,
+        addressing_style: str | None = None,
+        ca_bundle: str | None = None,
         progress: bool = False,
     ) -> None:
         self.store: StoreConfig = store_config_for(
@@ -89,7 +93,9 @@ class ObjectDataset(Dataset[Any]):
             aws_secret_access_key=aws_secret_access_key,
             aws_session_token=aws_session_token,
             transport=transport,
-        )
+            addressing_style=addressing_style,
+            ca_bundle=ca_bundle,
+        ).resolved()
         self.fetch_config = fetch_config or FetchConfig()
         self.decode = decode
         sizes: np.ndarray | None = None

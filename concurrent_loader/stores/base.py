@@ -122,6 +122,11 @@ class StoreConfig(Protocol):
         """The name of object ``key`` (relative to the root) as users write it."""
         ...
 
+    def resolved(self) -> StoreConfig:
+        """This config with what can be resolved once resolved (in the main process, when a
+        dataset is made: an S3 route), so worker processes need not."""
+        ...
+
     def open(self, fetch: FetchConfig) -> Store:
         """A store for this process. Remote stores are opened on the runtime's loop."""
         ...

@@ -26,13 +26,17 @@ class HttpConfig:
     netloc: str
     base: str
     transport: str = "http1"
+    #: a CA bundle to trust instead of the system's
+    ca_bundle: str | None = None
 
     @property
     def capabilities(self) -> Capabilities:
         return _CAPABILITIES
 
     @classmethod
-    def from_url(cls, url: str, *, transport: str = "http1") -> HttpConfig:
+    def from_url(
+        cls, url: str, *, transport: str = "http1", ca_bundle: str | None = None
+    ) -> HttpConfig:
         parts = urlsplit(url)
         if not parts.netloc:
             raise ConfigError(f"malformed URL {url!r}: no host", cause=Reason.INVALID_ARGUMENT)
@@ -44,7 +48,10 @@ class HttpConfig:
         base = parts.path or "/"
         if not base.endswith("/"):
             base += "/"
-        return cls(parts.scheme.lower(), parts.netloc, base, transport)
+        return cls(parts.scheme.lower(), parts.netloc, base, transport, ca_bundle)
+
+    def resolved(self) -> HttpConfig:
+        return self
 
     def url_for(self, key: str) -> str:
         return f"{self.scheme}://{self.netloc}{self.base}{key}"
@@ -69,7 +76,8 @@ class HttpStore:
             config.transport,
             max_connections=fetch.max_connections,
             timeouts=fetch.timeouts,
-            ssl_context=ssl_context_for(fetch),
+            ssl_context=ssl_context_for(fetch, config.ca_bundle),
+            proxy=_environ_proxy(self._origin),
         )
 
     def url_for(self, key: str) -> str:
@@ -100,3 +108,12 @@ class HttpStore:
 
     async def close(self) -> None:
         await self._transport.close()
+
+
+def _environ_proxy(origin: Origin) -> str | None:
+    """The proxy of ``HTTP(S)_PROXY`` for ``origin``, unless ``NO_PROXY`` names it."""
+    from urllib.request import getproxies, proxy_bypass
+
+    if proxy_bypass(origin.host):
+        return None
+    return getproxies().get(origin.scheme)

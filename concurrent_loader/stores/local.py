@@ -40,6 +40,9 @@ class LocalConfig:
             raise ConfigError(f"no such directory: {resolved}", cause=Reason.INVALID_ARGUMENT)
         return cls(resolved)
 
+    def resolved(self) -> LocalConfig:
+        return self
+
     def url_for(self, key: str) -> str:
         return os.path.join(self.root, key)
 

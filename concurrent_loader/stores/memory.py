@@ -55,6 +55,9 @@ class MemoryConfig:
     def capabilities(self) -> Capabilities:
         return Capabilities(remote=self.remote, listing=True, ranges=True)
 
+    def resolved(self) -> MemoryConfig:
+        return self
+
     def url_for(self, key: str) -> str:
         return f"memory://{self.name}/{key}"
 

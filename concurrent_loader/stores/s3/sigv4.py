@@ -25,7 +25,7 @@ from urllib.parse import quote
 
 from concurrent_loader.errors import ConfigError, Reason
 
-__all__ = ["EMPTY_SHA256", "Credentials", "SigV4Signer", "encode_s3_path"]
+__all__ = ["EMPTY_SHA256", "Credentials", "SigV4Signer", "encode_s3_key", "encode_s3_path"]
 
 #: SHA-256 of the empty body, hex-encoded.
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
@@ -51,6 +51,11 @@ class Credentials:
         return f"Credentials(access_key={self.access_key[:4]!r}..., secret_key=<hidden>{token})"
 
 
+def encode_s3_key(key: str) -> str:
+    """``key`` URI-encoded as S3 and botocore encode it in a path (``/`` kept)."""
+    return quote(key, safe="/-_.~")
+
+
 def encode_s3_path(bucket: str | None, key: str) -> str:
     """Return the URI-encoded request path for ``key``, as S3 and botocore build it.
 
@@ -60,7 +65,7 @@ def encode_s3_path(bucket: str | None, key: str) -> str:
     are, because S3 keys are opaque strings and S3 does not normalise paths.
     """
     # Equivalent to quoting each "/"-separated segment with safe="-_.~", in one call.
-    encoded_key = quote(key, safe="/-_.~")
+    encoded_key = encode_s3_key(key)
     if bucket is None:
         return "/" + encoded_key
     if not bucket or "/" in bucket:

@@ -2,32 +2,37 @@
 
 The hot path (one GET per object or range) signs with the lean
 :class:`~concurrent_loader.stores.s3.sigv4.SigV4Signer` and sends through a pooled
-:class:`~concurrent_loader.transport.Transport`; botocore only resolves credentials and
-region, and aiobotocore serves the control plane (listing), where its per-request cost does
-not matter.
+:class:`~concurrent_loader.transport.Transport`. Everything else is botocore's: the route
+(endpoint, addressing style, region, proxy, trust store; :mod:`.route`) is what a botocore
+client of the same configuration would use, resolved once when the dataset is made, and
+aiobotocore serves the control plane (listing) from the same configuration, so the two can
+never disagree. Credentials are resolved per process by botocore's chain.
 
-Addressing: with an ``endpoint_url`` (MinIO, SeaweedFS, Ceph, R2, ...) requests are
-path-style ``{endpoint}/{bucket}/{key}``; without one, virtual-hosted
-``https://{bucket}.s3.{region}.amazonaws.com/{key}`` (path-style for dotted buckets, whose
-names break the wildcard certificate).
+A bucket in another region answers ``301 PermanentRedirect`` naming its region in
+``x-amz-bucket-region``: the store re-resolves its route for that region once, remembers it
+and retries; any other wrong-region answer is a ``BadRequest`` with ``Reason.WRONG_REGION``
+naming the region when the store told it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 from ...config import FetchConfig
-from ...errors import ConfigError, FetchError, Reason
-from ...transport import Origin, Transport, make_transport
+from ...errors import BadRequest, ConfigError, FetchError, Reason
+from ...transport import Transport, make_transport
 from ..base import Body, ByteRange, Capabilities, ObjectInfo
 from ..tls import ssl_context_for
 from .credentials import CredentialCache, CredentialSource, redact_botocore_logs
 from .errors import error_for_exception, error_for_response
-from .sigv4 import EMPTY_SHA256, SigV4Signer, encode_s3_path
+from .route import S3Route, resolve_route
+from .sigv4 import EMPTY_SHA256, SigV4Signer, encode_s3_key
 
 __all__ = ["S3Config", "S3Store"]
 
@@ -44,6 +49,12 @@ class S3Config:
     region: str | None = None
     credentials: CredentialSource = field(default_factory=CredentialSource)
     transport: str = "http1"
+    #: ``"path"``, ``"virtual"`` or None (botocore's ``auto``)
+    addressing_style: str | None = None
+    #: a CA bundle to trust, over the profile's ``ca_bundle`` and ``AWS_CA_BUNDLE``
+    ca_bundle: str | None = None
+    #: where GETs go, resolved by :meth:`resolved` (in the main process) or on first open
+    route: S3Route | None = None
 
     @property
     def capabilities(self) -> Capabilities:
@@ -62,6 +73,8 @@ class S3Config:
         aws_secret_access_key: str | None = None,
         aws_session_token: str | None = None,
         transport: str = "http1",
+        addressing_style: str | None = None,
+        ca_bundle: str | None = None,
     ) -> S3Config:
         parts = urlsplit(url)
         bucket = parts.netloc
@@ -88,10 +101,45 @@ class S3Config:
             secret_key=aws_secret_access_key,
             session_token=aws_session_token,
         )
-        return cls(bucket, prefix, endpoint_url, region, credentials, transport)
+        if addressing_style not in (None, "path", "virtual", "auto"):
+            raise ConfigError(
+                f"addressing_style must be 'path', 'virtual' or 'auto', got {addressing_style!r}",
+                cause=Reason.INVALID_ARGUMENT,
+            )
+        if ca_bundle is not None and not os.path.isfile(ca_bundle):
+            raise ConfigError(
+                f"ca_bundle {ca_bundle!r} is not a file", cause=Reason.INVALID_ARGUMENT
+            )
+        return cls(
+            bucket,
+            prefix,
+            endpoint_url,
+            region,
+            credentials,
+            transport,
+            addressing_style,
+            ca_bundle,
+        )
 
     def url_for(self, key: str) -> str:
         return f"s3://{self.bucket}/{self.prefix}{key}"
+
+    def resolved(self) -> S3Config:
+        """This config with its route resolved (once, here, so workers need not)."""
+        if self.route is not None:
+            return self
+        return dataclasses.replace(self, route=self.resolve_route())
+
+    def resolve_route(self, region: str | None = None, session: Any = None) -> S3Route:
+        return resolve_route(
+            self.bucket,
+            session or self.credentials.botocore_session(),
+            endpoint_url=self.endpoint_url,
+            region=region or self.region,
+            addressing_style=self.addressing_style,
+            ca_bundle=self.ca_bundle,
+            url=self.url_for(""),
+        )
 
     def open(self, fetch: FetchConfig) -> S3Store:
         return S3Store(self, fetch)
@@ -109,39 +157,45 @@ class S3Store:
         self.config = config
         self._fetch = fetch
         source = config.credentials
-        # One botocore session resolves region, endpoint and credentials: each costs file reads.
         session = source.botocore_session()
-        self.region = config.region or source.default_region(session) or "us-east-1"
-        self.endpoint_url = config.endpoint_url or source.default_endpoint(session)
-        self._origin, path_style = _addressing(config.bucket, self.endpoint_url, self.region)
-        self._path_bucket = config.bucket if path_style else None
-        self._signer = SigV4Signer(self.region)
+        self._route = config.route or config.resolve_route(session=session)
+        self._redirect: asyncio.Future[None] | None = None
+        self._signer = SigV4Signer(self._route.region)
         self._credentials = (
             None if source.anonymous else CredentialCache(source, self.url_for(""), session)
         )
-        self._transport: Transport = make_transport(
-            config.transport,
-            max_connections=fetch.max_connections,
-            timeouts=fetch.timeouts,
-            ssl_context=ssl_context_for(fetch),
+        self._transport: Transport = self._make_transport(self._route)
+
+    def _make_transport(self, route: S3Route) -> Transport:
+        return make_transport(
+            self.config.transport,
+            max_connections=self._fetch.max_connections,
+            timeouts=self._fetch.timeouts,
+            ssl_context=ssl_context_for(self._fetch, route.ca_bundle),
+            proxy=route.proxy,
         )
 
     def __repr__(self) -> str:
-        return f"S3Store({self.config}, endpoint={self.endpoint_url!r})"
+        return f"S3Store({self.config}, {self._route!r})"
+
+    @property
+    def region(self) -> str:
+        return self._route.region
 
     def url_for(self, key: str) -> str:
         return self.config.url_for(key)
 
     async def get(self, key: str, byte_range: ByteRange | None = None) -> Body:
         url = self.url_for(key)
-        path = encode_s3_path(self._path_bucket, self.config.prefix + key)
-        host = self._origin.host_header
+        route = self._route
+        path = route.path_prefix + encode_s3_key(self.config.prefix + key)
+        host = route.origin.host_header
         if self._credentials is None:
             headers = [("x-amz-content-sha256", EMPTY_SHA256)]
         else:
             headers = self._signer.headers_for_get(host, path, self._credentials.get())
         response = await self._transport.get(
-            self._origin,
+            route.origin,
             path,
             headers,
             url=url,
@@ -149,9 +203,40 @@ class S3Store:
             byte_range=(byte_range.start, byte_range.end) if byte_range else None,
         )
         # The transports refuse a body shorter than its Content-Length (or its range).
-        if response.status not in (200, 206):
-            raise error_for_response(response.status, response.body, url)
-        return Body(response.body, response.first_byte_s)
+        if response.status in (200, 206):
+            return Body(response.body, response.first_byte_s)
+        region = response.headers.get("x-amz-bucket-region")
+        if region and region != route.region and response.status in (301, 400):
+            await self._follow_region(region)
+            if self._route.region == region:
+                return await self.get(key, byte_range)
+        error = error_for_response(response.status, response.body, url)
+        if region and region != route.region:
+            raise BadRequest(
+                f"{error.message}: the bucket is in region {region!r}, not {route.region!r}; "
+                f"pass region={region!r}",
+                url=url,
+                stage="fetch",
+                cause=Reason.WRONG_REGION,
+                status=response.status,
+                code=error.code,
+            )
+        raise error
+
+    async def _follow_region(self, region: str) -> None:
+        """Switch to ``region``'s route, once per store: GETs redirected together share one
+        resolution; later redirects elsewhere are not followed."""
+        if self._redirect is None:
+            self._redirect = asyncio.ensure_future(self._switch_region(region))
+        await asyncio.shield(self._redirect)
+
+    async def _switch_region(self, region: str) -> None:
+        loop = asyncio.get_running_loop()
+        route = await loop.run_in_executor(None, self.config.resolve_route, region)
+        old, self._transport = self._transport, self._make_transport(route)
+        self._route = route
+        self._signer = SigV4Signer(route.region)
+        await old.close()
 
     async def list(self) -> AsyncIterator[ObjectInfo]:
         """Every object under the prefix (keys relative to it), page by page, via aiobotocore."""
@@ -166,18 +251,19 @@ class S3Store:
             session.set_credentials(source.access_key, source.secret_key, source.session_token)
         aio_config = AioConfig(
             signature_version=UNSIGNED if source.anonymous else None,
-            s3={"addressing_style": "path"} if self.endpoint_url else None,
+            s3={"addressing_style": config.addressing_style} if config.addressing_style else None,
             connect_timeout=fetch.timeouts.connect,
             read_timeout=fetch.timeouts.read,
             retries={"max_attempts": fetch.retry.max_attempts, "mode": "standard"},
         )
         prefix = config.prefix
         try:
+            # The same inputs the route was resolved from: botocore resolves them alike.
             client_args: dict[str, Any] = {
-                "endpoint_url": self.endpoint_url,
-                "region_name": self.region,
+                "endpoint_url": config.endpoint_url,
+                "region_name": self._route.region,
                 "config": aio_config,
-                "verify": fetch.verify_tls,
+                "verify": (self._route.ca_bundle or None) if fetch.verify_tls else False,
             }
             async with session.create_client("s3", **client_args) as client:
                 paginator = client.get_paginator("list_objects_v2")
@@ -191,12 +277,3 @@ class S3Store:
 
     async def close(self) -> None:
         await self._transport.close()
-
-
-def _addressing(bucket: str, endpoint_url: str | None, region: str) -> tuple[Origin, bool]:
-    """Where GETs for ``bucket`` go, and whether the bucket is in the path (path style)."""
-    if endpoint_url:
-        return Origin.from_url(endpoint_url), True
-    if "." in bucket:  # a dotted bucket breaks the TLS wildcard certificate
-        return Origin("https", f"s3.{region}.amazonaws.com", 443), True
-    return Origin("https", f"{bucket}.s3.{region}.amazonaws.com", 443), False
