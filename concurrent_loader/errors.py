@@ -17,6 +17,7 @@
     │   └── FetchTimeout (TimeoutError) connect / first byte / read stall    (retried)
     ├── DecodeError                  the bytes arrived but are not a valid sample
     ├── SkipBudgetExceeded           ``on_error="skip"`` went over ``max_skipped``
+    ├── LoaderStalled (TimeoutError) no batch for ``stall_timeout_s``; says what waited on what
     └── WorkerError                  a worker process died without raising
 
 Backend exceptions (aiohttp, botocore, OSError) are translated to this tree in one place,
@@ -47,6 +48,7 @@ __all__ = [
     "FetchTimeout",
     "IncompleteBody",
     "LoaderError",
+    "LoaderStalled",
     "ObjectNotFound",
     "ObjectTooLarge",
     "Reason",
@@ -94,6 +96,7 @@ class Reason(StrEnum):
     EMPTY_PREFIX = "EmptyPrefix"
     # the loader
     SKIP_BUDGET_EXCEEDED = "SkipBudgetExceeded"
+    STALLED = "Stalled"
     WORKER_DIED = "WorkerDied"
     UNKNOWN = "Unknown"
 
@@ -237,6 +240,11 @@ class DecodeError(LoaderError):
 
 class SkipBudgetExceeded(LoaderError):
     """``on_error="skip"`` skipped more samples than ``max_skipped`` allows."""
+
+
+class LoaderStalled(LoaderError, TimeoutError):
+    """No batch arrived for ``stall_timeout_s``: the message says which process waited on
+    what (GETs in flight, the oldest one's age and object) and every thread's stack."""
 
 
 class WorkerError(LoaderError):

@@ -26,6 +26,9 @@ from typing import Any, Protocol, TypeVar
 __all__ = ["AsyncCloseable", "Runtime", "acquire_runtime"]
 
 log = logging.getLogger(__name__)
+
+#: seconds a closing runtime waits for its loop to cancel tasks and close clients
+CLOSE_TIMEOUT_S = 10.0
 T = TypeVar("T")
 
 
@@ -120,10 +123,18 @@ class Runtime:
         if threading.current_thread() is self._thread:
             raise RuntimeError("the runtime cannot be closed from its own loop")
         try:
-            self.run(self._close_resources())
+            self.submit(self._close_resources()).result(timeout=CLOSE_TIMEOUT_S)
+        except concurrent.futures.TimeoutError:
+            # The loop thread is stuck (in a C call, say): leave the daemon thread behind
+            # rather than hang the process that is closing it.
+            log.warning(
+                "the concurrent-loader event loop did not close within %.0f s; leaving it",
+                CLOSE_TIMEOUT_S,
+            )
+            return
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join()
+        self._thread.join()
 
     async def _close_resources(self) -> None:
         # Tasks still running belong to users that did not close (e.g. at interpreter exit):

@@ -50,18 +50,33 @@ class StoreGetter:
 
 
 class TimingLayer:
-    """Tells the observer each successful attempt's duration, size and time to first byte."""
+    """Tells the observer each successful attempt's duration, size and time to first byte,
+    and keeps the attempts in flight (object and start) for stall reports."""
 
     def __init__(self, inner: Getter) -> None:
         self.inner = inner
+        self.in_flight: dict[int, tuple[str, float]] = {}
 
     async def get(self, request: Request) -> Body:
         started = time.perf_counter()
-        body = await self.inner.get(request)
+        token = id(request)
+        self.in_flight[token] = (request.url, started)
+        try:
+            body = await self.inner.get(request)
+        finally:
+            del self.in_flight[token]
         request.observer.on_response(
             time.perf_counter() - started, len(body.data), body.first_byte_s
         )
         return body
+
+    def oldest(self) -> tuple[str, float] | None:
+        """(object, seconds in flight) of the oldest attempt in flight, if any."""
+        attempts = list(self.in_flight.values())  # one C-level copy: safe from other threads
+        if not attempts:
+            return None
+        url, started = min(attempts, key=lambda item: item[1])
+        return url, time.perf_counter() - started
 
 
 class LimitLayer:
@@ -127,14 +142,21 @@ class FetchClient:
         self.limit = AdaptiveLimit(
             config.max_inflight_requests, cooldown=config.retry.throttle_cooldown
         )
-        self._getter: Getter = RetryLayer(
-            LimitLayer(TimingLayer(StoreGetter(store)), self.limit), config.retry
-        )
+        self._timing = TimingLayer(StoreGetter(store))
+        self._getter: Getter = RetryLayer(LimitLayer(self._timing, self.limit), config.retry)
 
     @property
     def in_flight(self) -> int:
         """Attempts in flight now."""
         return self.limit.in_flight
+
+    def describe(self) -> str:
+        """What this client is waiting for, in one line (read from any thread)."""
+        oldest = self._timing.oldest()
+        text = f"{self.in_flight} GETs in flight (limit {self.limit.limit})"
+        if oldest is not None:
+            text += f", the oldest for {oldest[1]:.1f} s: {oldest[0]}"
+        return text
 
     async def get(
         self,

@@ -551,9 +551,7 @@ class _Connection(asyncio.BufferedProtocol):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        response = Response(
-            self.status, self.headers, self.body, self.first_byte_at - self.sent_at
-        )
+        response = Response(self.status, self.headers, self.body, self.first_byte_at - self.sent_at)
         # Drop our references so the caller owns the only one (and may resize it).
         self.body = _NO_BODY
         self.body_view = _NO_VIEW

@@ -83,7 +83,10 @@ class ConcurrentDataLoader(DataLoader[Any]):
     - ``seed``: the shuffle seed shared by all ranks under ``torch.distributed``;
     - ``on_error``: ``"raise"`` (default) or ``"skip"``, with ``max_skipped`` (a count, or a
       fraction of the epoch's samples) before ``SkipBudgetExceeded``;
-    - ``log_every_s``: log :meth:`stats` as one INFO line this often (off by default).
+    - ``log_every_s``: log :meth:`stats` as one INFO line this often (off by default);
+    - ``stall_timeout_s``: a process that waits this long for a batch raises
+      ``LoaderStalled`` naming what it waited on, with every thread's stack (default 300 s;
+      None: never); it logs a WARNING before.
 
     ``loader.dataset`` is the user's dataset seen through a thin wrapper (attributes read
     through); ``len(loader)`` is the number of batches.
@@ -118,6 +121,7 @@ class ConcurrentDataLoader(DataLoader[Any]):
         on_error: str = "raise",
         max_skipped: int | float = 0.01,
         log_every_s: float | None = None,
+        stall_timeout_s: float | None = 300.0,
     ) -> None:
         if isinstance(dataset, IterableDataset):
             raise TypeError(
@@ -153,6 +157,7 @@ class ConcurrentDataLoader(DataLoader[Any]):
             getitem_threads=getitem_threads,
             prefetch_batches=prefetch_batches,
             on_error=on_error,
+            stall_timeout_s=stall_timeout_s,
         )
 
         if shuffle and generator is None:

@@ -43,16 +43,17 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 
-from ..errors import LoaderError
+from ..errors import LoaderError, LoaderStalled
 from ..fetch import ByteBudget, FetchClient, client_for
 from ..metrics import StageStats
-from ..runtime import Runtime, acquire_runtime
+from ..runtime import CLOSE_TIMEOUT_S, Runtime, acquire_runtime
 from ..sources import Read, SampleSource
 from ..stores.base import BlockingStore
 from .options import PipelineOptions
 from .slot import SkippedSample, Slot
+from .stall import StallWatch
 
 __all__ = ["BatchPipeline", "source_of"]
 
@@ -90,12 +91,19 @@ class BatchPipeline:
         self._slots: dict[int, Slot] = {}
         self._next_to_start = 0
         self._closed = False
+        self._stalled = False
         self.stats = stats if stats is not None else StageStats()
         self._runtime: Runtime | None = None
         self._client: FetchClient | None = None
         self._budget: ByteBudget | None = None
         self._blocking: BlockingStore | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        info = get_worker_info()
+        self._watch = StallWatch(
+            options.stall_timeout_s,
+            where=f"loader worker {info.id}" if info is not None else "the loader",
+            describe=self._describe,
+        )
         source = self._source
         if source is None:
             self._mode = "getitem"
@@ -114,7 +122,10 @@ class BatchPipeline:
                 self._mode = "remote"
                 runtime = self._runtime = acquire_runtime()
                 try:
-                    self._client = runtime.run(client_for(runtime, source.store, config))
+                    self._client = self._watch.result(
+                        runtime.submit(client_for(runtime, source.store, config)),
+                        "its fetch client to open",
+                    )
                 except BaseException:
                     runtime.release()
                     raise
@@ -133,7 +144,11 @@ class BatchPipeline:
                 self._start_next()
             for b in range(len(self._batches)):
                 slot = self._slots.pop(b)
-                slot.future.exception()  # wait for the batch (its error is raised below)
+                try:
+                    self._watch.wait(slot.future, f"batch {b} of its share")  # raised below
+                except LoaderStalled:
+                    self._stalled = True
+                    raise
                 if self._next_to_start < len(self._batches):
                     self._start_next()
                 batch = slot.collated()
@@ -141,6 +156,13 @@ class BatchPipeline:
                 yield batch
         finally:
             self.close()
+
+    def _describe(self) -> str:
+        """What this pipeline waits for, for stall reports (from the consumer thread)."""
+        progress = f"{len(self._slots)} batches in progress"
+        if self._client is None:
+            return progress
+        return f"{progress}, {self._client.describe()}"
 
     def _flush_stats(self) -> None:
         if self._client is not None:
@@ -298,8 +320,13 @@ class BatchPipeline:
         try:
             # At interpreter exit the runtime may already be closed (its tasks cancelled).
             if runtime is not None and not runtime.closed:
-                runtime.run(self._cancel_tasks())
-            self._pool.shutdown(wait=True, cancel_futures=True)
+                try:
+                    runtime.submit(self._cancel_tasks()).result(timeout=CLOSE_TIMEOUT_S)
+                except concurrent.futures.TimeoutError:
+                    log.warning("the event loop did not cancel this pipeline's GETs in time")
+            # After a stall a pool thread may be stuck in user code for good: joining it
+            # would turn a clear error into the very hang it reports.
+            self._pool.shutdown(wait=not self._stalled, cancel_futures=True)
         finally:
             if runtime is not None:
                 runtime.release()

@@ -19,7 +19,9 @@ class PipelineOptions:
     - ``decode_threads``: threads decoding samples of our datasets;
     - ``getitem_threads``: threads calling ``__getitem__`` of a dataset that is not ours;
     - ``prefetch_batches``: batches in progress ahead of the consumer;
-    - ``on_error``: ``"raise"`` or ``"skip"``.
+    - ``on_error``: ``"raise"`` or ``"skip"``;
+    - ``stall_timeout_s``: seconds without progress before ``LoaderStalled`` (None: never),
+      with a WARNING every fifth of it (at most every minute) before.
     """
 
     max_inflight_requests: int | None = None
@@ -28,8 +30,14 @@ class PipelineOptions:
     getitem_threads: int = 64
     prefetch_batches: int = 2
     on_error: str = "raise"
+    stall_timeout_s: float | None = 300.0
 
     def __post_init__(self) -> None:
+        if self.stall_timeout_s is not None and not self.stall_timeout_s > 0:
+            raise ConfigError(
+                f"stall_timeout_s must be > 0 or None, got {self.stall_timeout_s}",
+                cause=Reason.INVALID_ARGUMENT,
+            )
         for name in ("max_inflight_requests", "max_inflight_bytes"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -61,6 +69,7 @@ class PipelineOptions:
         getitem_threads: int | None = None,
         prefetch_batches: int | None = None,
         on_error: str = "raise",
+        stall_timeout_s: float | None = 300.0,
     ) -> PipelineOptions:
         """Fill what the user left out: decode threads = this process's share of the CPUs
         (at most 8); batches in progress = enough to keep the GETs in flight busy, plus one
@@ -81,6 +90,7 @@ class PipelineOptions:
             getitem_threads=getitem_threads if getitem_threads is not None else 64,
             prefetch_batches=prefetch_batches,
             on_error=on_error,
+            stall_timeout_s=stall_timeout_s,
         )
 
 

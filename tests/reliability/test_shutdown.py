@@ -144,6 +144,7 @@ def test_error_raised_in_a_worker(small_objects, s3_env, slow_proxy, failure):
         ds = _dataset(small_objects, slow_proxy)
         # A store config that passed validation but fails when a worker opens it.
         object.__setattr__(ds.store, "endpoint_url", "ftp://127.0.0.1:1/")
+        object.__setattr__(ds.store, "route", None)  # so the worker resolves it
         expected = ConfigError
     with pytest.raises(expected) as info:
         for _batch in _loader(ds, num_workers=2):

@@ -1,0 +1,91 @@
+"""No silent hang: a process that waits too long says so, then fails with what it waited on.
+
+:class:`StallWatch` waits on a future in slices. After each slice without a result it logs
+a WARNING naming the stall; once ``timeout_s`` has passed it raises
+:class:`~concurrent_loader.errors.LoaderStalled` whose message holds what the process was
+waiting for (``describe()``: GETs in flight, the oldest one's age and object) and the
+Python stack of every thread of the process. In a worker the error reaches the training
+loop like any other, so a deadlock, a lost connection or a store that stopped answering
+ends in a clear error instead of a loop that waits forever.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ..errors import LoaderStalled, Reason
+
+__all__ = ["StallWatch", "thread_stacks"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def thread_stacks() -> str:
+    """Every thread's current Python stack, innermost call last."""
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    parts = []
+    for ident, frame in sys._current_frames().items():
+        stack = "".join(traceback.format_stack(frame))
+        parts.append(f"thread {names.get(ident, '?')} ({ident}):\n{stack}")
+    return "\n".join(parts)
+
+
+class StallWatch:
+    """Waits that warn after ``warn_s`` and fail after ``timeout_s`` (None: never)."""
+
+    def __init__(
+        self,
+        timeout_s: float | None,
+        *,
+        where: str,
+        describe: Callable[[], str] = lambda: "",
+    ) -> None:
+        self.timeout_s = timeout_s
+        self.warn_s = min(60.0, timeout_s / 5) if timeout_s else 60.0
+        self.where = where
+        self.describe = describe
+
+    def result(self, future: concurrent.futures.Future[T], what: str) -> T:
+        """``future.result()``, watched."""
+        self.wait(future, what)
+        return future.result()
+
+    def wait(self, future: concurrent.futures.Future[Any], what: str) -> None:
+        """Wait until ``future`` is done (result or exception), watched."""
+        waited = 0.0
+        while True:
+            step = self.warn_s
+            if self.timeout_s is not None:
+                step = min(step, self.timeout_s - waited)
+            try:
+                future.exception(timeout=step)
+                return
+            except concurrent.futures.TimeoutError:
+                waited += step
+            except concurrent.futures.CancelledError:
+                return
+            state = self.describe()
+            if self.timeout_s is not None and waited >= self.timeout_s:
+                raise LoaderStalled(
+                    f"{self.where} (pid {os.getpid()}) waited {waited:.1f} s for {what}; "
+                    f"{state}\n{thread_stacks()}",
+                    stage="loader",
+                    cause=Reason.STALLED,
+                )
+            log.warning(
+                "%s (pid %d) has waited %.1f s for %s; %s",
+                self.where,
+                os.getpid(),
+                waited,
+                what,
+                state,
+            )
