@@ -8,16 +8,29 @@ attributes (``url``, ``cause``, ...) arrive intact.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from ..metrics import SharedStats
-from ..pipeline import BatchPipeline, PipelineOptions
+from ..pipeline import BatchPipeline, PipelineOptions, source_of
+from ..runtime import Runtime, acquire_runtime
 from .plan import EpochPlan
 
 __all__ = ["Failure", "PlannedBatches"]
+
+# A worker process keeps one runtime lease for its whole life, so a persistent worker keeps
+# its event loop, fetch clients and open connections from one epoch to the next instead of
+# closing them when each epoch's pipeline closes. The process's exit ends them.
+_process_lease: Runtime | None = None
+
+
+def _hold_runtime_for_this_process() -> None:
+    global _process_lease
+    if _process_lease is None or _process_lease.pid != os.getpid():
+        _process_lease = acquire_runtime()
 
 
 class Failure:
@@ -51,6 +64,9 @@ class PlannedBatches(IterableDataset[Any]):
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         row = worker + 1 if info is not None else 0
         batches = self.plan.batches_for(worker, num_workers)
+        source = source_of(self.dataset)
+        if info is not None and source is not None and source.store.capabilities.remote:
+            _hold_runtime_for_this_process()
         shared = self.shared_stats
         shared.register(row)
         pipeline: BatchPipeline | None = None
