@@ -19,8 +19,10 @@
     ├── SkipBudgetExceeded           ``on_error="skip"`` went over ``max_skipped``
     └── WorkerError                  a worker process died without raising
 
-Backend exceptions (aiohttp, botocore, OSError) are translated to this tree in one place,
-:mod:`concurrent_loader.fetch.translate`, by type and status code, never by message text.
+Backend exceptions are translated to this tree by type and status code, never by message
+text, in two places: failures of the HTTP exchange (sockets, TLS, timeouts, aiohttp) in
+:mod:`concurrent_loader.transport.errors`, and what a store's answer means (S3 statuses and
+error codes, botocore) in :mod:`concurrent_loader.fetch.translate`.
 
 Every error names the object it is about (``s3://bucket/key``), the stage that failed and
 its :class:`Reason` (one fixed spelling per cause; the server's own error code, such as S3's

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 from ..config import FetchConfig
 from ..location import Location
+from ..transport import Origin, Transport, make_transport
 from .base import Reader
 from .s3 import ssl_context_for
 from .translate import error_for_status
-from .transport import Transport, make_transport
 
 __all__ = ["HttpReader"]
 
@@ -23,10 +23,13 @@ class HttpReader(Reader):
         config = config or FetchConfig()
         super().__init__(config)
         self.location = location
-        parts = urlsplit(f"//{location.netloc}")
-        self._host = parts.hostname or location.netloc
-        self._port = parts.port or (443 if location.scheme == "https" else 80)
-        self._transport: Transport = make_transport(transport, config, ssl_context_for(config))
+        self._origin = Origin.from_url(f"{location.scheme}://{location.netloc}")
+        self._transport: Transport = make_transport(
+            transport,
+            max_connections=config.max_inflight_requests,
+            timeouts=config.timeouts,
+            ssl_context=ssl_context_for(config),
+        )
 
     def url_for(self, key: str) -> str:
         return self.location.url_for(key)
@@ -34,13 +37,7 @@ class HttpReader(Reader):
     async def _get_once(self, key: str, url: str) -> tuple[bytes | bytearray, float | None]:
         target = quote(self.location.prefix + key, safe="/-_.~!$&'()*+,;=:@%")
         response = await self._transport.get(
-            self.location.scheme,
-            self._host,
-            self._port,
-            target,
-            [("host", self.location.netloc)],
-            url=url,
-            max_bytes=self.config.max_object_bytes,
+            self._origin, target, [], url=url, max_bytes=self.config.max_object_bytes
         )
         # Both transports already refuse a body shorter than its Content-Length.
         if response.status != 200:

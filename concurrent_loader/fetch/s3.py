@@ -1,7 +1,7 @@
 """Reading objects from S3 and S3-compatible stores.
 
 The hot path (one GET per object) signs with the lean :class:`~.sigv4.SigV4Signer` and sends
-through a pooled :class:`~.transport.Transport`; botocore is used only to resolve
+through a pooled :class:`~concurrent_loader.transport.Transport`; botocore is used only to resolve
 credentials and region, and aiobotocore only for the control plane (listing), where its
 per-request cost does not matter.
 
@@ -16,15 +16,14 @@ import asyncio
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 from ..config import FetchConfig
-from ..errors import ConfigError, FetchError
+from ..errors import FetchError
+from ..transport import Origin, Transport, make_transport
 from .base import Reader
 from .credentials import CredentialCache, CredentialSource, redact_botocore_logs
 from .sigv4 import EMPTY_SHA256, SigV4Signer, encode_s3_path
 from .translate import error_for_exception, error_for_status
-from .transport import Transport, make_transport
 
 __all__ = ["ListedObject", "S3Reader", "list_objects", "ssl_context_for"]
 
@@ -45,30 +44,16 @@ def ssl_context_for(config: FetchConfig) -> ssl.SSLContext:
 
 @dataclass(frozen=True)
 class _Endpoint:
-    scheme: str
-    host: str
-    port: int
-    host_header: str
+    origin: Origin
     path_style: bool
 
 
 def _endpoint(bucket: str, endpoint_url: str | None, region: str) -> _Endpoint:
     if endpoint_url:
-        parts = urlsplit(endpoint_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ConfigError(f"malformed endpoint_url {endpoint_url!r}")
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        default = (parts.scheme == "https" and port == 443) or (
-            parts.scheme == "http" and port == 80
-        )
-        host_header = parts.hostname if default else f"{parts.hostname}:{port}"
-        return _Endpoint(parts.scheme, parts.hostname, port, host_header, True)
-    host = f"{bucket}.s3.{region}.amazonaws.com"
+        return _Endpoint(Origin.from_url(endpoint_url), True)
     if "." in bucket:  # a dotted bucket breaks the TLS wildcard certificate
-        return _Endpoint(
-            "https", f"s3.{region}.amazonaws.com", 443, f"s3.{region}.amazonaws.com", True
-        )
-    return _Endpoint("https", host, 443, host, False)
+        return _Endpoint(Origin("https", f"s3.{region}.amazonaws.com", 443), True)
+    return _Endpoint(Origin("https", f"{bucket}.s3.{region}.amazonaws.com", 443), False)
 
 
 class S3Reader(Reader):
@@ -103,7 +88,12 @@ class S3Reader(Reader):
         self._credentials = (
             None if source.anonymous else CredentialCache(source, self.url_for(""), session)
         )
-        self._transport: Transport = make_transport(transport, config, ssl_context_for(config))
+        self._transport: Transport = make_transport(
+            transport,
+            max_connections=config.max_inflight_requests,
+            timeouts=config.timeouts,
+            ssl_context=ssl_context_for(config),
+        )
 
     def __repr__(self) -> str:
         return f"S3Reader(s3://{self.bucket}/{self.prefix}, endpoint={self.endpoint_url!r})"
@@ -112,23 +102,17 @@ class S3Reader(Reader):
         return f"s3://{self.bucket}/{self.prefix}{key}"
 
     async def _get_once(self, key: str, url: str) -> tuple[bytes | bytearray, float | None]:
-        endpoint = self._endpoint
+        origin = self._endpoint.origin
         path = encode_s3_path(self._path_bucket, self.prefix + key)
         if self._credentials is None:
             headers = [("x-amz-content-sha256", EMPTY_SHA256)]
         else:
+            # The transport sends origin.host_header as Host: the value signed here.
             headers = self._signer.headers_for_get(
-                endpoint.host_header, path, self._credentials.get()
+                origin.host_header, path, self._credentials.get()
             )
-        headers.append(("host", endpoint.host_header))
         response = await self._transport.get(
-            endpoint.scheme,
-            endpoint.host,
-            endpoint.port,
-            path,
-            headers,
-            url=url,
-            max_bytes=self.config.max_object_bytes,
+            origin, path, headers, url=url, max_bytes=self.config.max_object_bytes
         )
         # Both transports already refuse a body shorter than its Content-Length.
         if response.status != 200:

@@ -1,12 +1,14 @@
-"""The one place where backend failures become :mod:`concurrent_loader.errors`.
+"""Where a store's answers become :mod:`concurrent_loader.errors`: HTTP statuses, S3's
+error documents and botocore's exceptions.
 
 Translation is by type and HTTP status (and, for S3, the machine-readable ``<Code>`` of the
-error document or botocore's parsed error code), never by matching message text.
+error document or botocore's parsed error code), never by matching message text. Failures
+of the HTTP exchange itself (sockets, TLS, timeouts, aiohttp) are translated by
+:mod:`concurrent_loader.transport.errors`, which this defers to for anything not botocore's.
 """
 
 from __future__ import annotations
 
-import asyncio
 import re
 
 from ..errors import (
@@ -21,6 +23,7 @@ from ..errors import (
     ServerError,
     Throttled,
 )
+from ..transport import errors as transport_errors
 
 __all__ = ["error_for_code", "error_for_exception", "error_for_status"]
 
@@ -83,7 +86,7 @@ def error_for_status(status: int, body: bytes | bytearray, url: str) -> FetchErr
 
 
 def error_for_exception(exc: BaseException, url: str, *, stage: str = "fetch") -> FetchError:
-    """Error for an exception raised by aiohttp, botocore or the OS during a request."""
+    """Error for an exception raised by botocore, aiohttp or the OS during a request."""
     if isinstance(exc, FetchError):
         return exc
     try:  # botocore's parsed S3 error, from the control plane (listing)
@@ -94,17 +97,6 @@ def error_for_exception(exc: BaseException, url: str, *, stage: str = "fetch") -
             status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
             return error_for_code(error.get("Code"), status or 400, url, stage=stage)
     except ImportError:  # pragma: no cover - botocore is a dependency
-        pass
-    try:
-        import aiohttp
-
-        if isinstance(exc, aiohttp.ClientPayloadError):
-            return ConnectionFailed(str(exc), url=url, stage=stage, cause=Reason.INCOMPLETE_BODY)
-        if isinstance(exc, aiohttp.ServerTimeoutError):
-            return FetchTimeout(str(exc), url=url, stage=stage, cause=Reason.TIMED_OUT)
-        if isinstance(exc, aiohttp.ClientConnectionError):
-            return ConnectionFailed(str(exc), url=url, stage=stage, cause=Reason.CONNECTION_FAILED)
-    except ImportError:  # pragma: no cover - aiohttp is a dependency
         pass
     try:
         from botocore.exceptions import (
@@ -128,8 +120,4 @@ def error_for_exception(exc: BaseException, url: str, *, stage: str = "fetch") -
             )
     except ImportError:  # pragma: no cover
         pass
-    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
-        return FetchTimeout(str(exc), url=url, stage=stage, cause=Reason.TIMED_OUT)
-    if isinstance(exc, (ConnectionError, OSError)):
-        return ConnectionFailed(str(exc), url=url, stage=stage, cause=Reason.CONNECTION_FAILED)
-    return FetchError(repr(exc), url=url, stage=stage, cause=Reason.UNKNOWN)
+    return transport_errors.error_for_exception(exc, url, stage=stage)
