@@ -35,15 +35,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 # Run as a script (``python benchmarks/get_cpu.py``) the repository root is not on sys.path.
 _REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 if _REPO_ROOT not in sys.path:
     sys.path.insert(0, _REPO_ROOT)
 
-from concurrent_loader.fetch.http1 import ConnectionPool  # noqa: E402
 from concurrent_loader.fetch.sigv4 import Credentials, SigV4Signer, encode_s3_path  # noqa: E402
+from concurrent_loader.transport import ConnectionPool, Origin  # noqa: E402
 
 Fetch = Callable[[str], Awaitable[int]]
 ClientFactory = Callable[["Target"], contextlib.AbstractAsyncContextManager[Fetch]]
@@ -59,22 +58,8 @@ class Target:
     concurrency: int
 
     @property
-    def scheme(self) -> str:
-        return urlsplit(self.endpoint_url).scheme
-
-    @property
-    def host(self) -> str:
-        return urlsplit(self.endpoint_url).hostname or ""
-
-    @property
-    def port(self) -> int:
-        parts = urlsplit(self.endpoint_url)
-        return parts.port or (443 if parts.scheme == "https" else 80)
-
-    @property
-    def host_header(self) -> str:
-        default = 443 if self.scheme == "https" else 80
-        return self.host if self.port == default else f"{self.host}:{self.port}"
+    def origin(self) -> Origin:
+        return Origin.from_url(self.endpoint_url)
 
 
 @dataclass(frozen=True)
@@ -93,14 +78,13 @@ class Run:
 async def ours(target: Target) -> AsyncIterator[Fetch]:
     signer = SigV4Signer(target.region)
     credentials = Credentials(target.access_key, target.secret_key)
-    scheme, host, port, host_header = target.scheme, target.host, target.port, target.host_header
-    bucket = target.bucket
+    origin, bucket = target.origin, target.bucket
     async with ConnectionPool(max_connections=target.concurrency) as pool:
 
         async def fetch(key: str) -> int:
             path = encode_s3_path(bucket, key)
-            headers = signer.headers_for_get(host_header, path, credentials)
-            response = await pool.get(scheme, host, port, path, headers, url=key)
+            headers = signer.headers_for_get(origin.host_header, path, credentials)
+            response = await pool.get(origin, path, headers, url=key)
             if response.status != 200:
                 raise RuntimeError(f"HTTP {response.status} for {key}")
             return len(response.body)
@@ -131,7 +115,8 @@ async def aiohttp_ours(target: Target) -> AsyncIterator[Fetch]:
 
     signer = SigV4Signer(target.region)
     credentials = Credentials(target.access_key, target.secret_key)
-    base, host_header, bucket = target.endpoint_url.rstrip("/"), target.host_header, target.bucket
+    base, bucket = target.endpoint_url.rstrip("/"), target.bucket
+    host_header = target.origin.host_header
     async with _aiohttp_session(target) as session:
 
         async def fetch(key: str) -> int:

@@ -13,6 +13,7 @@
     │   ├── Throttled                503 SlowDown / 429                      (retried)
     │   ├── ServerError              other 5xx                               (retried)
     │   ├── ConnectionFailed         refused / reset / closed early          (retried)
+    │   ├── CertificateRefused       server certificate not trusted / wrong host (not retried)
     │   ├── IncompleteBody           fewer bytes than Content-Length         (retried)
     │   └── FetchTimeout (TimeoutError) connect / first byte / read stall    (retried)
     ├── DecodeError                  the bytes arrived but are not a valid sample
@@ -20,8 +21,11 @@
     ├── LoaderStalled (TimeoutError) no batch for ``stall_timeout_s``; says what waited on what
     └── WorkerError                  a worker process died without raising
 
-Backend exceptions (aiohttp, botocore, OSError) are translated to this tree in one place,
-:mod:`concurrent_loader.fetch.translate`, by type and status code, never by message text.
+Backend exceptions are translated to this tree by type and status code, never by message
+text, in two places: failures of the HTTP exchange (sockets, TLS, timeouts, aiohttp) in
+:mod:`concurrent_loader.transport.errors`, and what a store's answer means (S3 statuses and
+error codes, botocore) in :mod:`concurrent_loader.stores.status` and each backend's own
+module (:mod:`concurrent_loader.stores.s3.errors`).
 
 Every error names the object it is about (``s3://bucket/key``), the stage that failed and
 its :class:`Reason` (one fixed spelling per cause; the server's own error code, such as S3's
@@ -41,6 +45,7 @@ __all__ = [
     "AccessDenied",
     "BadRequest",
     "BucketNotFound",
+    "CertificateRefused",
     "ConfigError",
     "ConnectionFailed",
     "DecodeError",
@@ -88,6 +93,8 @@ class Reason(StrEnum):
     READ_TIMEOUT = "ReadTimeout"
     TIMED_OUT = "TimedOut"
     TLS_FAILED = "TLSFailed"
+    CERTIFICATE_REFUSED = "CertificateRefused"
+    PROXY_REFUSED = "ProxyRefused"
     # the bytes
     EMPTY_OBJECT = "EmptyObject"
     UNDECODABLE = "Undecodable"
@@ -220,6 +227,12 @@ class ConnectionFailed(FetchError):
     """The connection was refused, reset or closed before the response was complete."""
 
     retryable = True
+
+
+class CertificateRefused(FetchError):
+    """The server's TLS certificate was refused: not signed by a trusted CA (pass
+    ``ca_bundle=`` for a private CA), expired, or for another host name. Not retried: the
+    same certificate fails the same way."""
 
 
 class IncompleteBody(FetchError):

@@ -206,7 +206,6 @@ def test_no_thread_left_after_break(image_dataset, s3_env):
     assert set(threading.enumerate()) - before == set()
 
 
-
 def test_persistent_workers_follow_each_epochs_plan(image_dataset, s3_env):
     ds = hashed_dataset(image_dataset)
     gen = torch.Generator().manual_seed(11)

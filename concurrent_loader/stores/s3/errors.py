@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import re
+import ssl
 
 from ...errors import (
     AccessDenied,
     BadRequest,
     BucketNotFound,
+    CertificateRefused,
     ConnectionFailed,
     FetchError,
     FetchTimeout,
@@ -65,10 +67,12 @@ def error_for_exception(exc: BaseException, url: str, *, stage: str = "list") ->
     """Error for an exception raised by aiobotocore / botocore (the control plane)."""
     from botocore.exceptions import (
         ClientError,
+        ConnectionClosedError,
         ConnectTimeoutError,
         EndpointConnectionError,
         NoCredentialsError,
         ReadTimeoutError,
+        SSLError,
     )
 
     if isinstance(exc, FetchError):
@@ -87,6 +91,16 @@ def error_for_exception(exc: BaseException, url: str, *, stage: str = "list") ->
             stage=stage,
             cause=Reason.NO_CREDENTIALS,
         )
+    # botocore's SSLError wraps the ssl module's; a refused certificate is not transient.
+    if isinstance(exc, SSLError) and _refused_certificate(exc):
+        return CertificateRefused(
+            f"{exc}; pass ca_bundle= (or set AWS_CA_BUNDLE) to trust a private CA",
+            url=url,
+            stage=stage,
+            cause=Reason.CERTIFICATE_REFUSED,
+        )
+    if isinstance(exc, ConnectionClosedError):
+        return ConnectionFailed(str(exc), url=url, stage=stage, cause=Reason.CONNECTION_CLOSED)
     if isinstance(exc, (EndpointConnectionError, ConnectionError, OSError)):
         return ConnectionFailed(str(exc), url=url, stage=stage, cause=Reason.CONNECTION_FAILED)
     try:
@@ -97,3 +111,22 @@ def error_for_exception(exc: BaseException, url: str, *, stage: str = "list") ->
     except ImportError:  # pragma: no cover - aiohttp comes with aiobotocore
         pass
     return FetchError(repr(exc), url=url, stage=stage, cause=Reason.UNKNOWN)
+
+
+def _refused_certificate(exc: BaseException) -> bool:
+    """Whether ``exc`` (botocore's ``SSLError``) wraps a refused certificate, found by type
+    along what it wraps: ``kwargs["error"]``, ``__cause__``, aiohttp's ``certificate_error``."""
+    seen: set[int] = set()
+    pending: list[object] = [exc]
+    while pending:
+        item = pending.pop()
+        if not isinstance(item, BaseException) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, ssl.CertificateError):
+            return True
+        kwargs = getattr(item, "kwargs", None)
+        if isinstance(kwargs, dict):
+            pending.append(kwargs.get("error"))
+        pending += [item.__cause__, item.__context__, getattr(item, "certificate_error", None)]
+    return False

@@ -1,0 +1,148 @@
+"""Where transport failures become :mod:`concurrent_loader.errors`: by exception type, never
+by message text, always with ``stage`` and the object's ``url``.
+
+This knows HTTP, sockets, TLS and aiohttp only. What a status or an error document means
+for a given store (S3's ``<Code>``, botocore's exceptions) is translated by the store's
+store, in :mod:`concurrent_loader.stores.status` and the backend's own module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+
+from concurrent_loader.errors import (
+    AccessDenied,
+    BadRequest,
+    CertificateRefused,
+    ConnectionFailed,
+    FetchError,
+    FetchTimeout,
+    IncompleteBody,
+    ObjectTooLarge,
+    Reason,
+)
+
+from .parser import BodyTooLarge, FramingError, RangeIgnored
+
+__all__ = [
+    "TIMEOUT_ERRORS",
+    "certificate_refused",
+    "closed_early",
+    "connect_error",
+    "error_for_exception",
+    "framing_error",
+    "incomplete",
+    "malformed",
+    "timed_out",
+    "too_large",
+]
+
+# asyncio.wait_for raises asyncio.TimeoutError, a distinct class before Python 3.11.
+TIMEOUT_ERRORS = (TimeoutError, getattr(asyncio, "TimeoutError", TimeoutError))
+
+
+def closed_early(url: str, exc: BaseException | None, when: str) -> ConnectionFailed:
+    """The connection was closed (``exc`` is ``None``) or reset ``when`` (``"before any
+    response byte"``)."""
+    how, reason = (
+        ("closed", Reason.CONNECTION_CLOSED) if exc is None else ("reset", Reason.CONNECTION_RESET)
+    )
+    error = ConnectionFailed(f"connection {how} {when}", url=url, stage="fetch", cause=reason)
+    error.__cause__ = exc
+    return error
+
+
+def incomplete(url: str, detail: str) -> IncompleteBody:
+    return IncompleteBody(detail, url=url, stage="fetch", cause=Reason.INCOMPLETE_BODY)
+
+
+def timed_out(url: str, detail: str, cause: Reason) -> FetchTimeout:
+    return FetchTimeout(detail, url=url, stage="fetch", cause=cause)
+
+
+def malformed(url: str, detail: str) -> ConnectionFailed:
+    return ConnectionFailed(detail, url=url, stage="fetch", cause=Reason.MALFORMED_RESPONSE)
+
+
+def too_large(url: str, detail: str) -> ObjectTooLarge:
+    return ObjectTooLarge(detail, url=url, stage="fetch", cause=Reason.OBJECT_TOO_LARGE)
+
+
+def framing_error(url: str, exc: FramingError) -> FetchError:
+    """The error for a response :mod:`.parser` refused."""
+    if isinstance(exc, BodyTooLarge):
+        return too_large(url, str(exc))
+    if isinstance(exc, RangeIgnored):
+        # Not retried: the same server will ignore the same Range again.
+        return BadRequest(
+            str(exc), url=url, stage="fetch", cause=Reason.BAD_REQUEST, status=exc.status
+        )
+    return malformed(url, str(exc))
+
+
+def certificate_refused(exc: BaseException, url: str) -> CertificateRefused:
+    return CertificateRefused(
+        f"{exc}; pass ca_bundle= (or set AWS_CA_BUNDLE) to trust a private CA",
+        url=url,
+        stage="fetch",
+        cause=Reason.CERTIFICATE_REFUSED,
+    )
+
+
+def connect_error(exc: BaseException, url: str, timeout: float) -> FetchError:
+    """The error for a failed ``connect`` (TCP and TLS handshake) within ``timeout``."""
+    if isinstance(exc, FetchError):
+        return exc
+    if isinstance(exc, ssl.CertificateError):  # SSLCertVerificationError too
+        return certificate_refused(exc, url)
+    if isinstance(exc, TIMEOUT_ERRORS):
+        return FetchTimeout(
+            f"could not connect within {timeout:g} s",
+            url=url,
+            stage="fetch",
+            cause=Reason.CONNECT_TIMEOUT,
+        )
+    if isinstance(exc, (ssl.SSLError, ssl.CertificateError)):
+        cause = Reason.TLS_FAILED
+    elif isinstance(exc, ConnectionRefusedError):
+        cause = Reason.CONNECTION_REFUSED
+    else:
+        cause = Reason.CONNECTION_FAILED
+    return ConnectionFailed(str(exc) or type(exc).__name__, url=url, stage="fetch", cause=cause)
+
+
+def error_for_exception(exc: BaseException, url: str, *, stage: str = "fetch") -> FetchError:
+    """The error for an exception raised by aiohttp, asyncio or the OS during a request."""
+    if isinstance(exc, FetchError):
+        return exc
+    try:
+        import aiohttp
+
+        if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+            return certificate_refused(exc.certificate_error, url)
+        if isinstance(exc, aiohttp.ClientHttpProxyError):
+            # Only the status: the proxy's message may echo what we sent it.
+            kind = AccessDenied if exc.status == 407 else ConnectionFailed
+            return kind(
+                f"the proxy answered {exc.status}",
+                url=url,
+                stage=stage,
+                cause=Reason.PROXY_REFUSED,
+                status=exc.status,
+            )
+        if isinstance(exc, aiohttp.ClientPayloadError):
+            return ConnectionFailed(str(exc), url=url, stage=stage, cause=Reason.INCOMPLETE_BODY)
+        if isinstance(exc, aiohttp.ServerTimeoutError):
+            return FetchTimeout(str(exc), url=url, stage=stage, cause=Reason.TIMED_OUT)
+        if isinstance(exc, aiohttp.ClientConnectionError):
+            return ConnectionFailed(str(exc), url=url, stage=stage, cause=Reason.CONNECTION_FAILED)
+    except ImportError:  # pragma: no cover - aiohttp is a dependency
+        pass
+    if isinstance(exc, ssl.CertificateError):
+        return certificate_refused(exc, url)
+    if isinstance(exc, TIMEOUT_ERRORS):
+        return FetchTimeout(str(exc), url=url, stage=stage, cause=Reason.TIMED_OUT)
+    if isinstance(exc, (ConnectionError, OSError)):
+        return ConnectionFailed(str(exc), url=url, stage=stage, cause=Reason.CONNECTION_FAILED)
+    return FetchError(repr(exc), url=url, stage=stage, cause=Reason.UNKNOWN)

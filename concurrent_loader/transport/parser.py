@@ -1,0 +1,267 @@
+"""HTTP/1.1 response framing as pure logic: the head parser, the chunked decoder and the
+checks of a response to a ranged request. No sockets, no event loop.
+
+The transports feed these what they received and turn their exceptions (all
+:class:`FramingError`) into the :mod:`concurrent_loader.errors` tree
+(:func:`.errors.framing_error`); here they carry only the detail:
+
+* :class:`ProtocolError`: the bytes are not a response we can frame (a bad status line,
+  header line, ``Content-Length``, chunk size, an unsupported ``Transfer-Encoding``, a
+  ``206`` that is not the range asked for);
+* :class:`BodyTooLarge`: a body of unknown length passed its limit;
+* :class:`RangeIgnored`: the server answered a ranged request with the whole object.
+
+:func:`parse_head` returns a plain tuple rather than an object: it runs once per GET, and
+building a small class instance costs more than the rest of a short head's parse.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CHUNKED",
+    "INTERIM",
+    "MAX_CHUNK_LINE",
+    "MAX_HEAD_BYTES",
+    "UNTIL_CLOSE",
+    "BodyTooLarge",
+    "ChunkedDecoder",
+    "FramingError",
+    "Head",
+    "ProtocolError",
+    "RangeIgnored",
+    "check_partial",
+    "check_partial_length",
+    "parse_content_length",
+    "parse_head",
+]
+
+MAX_HEAD_BYTES = 256 * 1024
+MAX_CHUNK_LINE = 4096
+
+# The body framing parse_head reports, besides a Content-Length (>= 0).
+CHUNKED = -1  # Transfer-Encoding: chunked
+UNTIL_CLOSE = -2  # no length: the body ends when the connection does
+INTERIM = -3  # a 1xx interim response (100 Continue, 103 Early Hints); the real one follows
+
+#: ``(status, headers, keep_alive, framing, body_start)``: ``framing`` is a Content-Length
+#: or one of the constants above; ``body_start`` is the offset of the first body byte.
+Head = tuple[int, dict[str, str], bool, int, int]
+
+
+class FramingError(Exception):
+    """A response this module cannot accept; the message is the detail."""
+
+
+class ProtocolError(FramingError):
+    """The bytes received are not a well-framed HTTP/1.1 response."""
+
+
+class BodyTooLarge(FramingError):
+    """A body whose length was not announced grew past its limit."""
+
+
+class RangeIgnored(FramingError):
+    """A ranged request was answered with a success other than ``206 Partial Content``."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _is_number(text: str) -> bool:
+    """Whether ``text`` is a decimal number in ASCII digits (``int`` also takes others)."""
+    return text.isascii() and text.isdigit()
+
+
+def parse_head(buffer: bytearray, search_from: int, end: int) -> Head | None:
+    """Parse the response head at the start of ``buffer[:end]``.
+
+    Returns ``None`` while the head is incomplete; ``search_from`` is where the blank line
+    that ends it may start (the bytes before were searched by an earlier call). Header names
+    are lower-cased and repeated headers joined with ``", "``. Raises ``ProtocolError``.
+    """
+    stop = buffer.find(b"\r\n\r\n", search_from, end)
+    if stop < 0:
+        if end >= MAX_HEAD_BYTES:
+            raise ProtocolError(f"response headers over {MAX_HEAD_BYTES} bytes")
+        return None
+    lines = buffer[:stop].decode("latin-1").split("\r\n")
+    version, _, rest = lines[0].partition(" ")
+    status_text = rest[:3]
+    # ASCII digits only: isdigit() alone takes "²", a latin-1 digit that int() refuses.
+    if (
+        not version.startswith("HTTP/1.")
+        or not (status_text.isascii() and status_text.isdigit())
+        or rest[3:4] not in ("", " ")
+    ):
+        raise ProtocolError(f"bad status line {lines[0][:100]!r}")
+    status = int(status_text)
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep:
+            raise ProtocolError(f"bad header line {line[:100]!r}")
+        name = name.strip().lower()
+        value = value.strip()
+        previous = headers.get(name)
+        headers[name] = value if previous is None else f"{previous}, {value}"
+    body_start = stop + 4
+    if 100 <= status < 200 and status != 101:
+        return status, headers, True, INTERIM, body_start
+    connection = headers.get("connection", "").lower()
+    # HTTP/1.1 keeps a connection open unless told otherwise; HTTP/1.0 only when told to.
+    keep_alive = (
+        ("close" not in connection) if version == "HTTP/1.1" else ("keep-alive" in connection)
+    )
+
+    transfer_encoding = headers.get("transfer-encoding")
+    framing: int
+    if status in (204, 304):
+        framing = 0
+    elif transfer_encoding is not None and transfer_encoding.lower() != "identity":
+        if not transfer_encoding.lower().endswith("chunked"):
+            raise ProtocolError(f"unsupported Transfer-Encoding {transfer_encoding[:100]!r}")
+        framing = CHUNKED
+    elif "content-length" in headers:
+        framing = parse_content_length(headers["content-length"])
+    else:
+        framing = UNTIL_CLOSE
+        keep_alive = False
+    return status, headers, keep_alive, framing, body_start
+
+
+def parse_content_length(value: str) -> int:
+    """The length a ``Content-Length`` value announces; raises ``ProtocolError``."""
+    if value.isascii() and value.isdigit():
+        return int(value)
+    # Repeated identical Content-Length headers arrive joined as "n, n".
+    values = {v.strip() for v in value.split(",")}
+    text = values.pop() if len(values) == 1 else ""
+    if not _is_number(text):
+        raise ProtocolError(f"bad Content-Length {value[:100]!r}")
+    return int(text)
+
+
+# Chunked-decoder states.
+_SIZE = 0
+_DATA = 1
+_DATA_END = 2
+_TRAILER = 3
+
+
+class ChunkedDecoder:
+    """Decodes a ``Transfer-Encoding: chunked`` body fed in pieces of any size.
+
+    ``feed`` appends the decoded bytes to ``body`` and returns ``True`` once the last chunk
+    and the trailers were read; ``overrun`` then says whether bytes followed the body (the
+    next response's framing is unknown). Raises ``ProtocolError`` for a malformed body and
+    ``BodyTooLarge`` as soon as a chunk would take ``body`` past ``max_bytes``.
+    """
+
+    __slots__ = ("_left", "_raw", "_state", "body", "max_bytes", "overrun")
+
+    def __init__(self, max_bytes: int | None = None) -> None:
+        self.body = bytearray()
+        self.max_bytes = max_bytes
+        self.overrun = False
+        self._raw = bytearray()
+        self._state = _SIZE
+        self._left = 0
+
+    def feed(self, data: bytes | bytearray | memoryview) -> bool:
+        raw = self._raw
+        raw += data
+        pos = 0
+        size = len(raw)
+        while pos < size:
+            if self._state == _DATA:
+                take = min(self._left, size - pos)
+                self.body += raw[pos : pos + take]
+                pos += take
+                self._left -= take
+                if self._left:
+                    break
+                self._state = _DATA_END
+                continue
+            eol = raw.find(b"\r\n", pos)
+            if eol < 0:
+                if size - pos > MAX_CHUNK_LINE:
+                    raise ProtocolError("chunk header line too long")
+                break
+            line = raw[pos:eol]
+            pos = eol + 2
+            if self._state == _SIZE:
+                size_text = line.split(b";", 1)[0].strip()
+                try:
+                    chunk_size = int(size_text, 16)
+                except ValueError:
+                    chunk_size = -1
+                if chunk_size < 0:
+                    raise ProtocolError(f"bad chunk size {bytes(line[:40])!r}")
+                if chunk_size == 0:
+                    self._state = _TRAILER
+                    continue
+                if self.max_bytes is not None and len(self.body) + chunk_size > self.max_bytes:
+                    raise BodyTooLarge(f"body over max_bytes {self.max_bytes}")
+                self._left = chunk_size
+                self._state = _DATA
+            elif self._state == _DATA_END:
+                if line:
+                    raise ProtocolError("chunk not followed by CRLF")
+                self._state = _SIZE
+            elif not line:  # the empty line that ends the trailers
+                self.overrun = pos < size
+                self._raw = bytearray()
+                return True
+        del raw[:pos]
+        return False
+
+
+def check_partial(
+    status: int, headers: dict[str, str], framing: int, byte_range: tuple[int, int]
+) -> None:
+    """Check the head of a 2xx response to a request for ``byte_range`` (end exclusive).
+
+    Only ``206`` is accepted (``RangeIgnored`` otherwise): a ``200`` carries the whole object,
+    which may be far larger than the range, so it is refused rather than read and sliced.
+    The ``Content-Range``, when present, must name exactly the range asked for, and a
+    ``Content-Length`` must equal its size (``ProtocolError`` otherwise); a body without a
+    length is checked at its end by :func:`check_partial_length`.
+    """
+    start, end = byte_range
+    if status != 206:
+        raise RangeIgnored(
+            status,
+            f"asked for bytes {start}-{end - 1}, got {status} instead of 206 Partial Content: "
+            "the server does not support ranged GETs",
+        )
+    if headers.get("content-type", "").lower().startswith("multipart/"):
+        raise ProtocolError("a multipart 206 to a single-range request")
+    content_range = headers.get("content-range")
+    if content_range is not None:
+        unit, _, rest = content_range.strip().partition(" ")
+        span, _, complete = rest.partition("/")
+        first, _, last = span.partition("-")
+        if (
+            unit.lower() != "bytes"
+            or not _is_number(first)
+            or not _is_number(last)
+            or not (complete == "*" or _is_number(complete))
+            or (complete != "*" and int(last) >= int(complete))
+        ):
+            raise ProtocolError(f"bad Content-Range {content_range[:100]!r}")
+        if int(first) != start or int(last) != end - 1:
+            raise ProtocolError(
+                f"asked for bytes {start}-{end - 1}, got Content-Range {content_range[:100]!r}"
+            )
+    if framing >= 0:
+        check_partial_length(framing, byte_range)
+
+
+def check_partial_length(length: int, byte_range: tuple[int, int]) -> None:
+    """Refuse (``ProtocolError``) a partial body whose length is not the range's size."""
+    start, end = byte_range
+    if length != end - start:
+        raise ProtocolError(
+            f"asked for {end - start} bytes ({start}-{end - 1}), the response has {length}"
+        )

@@ -1,0 +1,146 @@
+"""A forward proxy between the transport and every origin (``HTTP_PROXY``, ``HTTPS_PROXY``,
+botocore's ``proxies``).
+
+* an ``http://`` origin is asked through the proxy in absolute form
+  (``GET http://host/path HTTP/1.1``), on a keep-alive connection to the proxy;
+* an ``https://`` origin is reached through a ``CONNECT host:port`` tunnel, and TLS with the
+  origin (its certificate, its host name) runs inside the tunnel: the proxy sees no byte of
+  the request;
+* the proxy's user and password, when its URL has them, are sent as
+  ``Proxy-Authorization: Basic`` and appear in no repr, log line or error;
+* a proxy that refuses the tunnel fails the GET with ``ConnectionFailed`` (retried: a
+  proxy's 502 or 503 passes), or ``AccessDenied`` for ``407`` (not retried), naming the
+  proxy's status line, never the credentials.
+
+Only ``http://`` proxies are supported (the usual kind; TLS to the proxy itself is refused
+with ``ConfigError``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import socket
+from dataclasses import dataclass, field
+from urllib.parse import unquote, urlsplit
+
+from concurrent_loader.errors import AccessDenied, ConfigError, ConnectionFailed, Reason
+
+from .origin import Origin
+
+__all__ = ["Proxy"]
+
+_MAX_CONNECT_RESPONSE = 16 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Proxy:
+    """An ``http://`` forward proxy; ``authorization`` is the ``Proxy-Authorization`` value."""
+
+    origin: Origin
+    authorization: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_url(cls, url: str) -> Proxy:
+        """The proxy of ``url`` (``http://[user:password@]host[:port]``); a URL without a
+        scheme (``proxy:3128``, as ``HTTP_PROXY`` is sometimes written) is taken as http."""
+        if not isinstance(url, str) or not url.strip():
+            raise ConfigError(f"invalid proxy URL {url!r}", cause=Reason.INVALID_ARGUMENT)
+        text = url.strip()
+        if "://" not in text:
+            text = "http://" + text
+        parts = urlsplit(text)
+        if parts.scheme != "http":
+            raise ConfigError(
+                f"proxy scheme {parts.scheme!r} is not supported: use an http:// proxy "
+                "(HTTPS origins are tunnelled through it with CONNECT)",
+                cause=Reason.INVALID_ARGUMENT,
+            )
+        authorization = None
+        if parts.username is not None:
+            pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+            authorization = "Basic " + base64.b64encode(pair.encode()).decode("ascii")
+        try:
+            port = parts.port or 80
+        except ValueError as exc:
+            raise ConfigError("invalid proxy port", cause=Reason.INVALID_ARGUMENT) from exc
+        if not parts.hostname:
+            raise ConfigError("proxy URL has no host", cause=Reason.INVALID_ARGUMENT)
+        return cls(Origin("http", parts.hostname, port), authorization)
+
+    def headers(self) -> list[tuple[str, str]]:
+        """Headers every request sent to the proxy carries."""
+        return [] if self.authorization is None else [("Proxy-Authorization", self.authorization)]
+
+    def connect_request(self, origin: Origin) -> bytes:
+        name = f"[{origin.host}]" if ":" in origin.host else origin.host
+        authority = f"{name}:{origin.port}"
+        lines = [f"CONNECT {authority} HTTP/1.1", f"Host: {authority}"]
+        lines += [f"{name}: {value}" for name, value in self.headers()]
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
+
+    async def open_tunnel(self, origin: Origin, url: str) -> socket.socket:
+        """A socket connected to ``origin`` through the proxy, ready for TLS.
+
+        The caller bounds the time this takes (the connect timeout).
+        """
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(self.origin.host, self.origin.port, type=socket.SOCK_STREAM)
+        error: OSError | None = None
+        for family, kind, proto, _, address in infos:
+            sock = socket.socket(family, kind, proto)
+            sock.setblocking(False)
+            try:
+                await loop.sock_connect(sock, address)
+            except OSError as exc:
+                sock.close()
+                error = exc
+                continue
+            break
+        else:
+            raise error or OSError(f"cannot resolve proxy {self.origin.host_header}")
+        try:
+            await loop.sock_sendall(sock, self.connect_request(origin))
+            head = bytearray()
+            while b"\r\n\r\n" not in head:
+                # Byte by byte would be slow; a proxy sends nothing after its head until the
+                # client speaks, so reading what is there never eats tunnelled bytes.
+                data = await loop.sock_recv(sock, 4096)
+                if not data:
+                    raise ConnectionFailed(
+                        f"proxy {self.origin.host_header} closed the connection during CONNECT",
+                        url=url,
+                        stage="fetch",
+                        cause=Reason.CONNECTION_CLOSED,
+                    )
+                head += data
+                if len(head) > _MAX_CONNECT_RESPONSE:
+                    break
+            status_line = bytes(head.split(b"\r\n", 1)[0]).decode("latin-1")
+            parts = status_line.split(" ", 2)
+            if len(parts) >= 2 and parts[1] == "407":
+                raise AccessDenied(
+                    f"proxy {self.origin.host_header} wants credentials: {status_line[:200]!r}",
+                    url=url,
+                    stage="fetch",
+                    cause=Reason.PROXY_REFUSED,
+                    status=407,
+                )
+            if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or parts[1] != "200":
+                raise ConnectionFailed(
+                    f"proxy {self.origin.host_header} refused CONNECT: {status_line[:200]!r}",
+                    url=url,
+                    stage="fetch",
+                    cause=Reason.PROXY_REFUSED,
+                )
+            if not head.endswith(b"\r\n\r\n"):
+                raise ConnectionFailed(
+                    f"proxy {self.origin.host_header} sent bytes after its CONNECT response",
+                    url=url,
+                    stage="fetch",
+                    cause=Reason.MALFORMED_RESPONSE,
+                )
+        except BaseException:
+            sock.close()
+            raise
+        return sock

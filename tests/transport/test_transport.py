@@ -1,0 +1,188 @@
+"""The Transport contract, checked the same way on every transport make_transport builds,
+against the local test server; and that the package knows HTTP only."""
+
+from __future__ import annotations
+
+import ast
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import concurrent_loader.transport as transport_package
+from concurrent_loader.config import Timeouts
+from concurrent_loader.errors import (
+    BadRequest,
+    ConfigError,
+    ConnectionFailed,
+    IncompleteBody,
+    ObjectTooLarge,
+)
+from concurrent_loader.transport import (
+    TRANSPORTS,
+    ConnectionPool,
+    Origin,
+    Response,
+    Transport,
+    make_transport,
+)
+
+from ._server import Server, origin_of, payload
+from .conftest import Runner
+
+
+def make(name: str) -> Transport:
+    return make_transport(name, max_connections=8, timeouts=Timeouts(), ssl_context=None)
+
+
+async def get(transport: Transport, server: Server, path: str, **kwargs: Any) -> Response:
+    return await transport.get(origin_of(server), path, [], url=f"test://{path}", **kwargs)
+
+
+@pytest.fixture(params=TRANSPORTS)
+def name(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def test_make_transport(run: Runner) -> None:
+    async def main() -> None:
+        pool = make("http1")
+        assert isinstance(pool, ConnectionPool)
+        assert pool.max_connections == 8
+        await pool.close()
+        from concurrent_loader.transport.aiohttp import AiohttpTransport
+
+        other = make("aiohttp")
+        assert isinstance(other, AiohttpTransport)
+        await other.close()
+
+    run(main)
+
+
+def test_unknown_transport_is_a_config_error() -> None:
+    with pytest.raises(ConfigError) as info:
+        make("http3")
+    assert info.value.cause == "InvalidArgument"
+    assert "'http3'" in str(info.value) and "'http1'" in str(info.value)
+
+
+def test_whole_objects_and_their_headers(run: Runner, name: str) -> None:
+    async def main() -> None:
+        transport = make(name)
+        try:
+            async with Server() as server:
+                for path, n in [("/len/0", 0), ("/len/100000", 100_000), ("/chunked/5000", 5000)]:
+                    response = await get(transport, server, path)
+                    assert (response.status, response.body) == (200, payload(n))
+                response = await get(transport, server, "/status/404")
+                assert response.status == 404  # returned, not raised
+                assert response.headers["x-dup"] == "a, b"  # lower-case names, repeats joined
+                assert response.headers["content-length"] == str(len(response.body))
+                assert {h["host"] for _, h in server.requests} == {f"127.0.0.1:{server.port}"}
+        finally:
+            await transport.close()
+
+    run(main)
+
+
+def test_a_callers_host_header_is_refused(run: Runner, name: str) -> None:
+    async def main() -> None:
+        transport = make(name)
+        try:
+            origin = Origin("http", "127.0.0.1", 1)
+            with pytest.raises(ConfigError, match="Host"):
+                await transport.get(origin, "/k", [("Host", "example.com")], url="x")
+        finally:
+            await transport.close()
+
+    run(main)
+
+
+def test_ranged_gets(run: Runner, name: str) -> None:
+    whole = payload(10_000)
+
+    async def main() -> None:
+        transport = make(name)
+        try:
+            async with Server() as server:
+                for route in ("range", "range-chunked", "range-bare"):
+                    response = await get(transport, server, f"/{route}/10000", byte_range=(5, 905))
+                    assert (response.status, response.body) == (206, whole[5:905])
+                    assert server.requests[-1][1]["range"] == "bytes=5-904"
+                for path in ("/range-shifted/10000", "/range-long/10000", "/range/910"):
+                    with pytest.raises(ConnectionFailed) as failed:
+                        await get(transport, server, path, byte_range=(5, 915))
+                    assert failed.value.cause == "MalformedResponse"
+                    assert (failed.value.url, failed.value.stage) == (f"test://{path}", "fetch")
+                with pytest.raises(BadRequest) as refused:
+                    await get(transport, server, "/range-ignored/10000", byte_range=(5, 905))
+                assert (refused.value.cause, refused.value.status) == ("BadRequest", 200)
+                response = await get(transport, server, "/range/100", byte_range=(200, 300))
+                assert response.status == 416
+                with pytest.raises(ObjectTooLarge):
+                    await get(transport, server, "/range/10000", byte_range=(0, 101), max_bytes=100)
+        finally:
+            await transport.close()
+
+    run(main)
+
+
+def test_transport_failures_are_typed(run: Runner, name: str) -> None:
+    async def main() -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        transport = make(name)
+        try:
+            async with Server() as server:
+                # http1 raises IncompleteBody; aiohttp's payload error arrives as
+                # ConnectionFailed: the same cause either way, and both are retried.
+                with pytest.raises((IncompleteBody, ConnectionFailed)) as incomplete:
+                    await get(transport, server, "/truncate/100000")
+                assert incomplete.value.cause == "IncompleteBody"
+                assert incomplete.value.retryable
+                with pytest.raises(ObjectTooLarge):
+                    await get(transport, server, "/len/1001", max_bytes=1000)
+            with pytest.raises(ConnectionFailed) as refused:
+                await transport.get(Origin("http", "127.0.0.1", port), "/", [], url="s3://b/k")
+            assert (refused.value.url, refused.value.stage) == ("s3://b/k", "fetch")
+            assert refused.value.retryable
+        finally:
+            await transport.close()
+
+    run(main)
+
+
+# Everything the package may import: HTTP and sockets, never a store's client or format.
+_ALLOWED_IMPORTS = {
+    "__future__",
+    "aiohttp",
+    "asyncio",
+    "base64",
+    "collections",
+    "dataclasses",
+    "socket",
+    "ssl",
+    "typing",
+    "urllib",
+    "warnings",
+    "yarl",
+    "concurrent_loader.config",
+    "concurrent_loader.errors",
+}
+
+
+def test_the_package_knows_http_only() -> None:
+    folder = Path(transport_package.__file__).parent
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules = [node.module]
+            else:
+                continue
+            for module in modules:
+                allowed = module in _ALLOWED_IMPORTS or module.split(".")[0] in _ALLOWED_IMPORTS
+                assert allowed, f"{path.name} imports {module}"
