@@ -94,7 +94,8 @@ class ByteBudget:
         self._count = 0
         self._call_soon = call_soon
         self._lock = threading.Lock()
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        # (future, size_hint) per waiting reserve(), in arrival order
+        self._waiters: deque[tuple[asyncio.Future[int], int | None]] = deque()
         self._closed = False
 
     def _expected(self, size_hint: int | None) -> int:
@@ -108,40 +109,35 @@ class ByteBudget:
 
     async def reserve(self, size_hint: int | None = None) -> int:
         """Wait until one more body fits; return the bytes reserved for it."""
-        expected = self._expected(size_hint)
         with self._lock:
             # Checked and queued under the lock that releases take, so a release cannot
             # slip between the check and the queueing unnoticed.
-            if not self._waiters and self._fits(expected):
-                self.reserved += expected
-                return expected
-            waiter = asyncio.get_running_loop().create_future()
-            self._waiters.append(waiter)
-        try:
-            while True:
-                await waiter
+            if not self._waiters:
                 expected = self._expected(size_hint)
-                with self._lock:
-                    if self._closed or self._fits(expected):
-                        self.reserved += expected
-                        break
-                    waiter = asyncio.get_running_loop().create_future()
-                    self._waiters.appendleft(waiter)  # keep its place in line
+                if self._fits(expected):
+                    self.reserved += expected
+                    return expected
+            waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+            self._waiters.append((waiter, size_hint))
+        try:
+            # Granted by _grant with the bytes already reserved: nobody can take them
+            # between the grant and this task's turn of the loop.
+            return await waiter
         except asyncio.CancelledError:
             with self._lock:
-                if waiter in self._waiters:
-                    self._waiters.remove(waiter)
+                for entry in self._waiters:
+                    if entry[0] is waiter:
+                        self._waiters.remove(entry)
+                        break
             if waiter.done() and not waiter.cancelled():
-                self._wake_next()  # pass on the turn we were given
+                self.cancel(waiter.result())  # granted, but nobody will use it
             raise
-        self._wake_next()  # the next in line may fit too
-        return expected
 
     def cancel(self, reserved: int) -> None:
         """The GET failed or was cancelled: give its reservation back (on the loop)."""
         with self._lock:
             self.reserved -= reserved
-        self._wake_next()
+        self._grant()
 
     def settle(self, reserved: int, size: int) -> None:
         """The body of ``size`` bytes arrived for a reservation of ``reserved`` (on the loop)."""
@@ -150,7 +146,7 @@ class ByteBudget:
             self.held += size
             self._total += size
             self._count += 1
-        self._wake_next()
+        self._grant()
 
     def release(self, size: int) -> None:
         """From any thread: a body of ``size`` bytes is decoded (or dropped)."""
@@ -158,21 +154,26 @@ class ByteBudget:
             self.held -= size
             wake = bool(self._waiters) and not self._closed
         if wake:
-            self._call_soon(self._wake_next)
+            self._call_soon(self._grant)
 
     def close(self) -> None:
-        """Wake every waiter (on the loop): the pipeline is closing."""
+        """Admit every waiter (on the loop): the pipeline is closing."""
         with self._lock:
             self._closed = True
-            waiters, self._waiters = self._waiters, deque()
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+        self._grant()
 
-    def _wake_next(self) -> None:
+    def _grant(self) -> None:
+        """Admit waiters in FIFO order while the one at the head fits (on the loop)."""
         with self._lock:
-            while self._waiters:
-                waiter = self._waiters.popleft()
-                if not waiter.done():
-                    waiter.set_result(None)
+            waiters = self._waiters
+            while waiters:
+                waiter, size_hint = waiters[0]
+                if waiter.done():
+                    waiters.popleft()
+                    continue
+                expected = self._expected(size_hint)
+                if not (self._closed or self._fits(expected)):
                     return
+                waiters.popleft()
+                self.reserved += expected
+                waiter.set_result(expected)

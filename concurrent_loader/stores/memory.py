@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -113,7 +115,17 @@ class MemoryStore:
             stats.in_flight -= 1
 
     def get_blocking(self, key: str, byte_range: ByteRange | None = None) -> bytes:
-        self.config.stats.gets[key] += 1
+        stats = self.config.stats
+        attempt = stats.gets[key]
+        stats.gets[key] += 1
+        action = self.config.script(key, attempt) if self.config.script else None
+        if action is STALL:
+            threading.Event().wait()
+        if isinstance(action, BaseException):
+            raise action
+        delay = self.config.latency_s + (action if isinstance(action, (int, float)) else 0)
+        if delay:
+            time.sleep(delay)
         return self._read(key, byte_range)
 
     def list_blocking(self) -> Iterator[ObjectInfo]:

@@ -1,0 +1,324 @@
+"""The fetch client's layers over the in-memory store: retry, the in-flight limit, timing.
+
+Retries are made instant (``base_delay=0``) or deterministic (:class:`FixedBackoff`), and
+concurrency is read from the store's own record of GETs in flight, never from the clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from concurrent_loader.config import FetchConfig, RetryConfig
+from concurrent_loader.errors import (
+    AccessDenied,
+    BadRequest,
+    ConnectionFailed,
+    FetchError,
+    FetchTimeout,
+    IncompleteBody,
+    ObjectNotFound,
+    Reason,
+    ServerError,
+    Throttled,
+)
+from concurrent_loader.fetch import NO_OBSERVER, FetchClient, FetchObserver
+from concurrent_loader.stores import STALL, ByteRange, MemoryConfig
+
+URL = "memory://test/a"
+
+TRANSIENT: list[tuple[type[FetchError], Reason]] = [
+    (Throttled, Reason.THROTTLED),
+    (ServerError, Reason.SERVER_ERROR),
+    (ConnectionFailed, Reason.CONNECTION_RESET),
+    (FetchTimeout, Reason.READ_TIMEOUT),
+    (IncompleteBody, Reason.INCOMPLETE_BODY),
+]
+PERMANENT: list[tuple[type[FetchError], Reason]] = [
+    (ObjectNotFound, Reason.NOT_FOUND),
+    (AccessDenied, Reason.ACCESS_DENIED),
+    (BadRequest, Reason.BAD_REQUEST),
+]
+
+
+@dataclass(frozen=True)
+class FixedBackoff(RetryConfig):
+    """Every retry waits exactly ``base_delay``: deadlines become deterministic."""
+
+    def backoff(self, retry: int, rng: random.Random) -> float:
+        return self.base_delay
+
+
+class Recorder:
+    """A FetchObserver that keeps what it was told."""
+
+    def __init__(self) -> None:
+        self.responses: list[tuple[float, int, float | None]] = []
+        self.retries: list[FetchError] = []
+        self.throttles = 0
+
+    def on_response(self, seconds: float, size: int, first_byte_s: float | None) -> None:
+        self.responses.append((seconds, size, first_byte_s))
+
+    def on_retry(self, error: FetchError) -> None:
+        self.retries.append(error)
+
+    def on_throttle(self) -> None:
+        self.throttles += 1
+
+
+def failing(
+    cls: type[FetchError], reason: Reason, times: int | None = None
+) -> Callable[[str, int], object]:
+    """A script failing the first ``times`` attempts (all when None), a new error each time."""
+
+    def script(key: str, attempt: int) -> object:
+        if times is None or attempt < times:
+            return cls(f"attempt {attempt}", url=f"memory://test/{key}", cause=reason)
+        return None
+
+    return script
+
+
+def make_client(
+    config: MemoryConfig, retry: RetryConfig | None = None, **fetch: int
+) -> FetchClient:
+    fetch_config = FetchConfig(retry=retry or RetryConfig(base_delay=0.0), **fetch)
+    return FetchClient(config.open(fetch_config), fetch_config)
+
+
+def fetch(client: FetchClient, key: str = "a", observer: FetchObserver = NO_OBSERVER) -> bytes:
+    async def main() -> bytes:
+        return bytes(await client.get(key, observer=observer))
+
+    return asyncio.run(main())
+
+
+# ---------------------------------------------------------------------------- retry
+
+
+@pytest.mark.parametrize(("cls", "reason"), TRANSIENT)
+def test_transient_error_is_retried_until_it_succeeds(cls, reason):
+    store = MemoryConfig({"a": b"payload"}, script=failing(cls, reason, times=2))
+    observer = Recorder()
+    assert fetch(make_client(store), observer=observer) == b"payload"
+    assert store.stats.gets["a"] == 3
+    assert [type(e) for e in observer.retries] == [cls, cls]
+    assert len(observer.responses) == 1
+    assert observer.throttles == (2 if cls is Throttled else 0)
+
+
+@pytest.mark.parametrize(("cls", "reason"), TRANSIENT)
+def test_transient_error_is_raised_after_max_attempts(cls, reason):
+    store = MemoryConfig({"a": b"payload"}, script=failing(cls, reason))
+    observer = Recorder()
+    client = make_client(store, RetryConfig(base_delay=0.0, max_attempts=4))
+    with pytest.raises(cls) as caught:
+        fetch(client, observer=observer)
+    error = caught.value
+    assert store.stats.gets["a"] == 4
+    assert len(observer.retries) == 3
+    assert observer.responses == []
+    assert error.url == URL and error.cause is reason
+    assert "gave up after 4 attempts" in getattr(error, "__notes__", [])
+
+
+def test_one_attempt_allowed_means_no_retry_and_no_note():
+    store = MemoryConfig({"a": b"x"}, script=failing(ServerError, Reason.SERVER_ERROR))
+    client = make_client(store, RetryConfig(base_delay=0.0, max_attempts=1))
+    with pytest.raises(ServerError) as caught:
+        fetch(client)
+    assert store.stats.gets["a"] == 1
+    assert not getattr(caught.value, "__notes__", [])
+
+
+@pytest.mark.parametrize(("cls", "reason"), PERMANENT)
+def test_permanent_error_is_not_retried(cls, reason):
+    store = MemoryConfig({"a": b"x"}, script=failing(cls, reason))
+    observer = Recorder()
+    with pytest.raises(cls) as caught:
+        fetch(make_client(store), observer=observer)
+    assert store.stats.gets["a"] == 1
+    assert observer.retries == []
+    assert caught.value.url == URL and caught.value.cause is reason
+    assert not getattr(caught.value, "__notes__", [])
+
+
+def test_missing_object_is_not_retried():
+    store = MemoryConfig({})
+    with pytest.raises(ObjectNotFound) as caught:
+        fetch(make_client(store), "gone")
+    assert store.stats.gets["gone"] == 1
+    assert caught.value.url == "memory://test/gone"
+
+
+def test_permanent_error_after_retries_notes_the_attempts():
+    def script(key: str, attempt: int) -> object:
+        if attempt == 0:
+            return ServerError("first", url=URL, cause=Reason.SERVER_ERROR)
+        return AccessDenied("then", url=URL, cause=Reason.ACCESS_DENIED)
+
+    store = MemoryConfig({"a": b"x"}, script=script)
+    with pytest.raises(AccessDenied) as caught:
+        fetch(make_client(store))
+    assert store.stats.gets["a"] == 2
+    assert "gave up after 2 attempts" in caught.value.__notes__
+
+
+def test_errors_that_are_not_fetch_errors_are_not_retried():
+    store = MemoryConfig({"a": b"x"}, script=lambda key, attempt: RuntimeError("a bug"))
+    with pytest.raises(RuntimeError, match="a bug"):
+        fetch(make_client(store))
+    assert store.stats.gets["a"] == 1
+
+
+def test_deadline_shorter_than_the_first_backoff_stops_at_once():
+    store = MemoryConfig({"a": b"x"}, script=failing(ServerError, Reason.SERVER_ERROR))
+    retry = FixedBackoff(base_delay=60.0, max_attempts=10, max_total_seconds=0.5)
+    observer = Recorder()
+    with pytest.raises(ServerError) as caught:
+        fetch(make_client(store, retry), observer=observer)
+    assert store.stats.gets["a"] == 1
+    assert observer.retries == []
+    assert "gave up after 0.5 s of retries" in caught.value.__notes__
+
+
+def test_deadline_stops_retries_before_max_attempts():
+    # Attempts start at >= 0, 0.1, 0.2 s; the third's backoff would end past 0.25 s.
+    store = MemoryConfig({"a": b"x"}, script=failing(ServerError, Reason.SERVER_ERROR))
+    retry = FixedBackoff(base_delay=0.1, max_attempts=100, max_total_seconds=0.25)
+    observer = Recorder()
+    with pytest.raises(ServerError) as caught:
+        fetch(make_client(store, retry), observer=observer)
+    gets = store.stats.gets["a"]
+    assert 2 <= gets <= 3
+    assert len(observer.retries) == gets - 1
+    assert "gave up after 0.25 s of retries" in caught.value.__notes__
+
+
+def test_backoff_is_full_jitter_capped_by_max_delay():
+    config = RetryConfig(base_delay=0.1, max_delay=1.0)
+    rng = random.Random(7)
+    for retry, cap in [(0, 0.1), (1, 0.2), (2, 0.4), (3, 0.8), (4, 1.0), (10, 1.0)]:
+        delays = [config.backoff(retry, rng) for _ in range(200)]
+        assert all(0.0 <= d <= cap for d in delays)
+        assert max(delays) > cap / 2  # spread over the whole range, not a fixed delay
+    assert RetryConfig(base_delay=0.0).backoff(5, rng) == 0.0
+
+
+# ---------------------------------------------------------------------------- limit
+
+
+def _gather(client: FetchClient, keys: list[str], observer: FetchObserver = NO_OBSERVER) -> None:
+    async def main() -> None:
+        await asyncio.gather(*(client.get(k, observer=observer) for k in keys))
+        assert client.in_flight == 0
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("limit", [1, 3, 8])
+def test_requests_in_flight_reach_but_never_exceed_the_limit(limit):
+    store = MemoryConfig({f"{i}": b"x" for i in range(30)}, latency_s=0.002)
+    _gather(make_client(store, max_inflight_requests=limit), [f"{i}" for i in range(30)])
+    assert store.stats.max_in_flight == limit
+    assert store.stats.total == 30
+
+
+def _throttle_once(key: str, attempt: int) -> object:
+    if key == "hot" and attempt == 0:
+        return Throttled("slow down", url=f"memory://test/{key}", cause=Reason.THROTTLED)
+    return None
+
+
+def test_throttle_halves_the_limit_for_the_cooldown():
+    objects = {f"{i}": b"x" for i in range(30)} | {"hot": b"x"}
+    store = MemoryConfig(objects, latency_s=0.002, script=_throttle_once)
+    client = make_client(
+        store, RetryConfig(base_delay=0.0, throttle_cooldown=3600.0), max_inflight_requests=8
+    )
+    observer = Recorder()
+    _gather(client, ["hot"], observer)
+    assert observer.throttles == 1 and len(observer.retries) == 1
+    assert client.limit.limit == 4 and client.limit.throttles == 1
+    store.stats.max_in_flight = 0
+    _gather(client, [f"{i}" for i in range(30)])
+    assert store.stats.max_in_flight == 4  # still cooling down: no growth
+    assert client.limit.limit == 4
+
+
+def test_limit_recovers_after_the_cooldown():
+    cooldown = 0.01
+    objects = {f"{i}": b"x" for i in range(30)} | {"hot": b"x"}
+    store = MemoryConfig(objects, latency_s=0.002, script=_throttle_once)
+    retry = RetryConfig(base_delay=0.0, max_attempts=1, throttle_cooldown=cooldown)
+    client = make_client(store, retry, max_inflight_requests=8)
+
+    async def main() -> None:
+        with pytest.raises(Throttled):
+            await client.get("hot")
+        assert client.limit.limit == 4
+        await asyncio.sleep(2 * cooldown)
+        for i in range(4):  # each success after the cooldown adds one
+            await client.get(f"{i}")
+            assert client.limit.limit == 5 + i
+        await client.get("0")
+        assert client.limit.limit == 8  # never above the maximum
+        store.stats.max_in_flight = 0
+        await asyncio.gather(*(client.get(f"{i}") for i in range(30)))
+
+    asyncio.run(main())
+    assert store.stats.max_in_flight == 8
+
+
+def test_cancelled_gets_give_their_slots_back():
+    stall = {"stalled"}
+    store = MemoryConfig(
+        {"stalled": b"x", "a": b"y"}, script=lambda key, attempt: STALL if key in stall else None
+    )
+    client = make_client(store, max_inflight_requests=1)
+
+    async def main() -> None:
+        holder = asyncio.create_task(client.get("stalled"))
+        waiter = asyncio.create_task(client.get("a"))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert store.stats.in_flight == 1 and not waiter.done()
+        waiter.cancel()
+        holder.cancel()
+        await asyncio.gather(holder, waiter, return_exceptions=True)
+        assert client.in_flight == 0 and store.stats.in_flight == 0
+        assert bytes(await client.get("a")) == b"y"
+
+    asyncio.run(main())
+    assert store.stats.gets["a"] == 1
+
+
+# ---------------------------------------------------------------------------- timing
+
+
+def test_observer_is_told_each_response_size_and_first_byte():
+    store = MemoryConfig({"a": b"12345", "b": b"1"}, script=lambda key, attempt: 0.001)
+    observer = Recorder()
+    _gather(make_client(store), ["a", "b"], observer)
+    assert sorted(size for _, size, _ in observer.responses) == [1, 5]
+    assert all(first == pytest.approx(0.001) for _, _, first in observer.responses)
+    assert all(seconds > 0 for seconds, _, _ in observer.responses)
+
+
+def test_byte_ranges_reach_the_store():
+    client = make_client(MemoryConfig({"a": b"0123456789"}))
+
+    async def main() -> bytes:
+        return bytes(await client.get("a", ByteRange(3, 6)))
+
+    assert asyncio.run(main()) == b"345"
+
+
+def test_repr_names_the_store_and_the_limit():
+    client = make_client(MemoryConfig({}), max_inflight_requests=5)
+    assert "max_inflight_requests=5" in repr(client)

@@ -1,0 +1,78 @@
+"""EpochPlan: the epoch's batches in shared memory; worker ``w`` of ``W`` gets ``w::W``."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from concurrent_loader.errors import ConfigError, Reason
+from concurrent_loader.loader.plan import EpochPlan
+
+
+def random_batches(seed: int, count: int, batch_size: int) -> list[list[int]]:
+    order = list(range(count))
+    random.Random(seed).shuffle(order)
+    return [order[i : i + batch_size] for i in range(0, count, batch_size)]
+
+
+@pytest.mark.parametrize("num_workers", [1, 2, 3, 4, 7])
+def test_each_worker_gets_every_num_workers_th_batch(num_workers):
+    batches = random_batches(1, 53, 5)  # 11 batches, the last one short
+    plan = EpochPlan()
+    plan.write(batches, may_grow=True)
+    shares = [plan.batches_for(w, num_workers) for w in range(num_workers)]
+    for w, share in enumerate(shares):
+        assert share == batches[w::num_workers]
+    # torch's round robin over the workers gives back the plan's order
+    interleaved = [shares[b % num_workers][b // num_workers] for b in range(len(batches))]
+    assert interleaved == batches
+
+
+def test_more_workers_than_batches_leaves_some_idle():
+    plan = EpochPlan()
+    plan.write([[0, 1], [2]], may_grow=True)
+    assert [plan.batches_for(w, 4) for w in range(4)] == [[[0, 1]], [[2]], [], []]
+
+
+def test_empty_plan():
+    plan = EpochPlan()
+    plan.write([], may_grow=True)
+    assert plan.batches_for(0, 1) == []
+
+
+def test_a_later_smaller_epoch_replaces_the_plan_in_place():
+    plan = EpochPlan()
+    plan.write(random_batches(2, 40, 4), may_grow=True)
+    indices = plan.indices
+    smaller = random_batches(3, 10, 3)
+    plan.write(smaller, may_grow=False)
+    assert plan.indices is indices  # same shared buffers: persistent workers see it
+    assert plan.batches_for(0, 1) == smaller
+
+
+def test_a_larger_epoch_grows_the_plan_unless_workers_are_persistent():
+    plan = EpochPlan()
+    plan.write(random_batches(4, 10, 2), may_grow=True)
+    larger = random_batches(5, 30, 2)
+    with pytest.raises(ConfigError, match="persistent_workers") as caught:
+        plan.write(larger, may_grow=False)
+    assert caught.value.cause is Reason.INVALID_ARGUMENT
+    plan.write(larger, may_grow=True)
+    assert plan.batches_for(0, 1) == larger
+
+
+def test_room_sizes_the_buffers_for_the_whole_epoch():
+    """A resumed epoch writes only its rest, but later epochs need room for all of it."""
+    plan = EpochPlan()
+    whole = random_batches(6, 40, 4)
+    plan.write(whole[7:], may_grow=True, room=(40, 10))
+    assert plan.batches_for(0, 1) == whole[7:]
+    plan.write(whole, may_grow=False)  # the next epoch, with persistent workers
+    assert plan.batches_for(1, 2) == whole[1::2]
+
+
+def test_buffers_are_in_shared_memory():
+    plan = EpochPlan()
+    plan.write([[1, 2, 3]], may_grow=True)
+    assert plan.indices.is_shared() and plan.offsets.is_shared() and plan.count.is_shared()

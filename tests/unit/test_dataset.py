@@ -1,0 +1,111 @@
+"""ObjectDataset and ImageFolder over the in-memory store, as plain map-style datasets."""
+
+from __future__ import annotations
+
+import io
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from concurrent_loader import ConfigError, ImageFolder, ObjectDataset, ObjectNotFound, Reason
+from concurrent_loader.stores import MemoryConfig
+
+
+def test_keys_and_sizes_come_from_the_listing_sorted(helpers):
+    objects = {"b.bin": b"22", "a.bin": b"1", "c/d.bin": b"333"}
+    dataset = ObjectDataset(MemoryConfig(objects))
+    assert list(dataset.keys) == ["a.bin", "b.bin", "c/d.bin"]
+    assert dataset.source.sizes.tolist() == [1, 2, 3]
+    assert len(dataset) == 3
+    assert dataset.url_for(2) == "memory://test/c/d.bin"
+    assert "3 objects" in repr(dataset)
+
+
+def test_an_empty_store_is_a_config_error():
+    with pytest.raises(ConfigError) as caught:
+        ObjectDataset(MemoryConfig({}))
+    assert caught.value.cause is Reason.EMPTY_PREFIX
+
+
+@pytest.mark.parametrize("remote", [True, False])
+def test_getitem_reads_one_object(helpers, remote):
+    store = MemoryConfig(helpers.numbered_objects(10), remote=remote)
+    with ObjectDataset(store, decode=helpers.index_of) as dataset:
+        assert dataset[3] == 3
+        assert dataset[-1] == 9
+        assert dataset[np.int64(4)] == 4
+    with ObjectDataset(store) as raw:
+        assert raw[2] == helpers.body_for(2)
+
+
+def test_bad_indices_are_refused(helpers):
+    with ObjectDataset(MemoryConfig(helpers.numbered_objects(3))) as dataset:
+        with pytest.raises(IndexError):
+            dataset[3]
+        with pytest.raises(IndexError):
+            dataset[-4]
+        with pytest.raises(TypeError):
+            dataset["0"]
+
+
+def test_getitems_fetches_a_batch_concurrently_in_order(helpers):
+    store = MemoryConfig(helpers.numbered_objects(20), script=helpers.jitter(3, 0.003))
+    with ObjectDataset(store, decode=helpers.index_of) as dataset:
+        indices = [7, 2, 19, 2, 0, 11]
+        assert dataset.__getitems__(indices) == indices
+    assert store.stats.max_in_flight > 1
+
+
+def test_a_missing_object_names_itself(helpers):
+    objects = helpers.numbered_objects(3)
+    dataset = ObjectDataset(MemoryConfig(objects), [*objects, "gone.bin"])
+    with dataset, pytest.raises(ObjectNotFound) as caught:
+        dataset[3]
+    assert caught.value.url == "memory://test/gone.bin"
+
+
+def test_a_dataset_pickles_without_anything_open(helpers):
+    store = MemoryConfig(helpers.numbered_objects(5))
+    with ObjectDataset(store, decode=None) as dataset:
+        assert dataset[0] == helpers.body_for(0)  # a runtime is leased now
+        copy = pickle.loads(pickle.dumps(dataset))
+    with copy:
+        assert list(copy.keys) == list(dataset.keys)
+        assert copy[4] == helpers.body_for(4)
+
+
+def image(color: tuple[int, int, int], fmt: str = "JPEG") -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (24, 16), color).save(out, format=fmt)
+    return out.getvalue()
+
+
+def test_image_folder_over_a_store(helpers):
+    objects = {
+        "dog/b.png": image((0, 0, 255), "PNG"),
+        "cat/a.jpg": image((255, 0, 0)),
+        "dog/c.JPG": image((0, 255, 0)),
+        "readme.txt": b"not an image",
+        "top.jpg": image((9, 9, 9)),  # not in a class folder
+        "cat/notes.txt": b"skipped",
+    }
+    with ImageFolder(MemoryConfig(objects)) as dataset:
+        assert dataset.classes == ["cat", "dog"]
+        assert dataset.class_to_idx == {"cat": 0, "dog": 1}
+        assert list(dataset.keys) == ["cat/a.jpg", "dog/b.png", "dog/c.JPG"]
+        assert dataset.targets.tolist() == [0, 1, 1]
+        assert dataset.samples[1] == ("memory://test/dog/b.png", 1)
+        assert dataset.source.sizes.tolist() == [len(objects[k]) for k in dataset.keys]
+        picture, target = dataset[1]
+        assert target == 1
+        assert picture.dtype == torch.uint8 and tuple(picture.shape) == (3, 16, 24)
+        assert picture[2].float().mean() > 200  # blue
+
+
+def test_image_folder_without_images_is_a_config_error():
+    with pytest.raises(ConfigError) as caught:
+        ImageFolder(MemoryConfig({"readme.txt": b"x", "top.jpg": b"y"}))
+    assert caught.value.cause is Reason.EMPTY_PREFIX
