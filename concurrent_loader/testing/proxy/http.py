@@ -49,7 +49,25 @@ _HOP_BY_HOP = frozenset(
 )
 
 
+def _parse_head(head: bytes) -> tuple[bytes, list[tuple[bytes, bytes, bytes]]]:
+    """The start line of a head, and ``(lowercased name, stripped value, line)`` per header.
+
+    ValueError for a header line without a colon, so a garbled request gets a 400 and a
+    garbled upstream response a 502.
+    """
+    lines = head[:-4].split(b"\r\n")
+    headers = []
+    for line in lines[1:]:
+        name, sep, value = line.partition(b":")
+        if not sep:
+            raise ValueError(f"malformed header line {line[:200]!r}")
+        headers.append((name.strip().lower(), value.strip(), line))
+    return lines[0], headers
+
+
 class Request:
+    """A request head from a client; its body, if any, is still on the connection."""
+
     __slots__ = (
         "arrival",
         "chunked",
@@ -62,10 +80,10 @@ class Request:
     )
 
     def __init__(self, head: bytes, arrival: float) -> None:
-        lines = head[:-4].split(b"\r\n")
-        parts = lines[0].split(b" ")
+        request_line, headers = _parse_head(head)
+        parts = request_line.split(b" ")
         if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
-            raise ValueError(f"malformed request line {lines[0][:200]!r}")
+            raise ValueError(f"malformed request line {request_line[:200]!r}")
         self.method = parts[0].decode("ascii")
         self.target = parts[1].decode("ascii")
         self.arrival = arrival
@@ -75,12 +93,7 @@ class Request:
         self.expects_continue = False
         self.content_length = 0
         self.chunked = False
-        for line in lines[1:]:
-            name, sep, value = line.partition(b":")
-            if not sep:
-                raise ValueError(f"malformed header line {line[:200]!r}")
-            lname = name.strip().lower()
-            value = value.strip()
+        for lname, value, line in headers:
             if lname == b"connection":
                 connection = value.lower()
             elif lname == b"expect":
@@ -112,6 +125,8 @@ class Request:
 
 
 class Response:
+    """A response head from the upstream, and how its body is framed."""
+
     __slots__ = (
         "chunked",
         "close_delimited",
@@ -123,21 +138,18 @@ class Response:
     )
 
     def __init__(self, head: bytes, request_method: str) -> None:
-        lines = head[:-4].split(b"\r\n")
-        self.status_line = lines[0]
-        parts = lines[0].split(b" ", 2)
+        self.status_line, headers = _parse_head(head)
+        parts = self.status_line.split(b" ", 2)
         if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
-            raise ValueError(f"malformed status line {lines[0][:200]!r}")
+            raise ValueError(f"malformed status line {self.status_line[:200]!r}")
         self.status = int(parts[1])
         self.header_lines: list[bytes] = []
         self.length: int | None = None
         self.chunked = False
         self.upstream_closes = parts[0] == b"HTTP/1.0"
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            lname = name.strip().lower()
+        for lname, value, line in headers:
             if lname == b"content-length":
-                self.length = int(value.strip())
+                self.length = int(value)
             elif lname == b"transfer-encoding":
                 self.chunked = b"chunked" in value.lower()
             elif lname == b"connection":

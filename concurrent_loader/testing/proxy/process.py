@@ -19,10 +19,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable
-from types import TracebackType
 from typing import IO, Any
 
-from ..subprocesses import check_cpus, process_cpu_seconds, tail_of, terminate_process
+from ..subprocesses import ChildProcess, check_cpus, tail_of, terminate_process
 from .faults import FaultPlan
 from .server import RESET_PATH, STATS_PATH, check_shaping, parse_upstream
 
@@ -39,7 +38,7 @@ _CHILD_MAIN = (
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-class ProxyProcess:
+class ProxyProcess(ChildProcess):
     """The proxy as a child process, for tests and benchmarks.
 
     Lifecycle: ``start()`` (or ``with``) once, then ``stop()`` (idempotent); it cannot be
@@ -160,17 +159,6 @@ class ProxyProcess:
             self._log.close()
             self._log = None
 
-    def __enter__(self) -> ProxyProcess:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     @property
     def port(self) -> int:
         if self._port is None:
@@ -190,10 +178,6 @@ class ProxyProcess:
     def log_tail(self) -> str:
         """The end of the proxy's stderr log."""
         return tail_of(self._log) if self._log is not None else ""
-
-    def cpu_seconds(self) -> float:
-        """User + system CPU time the proxy process has used so far."""
-        return process_cpu_seconds(self.pid)
 
     def _control(self, method: str, path: str) -> dict[str, Any]:
         conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
