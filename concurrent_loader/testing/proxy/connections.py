@@ -1,7 +1,8 @@
 """The two sockets of one proxied connection: the client side and its upstream.
 
-* :class:`Client` paces and counts what is sent to the client, and ends the connection
-  either cleanly (FIN) or with a TCP reset that still delivers what was sent before it.
+* :class:`Client` paces what is sent to the client by the bandwidth caps (see
+  :mod:`.bandwidth`), counts it, and ends the connection either cleanly (FIN) or with a
+  TCP reset that still delivers what was sent before it.
 * :class:`Upstream` is one keep-alive connection to the server, owned by one client
   connection and reopened when the server may have dropped it.
 """
@@ -17,6 +18,7 @@ import termios
 import time
 from typing import Any
 
+from .bandwidth import TokenBucket
 from .http import CHUNK
 from .stats import Stats
 
@@ -76,17 +78,22 @@ class Client:
         writer: asyncio.StreamWriter,
         stats: Stats,
         bandwidth_bytes_per_s: float | None,
+        total_bandwidth: TokenBucket | None = None,
     ) -> None:
         self.reader, self.writer, self._stats = reader, writer, stats
-        self._rate = bandwidth_bytes_per_s
+        self._buckets: list[TokenBucket] = []
+        if bandwidth_bytes_per_s is not None:
+            self._buckets.append(TokenBucket(bandwidth_bytes_per_s))
+        if total_bandwidth is not None:
+            self._buckets.append(total_bandwidth)
         # Pace in slices of ~20 ms of transfer so the cap is smooth, not bursty.
-        self._slice = CHUNK if self._rate is None else max(1024, int(self._rate / 50))
-        self._next_free = 0.0
+        tightest = min((bucket.rate for bucket in self._buckets), default=None)
+        self._slice = CHUNK if tightest is None else max(1024, int(tightest / 50))
         self.closed = False
 
     async def send(self, data: bytes, *, counted: bool = True) -> None:
-        """Write paced by the bandwidth cap; ``counted=False`` for the proxy's own replies."""
-        if self._rate is None or not counted:
+        """Write paced by the bandwidth caps; ``counted=False`` for the proxy's own replies."""
+        if not self._buckets or not counted:
             self.writer.write(data)
             if counted:
                 self._stats.bytes_sent += len(data)
@@ -100,9 +107,10 @@ class Client:
             self._stats.bytes_sent += len(piece)
             await self.writer.drain()
             now = loop.time()
-            self._next_free = max(now, self._next_free) + len(piece) / self._rate
-            if self._next_free - now > 0.001:
-                await asyncio.sleep(self._next_free - now)
+            # Every cap is charged (each one's allowance is spent); the slowest sets the wait.
+            wait = max([bucket.charge(len(piece), now) for bucket in self._buckets])
+            if wait > 0.001:
+                await asyncio.sleep(wait)
 
     async def reset(self) -> None:
         """Abort with a TCP RST, after what was sent so far reached the peer's kernel."""
