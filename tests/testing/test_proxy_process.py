@@ -1,8 +1,10 @@
 """ProxyProcess: argument checks before anything starts, and a child that never outlives
-its stop() or its parent."""
+its stop() or its parent; and ``python -m concurrent_loader.testing.proxy``."""
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import subprocess
 import sys
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from concurrent_loader.testing import FaultPlan, ProxyProcess
+from concurrent_loader.testing import FaultPlan, LocalS3Server, ProxyProcess
 
 from ._proxy_support import SMALL_KEYS, ProxyFactory, object_path, read_head, send_get
 
@@ -72,3 +74,39 @@ def test_proxy_dies_with_its_parent() -> None:
     while not _process_ended(pid):
         assert time.monotonic() < deadline, "the proxy outlived its parent"
         time.sleep(0.05)
+
+
+def test_module_entry_point_serves(s3_server: LocalS3Server, s3_bucket: str, objects: dict) -> None:
+    repo_root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo_root)}
+    command = [
+        sys.executable,
+        "-m",
+        "concurrent_loader.testing.proxy",
+        "--upstream",
+        s3_server.endpoint_url,
+        "--preset",
+        "s3-like",
+        "--straggler-fraction",
+        "0",
+        "--exit-on-stdin-eof",
+    ]
+    with subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env) as proc:
+        assert proc.stdout is not None and proc.stdin is not None
+        try:
+            ready = json.loads(proc.stdout.readline())
+            assert ready["ready"] is True and ready["pid"] == proc.pid
+            conn = http.client.HTTPConnection("127.0.0.1", ready["port"], timeout=10)
+            try:
+                conn.request("GET", object_path(s3_bucket, SMALL_KEYS[0]))
+                assert conn.getresponse().read() == objects[SMALL_KEYS[0]]
+            finally:
+                conn.close()
+        finally:
+            proc.stdin.close()  # the proxy stops when its stdin closes
+            try:
+                status = proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                raise
+    assert status == 0

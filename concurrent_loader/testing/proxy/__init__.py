@@ -2,29 +2,36 @@
 
 It sits between a client and a real S3-compatible server (see
 :class:`~concurrent_loader.testing.server.LocalS3Server`) and adds what a laptop-local
-server lacks: time to first byte (``latency_ms`` +- ``jitter_ms``), a per-connection
-bandwidth cap, and injected faults (503 SlowDown, 500, connection resets before or in the
-middle of a body, truncated bodies, stalls, extra slow responses).
+server lacks: time to first byte (fixed, ``latency_ms`` +- ``jitter_ms``, or lognormal
+from ``latency_p50_ms`` and ``latency_p99_ms``), stragglers, bandwidth caps per
+connection and in total, and injected faults (503 SlowDown, 500, connection resets before
+or in the middle of a body, truncated bodies, stalls, extra slow responses). The
+``"s3-like"`` preset gives a first byte after 30 ms at the median and 200 ms at p99, and
+makes 0.5 % of object GETs 2 s late.
 
 Guarantees:
 
 * Requests are forwarded unchanged (request line, ``Host`` and ``Authorization`` headers
   included), so SigV4 signatures computed for the proxy's address stay valid upstream.
   Only hop-by-hop headers (``Connection``, ``Keep-Alive``, ``Expect``...) are rewritten.
-* Whether a request gets a fault is a pure function of ``(seed, method, path with query,
-  n)``, where ``n`` counts the earlier requests with the same method and path. The same
-  request sequence therefore sees the same faults, whatever the interleaving across keys,
-  and a retried request gets a fresh but reproducible draw. Faults only hit object
-  requests (``/bucket/key``) whose method is in ``FaultPlan.faults_on`` (``GET`` by
-  default); bucket listings and uploads always pass.
+* Whether a request gets a fault, and how long its first byte waits, are pure functions
+  of ``(seed, method, path with query, n)``, where ``n`` counts the earlier requests
+  with the same method and path. The same request sequence therefore sees the same faults
+  and latencies, whatever the interleaving across keys, and a retried request gets a
+  fresh but reproducible draw. Faults only hit object requests (``/bucket/key``) whose
+  method is in ``FaultPlan.faults_on`` (``GET`` by default), stragglers only object
+  GETs; bucket listings and uploads always pass.
 * Latency is measured from the arrival of the request head to the first response byte,
   so the upstream's own time is hidden inside it rather than added to it.
+* The bytes sent to clients by time ``t`` stay within each cap's ``rate * t``, plus
+  about 21 ms of the cap per connection (see :mod:`.bandwidth`).
 * Counters are served at ``GET /__proxy__/stats`` (JSON) and cleared, together with the
   per-request history behind ``n``, by ``POST /__proxy__/reset``. Neither is forwarded.
 
 The modules, by concern: :mod:`.draws` (the seeded per-request draws), :mod:`.faults`
-(:class:`FaultPlan`), :mod:`.http` (heads and body relays), :mod:`.connections` (the
-client and upstream sockets), :mod:`.stats`, :mod:`.server` (:class:`ProxyServer`),
+(:class:`FaultPlan`), :mod:`.latency` (:class:`LatencyModel`), :mod:`.bandwidth` (the
+token buckets), :mod:`.http` (heads and body relays), :mod:`.connections` (the client
+and upstream sockets), :mod:`.stats`, :mod:`.server` (:class:`ProxyServer`),
 :mod:`.cli` (the proxy process) and :mod:`.process` (:class:`ProxyProcess`, which starts
 and stops it).
 
@@ -44,12 +51,15 @@ if TYPE_CHECKING:
     from ..subprocesses import process_cpu_seconds
     from .cli import main
     from .faults import FAULT_NAMES, FaultPlan
+    from .latency import LATENCY_PRESETS, LatencyModel
     from .process import ProxyProcess
     from .server import ProxyServer
 
 __all__ = [
     "FAULT_NAMES",
+    "LATENCY_PRESETS",
     "FaultPlan",
+    "LatencyModel",
     "ProxyProcess",
     "ProxyServer",
     "main",
@@ -59,6 +69,8 @@ __all__ = [
 _HOME = {
     "FAULT_NAMES": ".faults",
     "FaultPlan": ".faults",
+    "LATENCY_PRESETS": ".latency",
+    "LatencyModel": ".latency",
     "ProxyProcess": ".process",
     "ProxyServer": ".server",
     "main": ".cli",

@@ -20,9 +20,10 @@ import sys
 from collections.abc import Sequence
 
 from .faults import FaultPlan
-from .server import ProxyServer, check_shaping, parse_upstream
+from .latency import LATENCY_PRESETS, LatencyModel
+from .server import ProxyServer
 
-__all__ = ["main", "parse_cpus"]
+__all__ = ["build_parser", "main", "parse_cpus", "proxy_from_args"]
 
 
 def parse_cpus(text: str) -> set[int]:
@@ -34,27 +35,37 @@ def parse_cpus(text: str) -> set[int]:
     return cpus
 
 
-def _build_parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m concurrent_loader.testing.proxy",
-        description="HTTP/1.1 reverse proxy adding latency, a bandwidth cap and faults "
+        description="HTTP/1.1 reverse proxy adding latency, bandwidth caps and faults "
         "in front of an S3-compatible server. Prints one JSON ready line on stdout.",
     )
     parser.add_argument("--upstream", required=True, help="http://host:port of the server")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
-    parser.add_argument("--latency-ms", type=float, default=0.0)
-    parser.add_argument("--jitter-ms", type=float, default=0.0)
-    parser.add_argument("--bandwidth-bytes-per-s", type=float, default=None)
-    parser.add_argument("--seed", type=int, default=0)
+    latency = parser.add_argument_group(
+        "latency",
+        "fixed (--latency-ms, --jitter-ms) or lognormal (--latency-p50-ms, "
+        "--latency-p99-ms), plus stragglers; explicit flags override the preset's values",
+    )
+    latency.add_argument("--preset", choices=sorted(LATENCY_PRESETS), default=None)
+    for field in dataclasses.fields(LatencyModel):
+        # None: not given, so the preset's (or the model's default) value holds.
+        latency.add_argument("--" + field.name.replace("_", "-"), type=float, default=None)
+    bandwidth = parser.add_argument_group("bandwidth caps", "bytes per second sent to clients")
+    bandwidth.add_argument("--bandwidth-bytes-per-s", type=float, default=None, help="each")
+    bandwidth.add_argument("--total-bandwidth", type=float, default=None, help="all together")
+    faults = parser.add_argument_group("faults", "rates are probabilities per request")
+    faults.add_argument("--seed", type=int, default=0, help="also seeds the latency draws")
     defaults = FaultPlan()
     for field in dataclasses.fields(FaultPlan):
         if field.name in ("seed", "faults_on"):
             continue
-        parser.add_argument(
+        faults.add_argument(
             "--" + field.name.replace("_", "-"), type=float, default=getattr(defaults, field.name)
         )
-    parser.add_argument("--faults-on", default="GET", help="comma-separated HTTP methods")
+    faults.add_argument("--faults-on", default="GET", help="comma-separated HTTP methods")
     parser.add_argument("--cpus", type=parse_cpus, default=None, help="e.g. 0,2-3")
     parser.add_argument("--log-level", default="WARNING")
     parser.add_argument(
@@ -65,14 +76,30 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def _serve(args: argparse.Namespace, plan: FaultPlan) -> None:
-    proxy = ProxyServer(
+def proxy_from_args(args: argparse.Namespace) -> ProxyServer:
+    """The proxy the parsed flags describe; ValueError for invalid values."""
+    fault_fields = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(FaultPlan)
+        if f.name not in ("seed", "faults_on")
+    }
+    plan = FaultPlan(seed=args.seed, faults_on=tuple(args.faults_on.split(",")), **fault_fields)
+    latency = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(LatencyModel)
+        if getattr(args, f.name) is not None
+    }
+    return ProxyServer(
         args.upstream,
-        latency_ms=args.latency_ms,
-        jitter_ms=args.jitter_ms,
+        preset=args.preset,
+        **latency,
         bandwidth_bytes_per_s=args.bandwidth_bytes_per_s,
+        total_bandwidth=args.total_bandwidth,
         faults=plan,
     )
+
+
+async def _serve(args: argparse.Namespace, proxy: ProxyServer) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -102,7 +129,7 @@ async def _serve(args: argparse.Namespace, plan: FaultPlan) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the proxy until SIGTERM or SIGINT."""
-    args = _build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.cpus:
         # Before the loop starts any thread, so every thread inherits the mask.
         os.sched_setaffinity(0, args.cpus)
@@ -111,15 +138,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s proxy %(levelname)s %(message)s",
     )
-    fault_fields = {
-        f.name: getattr(args, f.name)
-        for f in dataclasses.fields(FaultPlan)
-        if f.name not in ("seed", "faults_on")
-    }
     try:
-        plan = FaultPlan(seed=args.seed, faults_on=tuple(args.faults_on.split(",")), **fault_fields)
-        check_shaping(args.latency_ms, args.jitter_ms, args.bandwidth_bytes_per_s)
-        parse_upstream(args.upstream)
+        proxy = proxy_from_args(args)
     except ValueError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2
@@ -131,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError:
         loop = asyncio.new_event_loop()
     try:
-        loop.run_until_complete(_serve(args, plan))
+        loop.run_until_complete(_serve(args, proxy))
     finally:
         loop.close()
     return 0

@@ -22,8 +22,10 @@ from collections.abc import Iterable
 from typing import IO, Any
 
 from ..subprocesses import ChildProcess, check_cpus, tail_of, terminate_process
+from .bandwidth import check_rate
 from .faults import FaultPlan
-from .server import RESET_PATH, STATS_PATH, check_shaping, parse_upstream
+from .latency import LatencyModel
+from .server import RESET_PATH, STATS_PATH, parse_upstream
 
 __all__ = ["ProxyProcess"]
 
@@ -41,6 +43,13 @@ _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 class ProxyProcess(ChildProcess):
     """The proxy as a child process, for tests and benchmarks.
 
+    Options as for :class:`~.server.ProxyServer`: fixed (``latency_ms``, ``jitter_ms``) or
+    lognormal (``latency_p50_ms``, ``latency_p99_ms``) first-byte latency, stragglers
+    (``straggler_fraction`` of object GETs ``straggler_s`` late), a ``preset`` such as
+    ``"s3-like"`` whose values explicit options override, bandwidth caps per connection
+    (``bandwidth_bytes_per_s``) and in total (``total_bandwidth``), and ``faults``, whose
+    seed also seeds the latency draws. The resolved model is :attr:`latency`.
+
     Lifecycle: ``start()`` (or ``with``) once, then ``stop()`` (idempotent); it cannot be
     restarted. ``start()`` returns when the proxy listens.
     """
@@ -51,7 +60,13 @@ class ProxyProcess(ChildProcess):
         *,
         latency_ms: float = 0.0,
         jitter_ms: float = 0.0,
+        latency_p50_ms: float | None = None,
+        latency_p99_ms: float | None = None,
+        straggler_fraction: float | None = None,
+        straggler_s: float | None = None,
+        preset: str | None = None,
         bandwidth_bytes_per_s: float | None = None,
+        total_bandwidth: float | None = None,
         faults: FaultPlan | None = None,
         cpus: Iterable[int] | None = None,
         host: str = "127.0.0.1",
@@ -60,13 +75,24 @@ class ProxyProcess(ChildProcess):
         log_level: str = "WARNING",
     ) -> None:
         parse_upstream(upstream)
-        check_shaping(latency_ms, jitter_ms, bandwidth_bytes_per_s)
+        self.latency = LatencyModel.from_options(
+            preset,
+            latency_ms=latency_ms,
+            jitter_ms=jitter_ms,
+            latency_p50_ms=latency_p50_ms,
+            latency_p99_ms=latency_p99_ms,
+            straggler_fraction=straggler_fraction,
+            straggler_s=straggler_s,
+        )
+        check_rate("bandwidth_bytes_per_s", bandwidth_bytes_per_s)
+        check_rate("total_bandwidth", total_bandwidth)
         if faults is not None and not isinstance(faults, FaultPlan):
             raise TypeError(f"faults must be a FaultPlan, got {type(faults).__name__}")
         self.upstream = upstream
         self.latency_ms = latency_ms
         self.jitter_ms = jitter_ms
         self.bandwidth_bytes_per_s = bandwidth_bytes_per_s
+        self.total_bandwidth = total_bandwidth
         self.faults = faults or FaultPlan()
         self.cpus = check_cpus(cpus)
         self.host = host
@@ -79,7 +105,7 @@ class ProxyProcess(ChildProcess):
         self._stopped = False
 
     def command(self) -> list[str]:
-        """The command line that runs this proxy."""
+        """The command line that runs this proxy (with the preset resolved into flags)."""
         cmd = [
             sys.executable,
             "-I",
@@ -95,18 +121,18 @@ class ProxyProcess(ChildProcess):
             self.host,
             "--port",
             str(self._requested_port),
-            "--latency-ms",
-            repr(float(self.latency_ms)),
-            "--jitter-ms",
-            repr(float(self.jitter_ms)),
             "--log-level",
             self._log_level,
         ]
-        if self.bandwidth_bytes_per_s is not None:
-            cmd += ["--bandwidth-bytes-per-s", repr(float(self.bandwidth_bytes_per_s))]
+        for name, rate in (
+            ("--bandwidth-bytes-per-s", self.bandwidth_bytes_per_s),
+            ("--total-bandwidth", self.total_bandwidth),
+        ):
+            if rate is not None:
+                cmd += [name, repr(float(rate))]
         if self.cpus is not None:
             cmd += ["--cpus", ",".join(str(c) for c in sorted(self.cpus))]
-        return cmd + self.faults.to_cli_args()
+        return cmd + self.latency.to_cli_args() + self.faults.to_cli_args()
 
     def start(self) -> ProxyProcess:
         if self._proc is not None or self._stopped:
@@ -196,8 +222,9 @@ class ProxyProcess(ChildProcess):
         """The proxy's counters, as served at ``/__proxy__/stats``.
 
         Keys: ``requests``, ``requests_by_method``, ``responses_by_status`` (str keys),
-        ``faults`` (every name in ``FAULT_NAMES``), ``bytes_sent`` (heads and bodies to
-        clients), ``inflight`` / ``max_inflight`` (from request arrival to last byte),
+        ``faults`` (every name in ``FAULT_NAMES``), ``stragglers`` (requests the latency
+        model delayed by ``straggler_s``), ``bytes_sent`` (heads and bodies to clients),
+        ``inflight`` / ``max_inflight`` (from request arrival to last byte),
         ``client_connections`` / ``client_connections_total``,
         ``upstream_connections_total`` and ``upstream_errors``. Control requests are not
         counted, except as connections.

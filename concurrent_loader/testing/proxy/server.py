@@ -2,8 +2,9 @@
 
 Guarantees, per request:
 
-* Its fault (:class:`~.faults.FaultPlan`) and jitter are drawn from ``(seed, method,
-  target, n)`` (:mod:`.draws`); ``n`` is kept per method and target until a reset.
+* Its fault (:class:`~.faults.FaultPlan`) and its latency (:class:`~.latency.LatencyModel`)
+  are drawn from ``(seed, method, target, n)`` (:mod:`.draws`); ``n`` is kept per method
+  and target until a reset.
 * Latency is measured from the arrival of the request head to the first response byte,
   so the upstream's own time is hidden inside it rather than added to it.
 * Rejections (503, 500, reset before any byte) never reach the upstream.
@@ -18,12 +19,11 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 from typing import Any
 from urllib.parse import urlsplit
 
+from .bandwidth import TokenBucket, check_rate
 from .connections import Client, Upstream, set_nodelay
-from .draws import uniforms
 from .faults import FaultPlan
 from .http import (
     BrokenBody,
@@ -36,9 +36,10 @@ from .http import (
     simple_response,
     writer_sink,
 )
+from .latency import LatencyModel
 from .stats import Stats
 
-__all__ = ["RESET_PATH", "STATS_PATH", "ProxyServer", "check_shaping", "parse_upstream"]
+__all__ = ["RESET_PATH", "STATS_PATH", "ProxyServer", "parse_upstream"]
 
 # Named for the package: in the proxy process this module is imported as ``proxy.server``.
 logger = logging.getLogger("concurrent_loader.testing.proxy")
@@ -57,22 +58,14 @@ def parse_upstream(upstream: str) -> tuple[str, int]:
     return parts.hostname, parts.port or 80
 
 
-def check_shaping(latency_ms: float, jitter_ms: float, bandwidth_bytes_per_s: float | None) -> None:
-    for name, value in (("latency_ms", latency_ms), ("jitter_ms", jitter_ms)):
-        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    if bandwidth_bytes_per_s is not None and (
-        not isinstance(bandwidth_bytes_per_s, (int, float))
-        or not math.isfinite(bandwidth_bytes_per_s)
-        or bandwidth_bytes_per_s <= 0
-    ):
-        raise ValueError(
-            f"bandwidth_bytes_per_s must be > 0 or None, got {bandwidth_bytes_per_s!r}"
-        )
-
-
 class ProxyServer:
-    """The asyncio proxy. Use it inside a running loop; normally run via the CLI."""
+    """The asyncio proxy. Use it inside a running loop; normally run via the CLI.
+
+    The latency options and ``preset`` make a :class:`~.latency.LatencyModel` (see
+    :meth:`~.latency.LatencyModel.from_options`), drawn with ``faults.seed``;
+    ``bandwidth_bytes_per_s`` caps each connection and ``total_bandwidth`` all of them
+    together (bytes/s sent to clients, see :mod:`.bandwidth`).
+    """
 
     def __init__(
         self,
@@ -80,17 +73,32 @@ class ProxyServer:
         *,
         latency_ms: float = 0.0,
         jitter_ms: float = 0.0,
+        latency_p50_ms: float | None = None,
+        latency_p99_ms: float | None = None,
+        straggler_fraction: float | None = None,
+        straggler_s: float | None = None,
+        preset: str | None = None,
         bandwidth_bytes_per_s: float | None = None,
+        total_bandwidth: float | None = None,
         faults: FaultPlan | None = None,
     ) -> None:
         self._upstream_host, self._upstream_port = parse_upstream(upstream)
-        check_shaping(latency_ms, jitter_ms, bandwidth_bytes_per_s)
-        self._latency_s = latency_ms / 1000.0
-        self._jitter_s = jitter_ms / 1000.0
+        self.latency = LatencyModel.from_options(
+            preset,
+            latency_ms=latency_ms,
+            jitter_ms=jitter_ms,
+            latency_p50_ms=latency_p50_ms,
+            latency_p99_ms=latency_p99_ms,
+            straggler_fraction=straggler_fraction,
+            straggler_s=straggler_s,
+        )
+        check_rate("bandwidth_bytes_per_s", bandwidth_bytes_per_s)
+        check_rate("total_bandwidth", total_bandwidth)
         self._bandwidth = bandwidth_bytes_per_s
+        self._total_bandwidth = None if total_bandwidth is None else TokenBucket(total_bandwidth)
         self._faults = faults or FaultPlan()
         # Only needed (and only paid for) when a draw depends on it.
-        self._track_history = self._faults.any_faults or jitter_ms > 0
+        self._track_history = self._faults.any_faults or self.latency.draws_per_request
         self._history: dict[int, int] = {}
         self.stats = Stats()
         self._server: asyncio.AbstractServer | None = None
@@ -124,7 +132,7 @@ class ProxyServer:
         assert task is not None  # always inside a task when called by start_server
         self._tasks.add(task)
         set_nodelay(writer)
-        client = Client(reader, writer, self.stats, self._bandwidth)
+        client = Client(reader, writer, self.stats, self._bandwidth, self._total_bandwidth)
         upstream = Upstream(self._upstream_host, self._upstream_port, self.stats)
         self.stats.client_connections += 1
         self.stats.client_connections_total += 1
@@ -201,11 +209,12 @@ class ProxyServer:
             key = hash((request.method, request.target))
             n = self._history.get(key, 0)
             self._history[key] = n + 1
+        seed = self._faults.seed
         fault = self._faults.fault_for(request.method, request.target, n)
-        delay = self._latency_s
-        if self._jitter_s > 0:
-            _, jitter_draw = uniforms(self._faults.seed, request.method, request.target, n)
-            delay += self._jitter_s * (2.0 * jitter_draw - 1.0)
+        delay, straggler = self.latency.first_byte(seed, request.method, request.target, n)
+        if straggler:
+            self.stats.stragglers += 1
+            logger.debug("straggler %s %s", request.method, request.target)
         if fault == "slow":
             delay += self._faults.extra_latency_ms / 1000.0
         return fault, max(0.0, delay)

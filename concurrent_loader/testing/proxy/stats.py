@@ -28,6 +28,7 @@ class Stats:
         self.requests_by_method: Counter[str] = Counter()
         self.responses_by_status: Counter[str] = Counter()
         self.faults: Counter[str] = Counter({name: 0 for name in FAULT_NAMES})
+        self.stragglers = 0
         self.bytes_sent = 0
         # Requests already in flight stay counted, so max never drops below current.
         self.max_inflight = self.inflight
@@ -41,6 +42,7 @@ class Stats:
             "requests_by_method": dict(self.requests_by_method),
             "responses_by_status": dict(self.responses_by_status),
             "faults": dict(self.faults),
+            "stragglers": self.stragglers,
             "bytes_sent": self.bytes_sent,
             "inflight": self.inflight,
             "max_inflight": self.max_inflight,
