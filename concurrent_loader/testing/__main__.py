@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from types import FrameType
 
-from .proxy import parse_cpus
+from .proxy.cli import parse_cpus
 from .server import LocalS3Server
 
 

@@ -40,10 +40,9 @@ import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any
 
-from .proxy import check_cpus, process_cpu_seconds, tail_of, terminate_process
+from .subprocesses import ChildProcess, check_cpus, tail_of, terminate_process
 
 __all__ = ["LocalS3Server", "find_weed"]
 
@@ -139,7 +138,7 @@ def _random_key(length: int, alphabet: str) -> str:
     return "".join(secrets.choice(alphabet) for _ in range(length))
 
 
-class LocalS3Server:
+class LocalS3Server(ChildProcess):
     """One ``weed mini`` process serving S3 on ``127.0.0.1``.
 
     Lifecycle: ``start()`` (or ``with``) once, then ``stop()``; it cannot be restarted (a
@@ -367,21 +366,6 @@ class LocalS3Server:
             for port in self._ports.values()
             for path in glob.glob(os.path.join(tmp, f"seaweedfs-*-{port}.sock"))
         ]
-
-    def __enter__(self) -> LocalS3Server:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    def cpu_seconds(self) -> float:
-        """User + system CPU time the server process has used so far."""
-        return process_cpu_seconds(self.pid)
 
     # -- S3 helpers (boto3) ------------------------------------------------------------
 
