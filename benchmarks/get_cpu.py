@@ -41,7 +41,11 @@ _REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 if _REPO_ROOT not in sys.path:
     sys.path.insert(0, _REPO_ROOT)
 
-from concurrent_loader.fetch.sigv4 import Credentials, SigV4Signer, encode_s3_path  # noqa: E402
+from concurrent_loader.stores.s3.sigv4 import (  # noqa: E402
+    Credentials,
+    SigV4Signer,
+    encode_s3_path,
+)
 from concurrent_loader.transport import ConnectionPool, Origin  # noqa: E402
 
 Fetch = Callable[[str], Awaitable[int]]
