@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
+from .closing import Closing
 from .config import FetchConfig
 from .decode import ImageDecoder
 from .errors import ConfigError, Reason
@@ -54,7 +55,7 @@ _STORE_OPTIONS = (
 )
 
 
-class ObjectDataset(Dataset[Any]):
+class ObjectDataset(Closing, Dataset[Any]):
     """Item ``i`` is ``decode(bytes of key i)``, or the raw ``bytes`` when ``decode`` is None.
 
     ``root`` is ``s3://bucket/prefix``, ``http(s)://host/base/`` (with ``keys``), a local
@@ -185,12 +186,6 @@ class ObjectDataset(Dataset[Any]):
         if finalizer is not None:
             finalizer()
         self._runtime = None
-
-    def __enter__(self) -> ObjectDataset:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

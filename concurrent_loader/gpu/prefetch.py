@@ -40,11 +40,11 @@ import threading
 import weakref
 from collections.abc import Hashable, Iterable, Iterator, Sequence, Sized
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 import torch
 
+from ..closing import Closing
 from ..errors import ConfigError
 from .normalize import DEFAULT_IMAGE_KEYS, ImageTransform
 from .ring import PinnedRing
@@ -179,7 +179,7 @@ def _close_source(iterator: Iterator[Any] | None) -> None:
             log.warning("closing the source iterator of CUDAPrefetcher failed", exc_info=True)
 
 
-class PrefetchIterator(Generic[S]):
+class PrefetchIterator(Closing, Generic[S]):
     """One pass over a :class:`CUDAPrefetcher`; yields batches on its device."""
 
     def __init__(self, source: Iterable[Any], transfer: Transfer[S], depth: int) -> None:
@@ -232,17 +232,6 @@ class PrefetchIterator(Generic[S]):
         self._done = True
         self._finalizer()
 
-    def __enter__(self) -> PrefetchIterator[S]:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
 
 def _shutdown(run: _Run[Any], transfer: Transfer[Any]) -> None:
     # The ring may be freed only once no producer can stage into it any more.
@@ -250,7 +239,7 @@ def _shutdown(run: _Run[Any], transfer: Transfer[Any]) -> None:
         transfer.close()
 
 
-class CUDAPrefetcher:
+class CUDAPrefetcher(Closing):
     """Iterates ``source`` with batches moved to ``device`` and images converted there.
 
     ``source`` is any iterable of batches (a ``ConcurrentDataLoader``, a stock
@@ -337,17 +326,6 @@ class CUDAPrefetcher:
         """End every pass still open (see :meth:`PrefetchIterator.close`)."""
         for iterator in list(self._open):
             iterator.close()
-
-    def __enter__(self) -> CUDAPrefetcher:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def _check_device(device: str | torch.device, *, strict: bool) -> torch.device:
