@@ -98,6 +98,7 @@ class Reason(StrEnum):
     # the bytes
     EMPTY_OBJECT = "EmptyObject"
     UNDECODABLE = "Undecodable"
+    DECOMPRESSION_BOMB = "DecompressionBomb"
     # the configuration
     INVALID_ARGUMENT = "InvalidArgument"
     EMPTY_PREFIX = "EmptyPrefix"

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image, JpegImagePlugin, UnidentifiedImageError
+from PIL import Image, JpegImagePlugin
 
 from ..errors import DecodeError, Reason
 
@@ -100,9 +100,22 @@ class ImageDecoder:
                 image = image.convert(self.mode) if image.mode != self.mode else image
                 image.load()
             return image
-        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        except Image.DecompressionBombError as exc:
             raise DecodeError(
-                f"not a decodable image: {exc}", url=url, stage="decode", cause=Reason.UNDECODABLE
+                f"refused as a decompression bomb: {exc} (raise PIL.Image.MAX_IMAGE_PIXELS "
+                "if such images are expected)",
+                url=url,
+                stage="decode",
+                cause=Reason.DECOMPRESSION_BOMB,
+            ) from exc
+        except Exception as exc:
+            # Pillow raises many types for bad input (OSError, SyntaxError, ValueError,
+            # struct.error, IndexError, ...): whatever it is, the object is the cause.
+            raise DecodeError(
+                f"not a decodable image: {type(exc).__name__}: {exc}",
+                url=url,
+                stage="decode",
+                cause=Reason.UNDECODABLE,
             ) from exc
 
     def __call__(self, data: bytes | bytearray | memoryview, url: str | None = None) -> Any:

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..config import FetchConfig
-from ..errors import LoaderError
+from ..errors import DecodeError, LoaderError, Reason
 from ..keys import KeyTable
 from ..stores.base import StoreConfig
 from .base import Read
@@ -23,8 +23,13 @@ class ObjectDecoder(Protocol):
 
 
 class CallDecoder:
-    """``decode(data)``, or the bytes themselves when ``decode`` is None; a ``LoaderError``
-    raised without naming an object gets the object's URL."""
+    """``decode(data)``, or the bytes themselves when ``decode`` is None.
+
+    Whatever ``decode`` raises becomes a :class:`~concurrent_loader.errors.DecodeError`
+    naming the object (the original exception is its ``__cause__``), so ``on_error="skip"``
+    applies to it and the message says which object failed; a ``LoaderError`` raised without
+    naming an object gets the object's URL.
+    """
 
     def __init__(self, decode: Callable[[bytes | bytearray], Any] | None) -> None:
         self.decode = decode
@@ -38,6 +43,13 @@ class CallDecoder:
             if exc.url is not None:
                 raise
             raise exc.for_object(url) from exc.__cause__
+        except Exception as exc:
+            raise DecodeError(
+                f"decode raised {type(exc).__name__}: {exc}",
+                url=url,
+                stage="decode",
+                cause=Reason.UNDECODABLE,
+            ) from exc
 
 
 class ObjectSource:

@@ -67,3 +67,21 @@ def test_truncated_jpeg_raises_decode_error():
     data = _jpeg(200, 150)
     with pytest.raises(DecodeError, match="s3://b/t.jpg"):
         ImageDecoder(32)(data[: len(data) // 2], "s3://b/t.jpg")
+
+
+def test_a_decompression_bomb_is_a_decode_error_naming_the_object(monkeypatch):
+    image = Image.new("RGB", (64, 64))
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    # Pillow refuses images over twice MAX_IMAGE_PIXELS outright (DecompressionBombError).
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 64 * 64 // 4)
+    with pytest.raises(DecodeError) as caught:
+        ImageDecoder(32)(buffer.getvalue(), "s3://bucket/bomb.png")
+    error = caught.value
+    assert (error.url, error.stage, error.cause) == (
+        "s3://bucket/bomb.png",
+        "decode",
+        "DecompressionBomb",
+    )
+    assert isinstance(error.__cause__, Image.DecompressionBombError)
+    assert "s3://bucket/bomb.png" in str(error)

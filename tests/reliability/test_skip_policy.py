@@ -221,22 +221,37 @@ def test_budget_and_report_restart_every_epoch(skip_images, s3_env):
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_bugs_in_user_code_are_never_skipped(small_objects, s3_env, num_workers):
+def test_what_a_user_decode_raises_is_a_decode_error_under_the_policy(
+    small_objects, s3_env, num_workers
+):
     broken = small_objects.digests[5]
 
     def decode(data):
         digest = sha256_hex(data)
         if digest == broken:
-            raise ValueError("bug in user code")
+            raise ValueError("not a sample")
         return digest
 
     ds = ObjectDataset(small_objects.url, small_objects.keys[:16], decode=decode)
+    with pytest.raises(DecodeError, match="ValueError: not a sample") as caught:
+        list(ConcurrentDataLoader(ds, batch_size=4, num_workers=num_workers))
+    assert caught.value.url == f"{small_objects.url}{small_objects.keys[5]}"
+
     loader = ConcurrentDataLoader(
         ds, batch_size=4, num_workers=num_workers, on_error="skip", max_skipped=0.9
     )
-    with pytest.raises(ValueError, match="bug in user code"):
-        list(loader)
-    assert loader.skipped == []
+    assert sum(len(batch) for batch in loader) == 15
+    assert [s.index for s in loader.skipped] == [5]
+
+    def always_fails(data):
+        raise NameError("a bug in user code")
+
+    # A decode that never works ends the epoch at the skip budget, with its cause.
+    failing = ObjectDataset(small_objects.url, small_objects.keys[:16], decode=always_fails)
+    with pytest.raises(SkipBudgetExceeded) as caught_budget:
+        list(ConcurrentDataLoader(failing, batch_size=4, num_workers=num_workers, on_error="skip"))
+    assert isinstance(caught_budget.value.__cause__, DecodeError)
+    assert "NameError" in str(caught_budget.value.__cause__)
 
 
 def test_dict_batches_are_marked(small_objects, s3_env):

@@ -18,6 +18,7 @@ from concurrent_loader import (
     AccessDenied,
     ConcurrentDataLoader,
     ConfigError,
+    DecodeError,
     ObjectDataset,
     PartialList,
     Reason,
@@ -120,7 +121,7 @@ def test_error_is_raised_with_its_type_and_object_after_earlier_batches(helpers)
     assert caught.value.cause is Reason.ACCESS_DENIED
 
 
-def test_user_decode_error_names_the_object(helpers):
+def test_user_decode_error_names_the_object_and_is_skipped(helpers):
     def decode(data: bytes | bytearray) -> int:
         if helpers.index_of(data) == 7:
             raise ValueError("bad sample")
@@ -128,11 +129,12 @@ def test_user_decode_error_names_the_object(helpers):
 
     store = MemoryConfig(helpers.numbered_objects(COUNT))
     loader = ConcurrentDataLoader(
-        ObjectDataset(store, decode=decode), batch_size=5, on_error="skip"
+        ObjectDataset(store, decode=decode), batch_size=5, on_error="skip", max_skipped=1
     )
-    with pytest.raises(ValueError, match="bad sample") as caught:
-        list(loader)
-    assert any(helpers.key_for(7) in note for note in caught.value.__notes__)
+    assert sum(len(batch) for batch in loader) == COUNT - 1
+    assert [s.url for s in loader.skipped] == [f"memory://test/{helpers.key_for(7)}"]
+    assert isinstance(loader.skipped[0].error, DecodeError)
+    assert isinstance(loader.skipped[0].error.__cause__, ValueError)
 
 
 def test_skip_marks_batches_and_lists_what_was_left_out(helpers):

@@ -1,6 +1,7 @@
 """A failing sample under each policy: ``on_error="raise"`` fails its batch, raised when the
 consumer reaches it; ``on_error="skip"`` leaves our errors out as :class:`Partial` batches;
-errors from user code always fail, with the object's name noted."""
+whatever a ``decode`` callable raises is a :class:`DecodeError` naming the object; errors
+from a user's own ``__getitem__`` keep their type, as with torch."""
 
 from __future__ import annotations
 
@@ -107,8 +108,7 @@ def test_skip_names_objects_missing_from_the_store(helpers):
     assert skipped.url == f"memory://test/{helpers.key_for(12)}"
 
 
-@pytest.mark.parametrize("on_error", ["raise", "skip"])
-def test_error_from_user_decode_fails_the_batch_naming_the_object(helpers, on_error):
+def test_any_error_from_user_decode_is_a_decode_error_naming_the_object(helpers):
     def decode(data: bytes | bytearray) -> int:
         index = helpers.index_of(data)
         if index == 13:
@@ -117,12 +117,35 @@ def test_error_from_user_decode_fails_the_batch_naming_the_object(helpers, on_er
 
     store = MemoryConfig(helpers.numbered_objects(COUNT))
     got = []
-    with pytest.raises(ValueError, match="not a sample") as caught:
-        for batch in pipeline_of(ObjectDataset(store, decode=decode), on_error=on_error):
+    with pytest.raises(DecodeError, match="ValueError: not a sample") as caught:
+        for batch in pipeline_of(ObjectDataset(store, decode=decode)):
             got.append(batch)
     assert got == BATCHES[:2]
-    notes = getattr(caught.value, "__notes__", [])
-    assert any(f"memory://test/{helpers.key_for(13)}" in note for note in notes), notes
+    error = caught.value
+    assert error.url == f"memory://test/{helpers.key_for(13)}"
+    assert (error.stage, error.cause) == ("decode", Reason.UNDECODABLE)
+    assert isinstance(error.__cause__, ValueError)
+
+    skipping = pipeline_of(ObjectDataset(store, decode=decode), on_error="skip")
+    partial = list(skipping)[2]
+    assert isinstance(partial, Partial) and partial.batch == [10, 11, 12, 14]
+    assert [s.index for s in partial.skipped] == [13]
+
+
+def test_errors_from_a_user_getitem_keep_their_type_with_the_index_noted(helpers):
+    from torch.utils.data import Dataset
+
+    class Items(Dataset[int]):
+        def __len__(self) -> int:
+            return COUNT
+
+        def __getitem__(self, index: int) -> int:
+            if index == 13:
+                raise ValueError("not a sample")
+            return index
+
+    with pytest.raises(ValueError, match="not a sample"):
+        list(BatchPipeline(Items(), BATCHES, collate_fn=list, options=PipelineOptions()))
 
 
 def test_decode_error_without_a_url_gets_the_objects_and_is_skipped(helpers):

@@ -48,12 +48,13 @@ def test_our_error_naming_an_object_is_kept():
     assert caught.value is original
 
 
-def test_other_errors_pass_through():
+def test_other_errors_become_decode_errors_naming_the_object():
     def decode(data: bytes | bytearray) -> None:
         raise KeyError("user bug")
 
-    with pytest.raises(KeyError):
+    with pytest.raises(DecodeError) as caught:
         CallDecoder(decode)(0, b"", URL)
+    assert caught.value.url == URL and isinstance(caught.value.__cause__, KeyError)
 
 
 def test_one_read_per_sample_with_its_size_when_known():
