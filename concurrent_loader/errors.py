@@ -87,6 +87,7 @@ class Reason(StrEnum):
     CONNECTION_CLOSED = "ConnectionClosed"
     CONNECTION_FAILED = "ConnectionFailed"
     MALFORMED_RESPONSE = "MalformedResponse"
+    UNSUPPORTED_ENCODING = "UnsupportedEncoding"
     INCOMPLETE_BODY = "IncompleteBody"
     CONNECT_TIMEOUT = "ConnectTimeout"
     FIRST_BYTE_TIMEOUT = "FirstByteTimeout"

@@ -11,7 +11,13 @@ transport guarantees:
 * at most ``max_connections`` connections open at once; callers beyond that wait, in FIFO
   order for ``"http1"``, woken when a connection is released, never by polling;
 * a connection is reused only after its response was read to the end and the server did
-  not ask to close it; any other connection is closed;
+  not ask to close it; any other connection is closed, and so is one that received bytes
+  past the end of its response (in ``"http1"`` also later, while idle: see
+  :mod:`.aiohttp` for that transport's exception), so they are never read as the next
+  response;
+* only the ``chunked`` transfer coding is accepted: ``gzip, chunked`` and the like are
+  refused (``FetchError``, ``Reason.UNSUPPORTED_ENCODING``, not retried) rather than hand
+  over encoded bytes as the object;
 * ``max_bytes`` bounds the body: checked against ``Content-Length`` before any body byte
   is read; ``"http1"`` also stops a body of unknown length as soon as it passes the bound;
 * ``byte_range=(start, end)`` (``end`` exclusive) sends ``Range: bytes=start-(end-1)``, and

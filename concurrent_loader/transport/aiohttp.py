@@ -5,6 +5,11 @@ For environments that need aiohttp's features; it costs several times the CPU pe
 :mod:`concurrent_loader.transport`), with two differences aiohttp imposes: bodies are read
 into ``bytes``, not written in place, and ``first_byte_s`` is ``None`` (aiohttp does not
 tell when the first byte arrived).
+
+One hazard it does not share with ``"http1"``: bytes a misbehaving server sends after a
+complete response, arriving while the connection sits idle in aiohttp's pool, are kept by
+aiohttp and read as the start of the next response on that connection. ``"http1"`` closes a
+connection that receives any byte while idle.
 """
 
 from __future__ import annotations
@@ -21,7 +26,14 @@ from concurrent_loader.errors import FetchError, FetchTimeout, IncompleteBody, R
 
 from .errors import error_for_exception, framing_error, too_large
 from .origin import Origin
-from .parser import UNTIL_CLOSE, FramingError, check_partial, check_partial_length
+from .parser import (
+    UNTIL_CLOSE,
+    FramingError,
+    UnsupportedEncoding,
+    check_partial,
+    check_partial_length,
+    transfer_codings,
+)
 from .proxy import Proxy
 from .request import host_header_refused, range_value
 from .response import Response
@@ -94,6 +106,9 @@ class AiohttpTransport:
                     name = name.lower()
                     previous = response_headers.get(name)
                     response_headers[name] = value if previous is None else f"{previous}, {value}"
+                coding = response_headers.get("transfer-encoding")
+                if coding is not None and transfer_codings(coding) not in ([], ["chunked"]):
+                    raise UnsupportedEncoding(f"unsupported Transfer-Encoding {coding[:100]!r}")
                 length = response.content_length
                 partial = byte_range if 200 <= status < 300 else None
                 if partial is not None:

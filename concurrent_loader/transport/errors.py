@@ -23,7 +23,7 @@ from concurrent_loader.errors import (
     Reason,
 )
 
-from .parser import BodyTooLarge, FramingError, RangeIgnored
+from .parser import BodyTooLarge, FramingError, RangeIgnored, UnsupportedEncoding
 
 __all__ = [
     "TIMEOUT_ERRORS",
@@ -73,6 +73,9 @@ def framing_error(url: str, exc: FramingError) -> FetchError:
     """The error for a response :mod:`.parser` refused."""
     if isinstance(exc, BodyTooLarge):
         return too_large(url, str(exc))
+    if isinstance(exc, UnsupportedEncoding):
+        # Not retried: the same server encodes the same way again.
+        return FetchError(str(exc), url=url, stage="fetch", cause=Reason.UNSUPPORTED_ENCODING)
     if isinstance(exc, RangeIgnored):
         # Not retried: the same server will ignore the same Range again.
         return BadRequest(

@@ -56,6 +56,11 @@ class ProtocolError(FramingError):
     """The bytes received are not a well-framed HTTP/1.1 response."""
 
 
+class UnsupportedEncoding(FramingError):
+    """The body has a transfer coding other than ``chunked`` (``gzip, chunked``): its bytes
+    are not the object's, and the same server will send them the same way again."""
+
+
 class BodyTooLarge(FramingError):
     """A body whose length was not announced grew past its limit."""
 
@@ -118,9 +123,12 @@ def parse_head(buffer: bytearray, search_from: int, end: int) -> Head | None:
     framing: int
     if status in (204, 304):
         framing = 0
-    elif transfer_encoding is not None and transfer_encoding.lower() != "identity":
-        if not transfer_encoding.lower().endswith("chunked"):
-            raise ProtocolError(f"unsupported Transfer-Encoding {transfer_encoding[:100]!r}")
+    elif transfer_encoding is not None and (codings := transfer_codings(transfer_encoding)):
+        if codings != ["chunked"]:
+            raise UnsupportedEncoding(
+                f"unsupported Transfer-Encoding {transfer_encoding[:100]!r}: only chunked is "
+                "accepted, since any other coding would hand over bytes that are not the object"
+            )
         framing = CHUNKED
     elif "content-length" in headers:
         framing = parse_content_length(headers["content-length"])
@@ -128,6 +136,12 @@ def parse_head(buffer: bytearray, search_from: int, end: int) -> Head | None:
         framing = UNTIL_CLOSE
         keep_alive = False
     return status, headers, keep_alive, framing, body_start
+
+
+def transfer_codings(value: str) -> list[str]:
+    """The codings a ``Transfer-Encoding`` value lists, lowercased, without ``identity``."""
+    codings = (coding.strip().lower() for coding in value.split(","))
+    return [coding for coding in codings if coding and coding != "identity"]
 
 
 def parse_content_length(value: str) -> int:

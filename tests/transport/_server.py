@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import os
 import random
 import socket
@@ -20,6 +21,10 @@ from collections.abc import Callable
 from typing import Any
 
 from concurrent_loader.transport import Origin
+
+#: a well-formed response no request asked for: a client that read it as the answer to its
+#: next request would hand over these three bytes as the object
+FAKE_RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nBAD"
 
 
 def payload(n: int) -> bytes:
@@ -61,6 +66,9 @@ class Server:
     ``/half-head``       part of the status line on a reused connection, then close
     ``/idle-close/N``    ``/len/N``, then close the connection 20 ms later
     ``/garbage``         a response that is not HTTP
+    ``/trailing/N``      ``/len/N`` followed at once by a second, unasked-for response
+    ``/trailing-late/N`` the same, the second response 20 ms later
+    ``/te-gzip/N``       N bytes gzipped, ``Transfer-Encoding: gzip, chunked``
     ``/range/N``         an N-byte object that honours ``Range``: 206 with Content-Range
     ``/range-chunked/N`` the same 206, its body chunked
     ``/range-ignored/N`` an N-byte object that ignores ``Range``: 200 with all of it
@@ -156,6 +164,26 @@ class Server:
             return await self.send_range(route, int(arg), self.requests[-1][1], writer)
         if route == "len":
             return await self.send_length(writer, int(arg))
+        if route == "trailing":
+            # A whole response, then what looks like another one nobody asked for.
+            await self.send_length(writer, int(arg))
+            writer.write(FAKE_RESPONSE)
+            await writer.drain()
+            return True
+        if route == "trailing-late":
+            await self.send_length(writer, int(arg))
+            await asyncio.sleep(0.02)
+            writer.write(FAKE_RESPONSE)
+            await writer.drain()
+            return True
+        if route == "te-gzip":
+            data = gzip.compress(payload(int(arg)))
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+                b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data)
+            )
+            await writer.drain()
+            return True
         if route == "chunked":
             body = payload(int(arg))
             out = [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"]

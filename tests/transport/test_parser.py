@@ -17,6 +17,7 @@ from concurrent_loader.transport.parser import (
     FramingError,
     ProtocolError,
     RangeIgnored,
+    UnsupportedEncoding,
     check_partial,
     check_partial_length,
     parse_content_length,
@@ -86,7 +87,7 @@ def test_keep_alive(head: bytes, keep_alive: bool) -> None:
         (b"HTTP/1.1 200 OK\r\nContent-Length: 42\r\n\r\n", 42),
         (b"HTTP/1.1 200 OK\r\nContent-Length: 42\r\nContent-Length: 42\r\n\r\n", 42),
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 9\r\n\r\n", CHUNKED),
-        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, Chunked\r\n\r\n", CHUNKED),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: identity, Chunked\r\n\r\n", CHUNKED),
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: identity\r\nContent-Length: 3\r\n\r\n", 3),
         (b"HTTP/1.1 200 OK\r\n\r\n", UNTIL_CLOSE),
         (b"HTTP/1.1 204 No Content\r\n\r\n", 0),
@@ -111,7 +112,6 @@ def test_body_framing(head: bytes, framing: int) -> None:
         b"HTTP/1.1 20 OK\r\n\r\n",
         b"HTTP/1.1 \xb2\xb2\xb2 OK\r\n\r\n",  # latin-1 superscript digits: not a status
         b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n",
-        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nContent-Length: 1, 2\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nContent-Length: \xb9\r\n\r\n",
@@ -121,6 +121,12 @@ def test_body_framing(head: bytes, framing: int) -> None:
 def test_malformed_heads(head: bytes) -> None:
     with pytest.raises(ProtocolError):
         parse(head)
+
+
+@pytest.mark.parametrize("coding", ["gzip", "gzip, chunked", "chunked, chunked", "br,chunked"])
+def test_transfer_codings_other_than_chunked_are_refused(coding: str) -> None:
+    with pytest.raises(UnsupportedEncoding, match="only chunked"):
+        parse(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: %s\r\n\r\n" % coding.encode())
 
 
 def test_head_size_is_bounded() -> None:

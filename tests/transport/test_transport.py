@@ -4,6 +4,7 @@ against the local test server; and that the package knows HTTP only."""
 from __future__ import annotations
 
 import ast
+import asyncio
 import socket
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from concurrent_loader.errors import (
     BadRequest,
     ConfigError,
     ConnectionFailed,
+    FetchError,
     IncompleteBody,
     ObjectTooLarge,
 )
@@ -186,3 +188,58 @@ def test_the_package_knows_http_only() -> None:
             for module in modules:
                 allowed = module in _ALLOWED_IMPORTS or module.split(".")[0] in _ALLOWED_IMPORTS
                 assert allowed, f"{path.name} imports {module}"
+
+
+@pytest.mark.parametrize("route", ["trailing", "trailing-late"])
+def test_bytes_after_a_complete_response_are_never_read_as_the_next_one(
+    run: Runner, name: str, route: str, request: pytest.FixtureRequest
+) -> None:
+    if name == "aiohttp" and route == "trailing-late":
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True,
+                reason="aiohttp keeps bytes that reach an idle pooled connection and parses "
+                "them as the next response (documented in transport/aiohttp.py); the default "
+                "http1 transport closes such a connection",
+            )
+        )
+
+    async def main() -> None:
+        async with Server() as server:
+            transport = make(name)
+            try:
+                first = await get(transport, server, f"/{route}/1000")
+                assert bytes(first.body) == payload(1000)
+                if route == "trailing-late":
+                    # Let the unasked-for response reach the idle connection.
+                    await asyncio.sleep(0.1)
+                for n in (5, 7):
+                    response = await get(transport, server, f"/len/{n}")
+                    assert (response.status, bytes(response.body)) == (200, payload(n))
+            finally:
+                await transport.close()
+            assert server.connections >= 2  # the polluted connection was not reused
+
+    run(main)
+
+
+def test_a_transfer_coding_other_than_chunked_is_refused_not_retried(
+    run: Runner, name: str
+) -> None:
+    async def main() -> None:
+        async with Server() as server:
+            transport = make(name)
+            try:
+                with pytest.raises(FetchError) as caught:
+                    await get(transport, server, "/te-gzip/100")
+            finally:
+                await transport.close()
+        error = caught.value
+        assert (error.cause, error.url, error.retryable) == (
+            "UnsupportedEncoding",
+            "test:///te-gzip/100",
+            False,
+        )
+        assert "gzip, chunked" in str(error)
+
+    run(main)
