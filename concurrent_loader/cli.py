@@ -27,11 +27,11 @@ import logging
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import IO, Any
 
 from .dataset import IMG_EXTENSIONS, ImageFolder
-from .errors import ConfigError, LoaderError
+from .errors import ConfigError, LoaderError, Reason
 from .listing import list_store, progress
 from .stores import ObjectInfo, StoreConfig, store_config_for
 
@@ -58,23 +58,31 @@ def list_root(
 # ---------------------------------------------------------------------------- commands
 
 
-def _check_key(key: str, store: StoreConfig) -> None:
-    """A manifest holds one key per line, stripped, with ``#`` lines as comments: refuse
-    keys that would not read back as themselves."""
-    if "\n" in key or "\r" in key or key != key.strip() or key.startswith("#"):
-        raise ConfigError(
-            f"the key {key!r} cannot be written to a line-based manifest (it has a line "
-            "break, leading/trailing whitespace, or starts with '#')",
-            url=store.url_for(key),
-        )
+def manifest_text(keys: Iterable[str], store: StoreConfig) -> str:
+    """The manifest of ``keys``: one per line, each ending in ``\n``.
+
+    ``ObjectDataset.from_manifest`` splits on ``\n`` only, drops a trailing ``\r`` and skips
+    blank and ``#`` lines, so every other key reads back exactly as itself (spaces, tabs and
+    characters such as ``\x0b``, ``\x85`` or ``\u2028`` included); a key that would not is
+    refused with ``ConfigError`` naming it, before anything is written.
+    """
+    lines = []
+    for key in keys:
+        if "\n" in key or "\r" in key or not key.strip() or key.startswith("#"):
+            raise ConfigError(
+                f"the key {key!r} cannot be written to a line-based manifest: it has a line "
+                "break, is blank, or starts with '#'; pass keys= to ObjectDataset instead",
+                url=store.url_for(key),
+                cause=Reason.INVALID_ARGUMENT,
+            )
+        lines.append(f"{key}\n")
+    return "".join(lines)
 
 
 def cmd_manifest(args: argparse.Namespace) -> int:
     with progress(args.progress, "listing") as tick:
         store, found = list_root(args.root, args, tick)
-    for item in found:
-        _check_key(item.key, store)
-    text = "".join(f"{item.key}\n" for item in found)
+    text = manifest_text((item.key for item in found), store)
     if args.output == "-":
         sys.stdout.write(text)
         sys.stdout.flush()

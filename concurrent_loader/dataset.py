@@ -212,7 +212,8 @@ def _release_if_current(runtime: Runtime) -> None:
 def _read_manifest(manifest: str | os.PathLike[str], kwargs: dict[str, Any]) -> str:
     text = os.fspath(manifest)
     if "://" not in text or text.startswith("file://"):
-        with open(text.removeprefix("file://"), encoding="utf-8") as f:
+        # newline="": no translation of \r or \r\n, so lines split as documented.
+        with open(text.removeprefix("file://"), encoding="utf-8", newline="") as f:
             return f.read()
     parent, name = text.rsplit("/", 1)
     store = store_config_for(parent + "/", **{k: kwargs[k] for k in _STORE_OPTIONS if k in kwargs})
