@@ -1,8 +1,8 @@
-"""Shared fixtures: a real local S3 server, a bucket, AWS env, proxies and an image dataset.
+"""Shared fixtures: real local S3 servers, a bucket, AWS env, proxies and an image dataset.
 
-The server and the dataset are session-scoped (one ``weed mini`` per test session, started
-only if a test asks for it); everything a test changes (env vars, proxies) is undone at
-the end of that test.
+The servers and the dataset are session-scoped (one ``weed mini`` and one moto server per
+test session, each started only if a test asks for it); everything a test changes (env
+vars, proxies) is undone at the end of that test.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from concurrent_loader.testing import LocalS3Server, ProxyProcess
+from concurrent_loader.testing import LocalS3Server, MotoS3Server, ProxyProcess, S3ServerProcess
 
 TEST_BUCKET = "test-data"
 IMAGE_PREFIX = "images/train/"
@@ -49,24 +49,60 @@ def s3_server() -> Iterator[LocalS3Server]:
 
 
 @pytest.fixture(scope="session")
+def moto_server() -> Iterator[MotoS3Server]:
+    """A started moto server (authentication enforced), shared by the whole session."""
+    with MotoS3Server() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
 def s3_bucket(s3_server: LocalS3Server) -> str:
     """The name of a bucket that exists on ``s3_server``."""
     s3_server.create_bucket(TEST_BUCKET)
     return TEST_BUCKET
 
 
+# The developer's own AWS, proxy and trust store setup must not leak into tests.
+_LEAKY_ENV = (
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+    "AWS_DEFAULT_PROFILE",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_CA_BUNDLE",
+    "REQUESTS_CA_BUNDLE",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+)
+
+
 @pytest.fixture
-def s3_env(monkeypatch: pytest.MonkeyPatch, s3_server: LocalS3Server) -> dict[str, str]:
+def aws_env(monkeypatch: pytest.MonkeyPatch) -> Callable[[S3ServerProcess], dict[str, str]]:
+    """``point_at(server)``: set ``server``'s AWS_* variables for this test and clear the
+    rest (profiles, proxies, CA bundles); returns them."""
+
+    def point_at(server: S3ServerProcess) -> dict[str, str]:
+        env = server.env()
+        for name in _LEAKY_ENV:
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+        monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+        return env
+
+    return point_at
+
+
+@pytest.fixture
+def s3_env(
+    aws_env: Callable[[S3ServerProcess], dict[str, str]], s3_server: LocalS3Server
+) -> dict[str, str]:
     """AWS_* variables pointing at ``s3_server`` for this test; returns them."""
-    env = s3_server.env()
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    # The developer's own AWS setup must not leak into tests.
-    for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
-    return env
+    return aws_env(s3_server)
 
 
 @pytest.fixture
@@ -130,12 +166,22 @@ def write_image_folder(root: Path, seed: int = IMAGE_SEED) -> list[tuple[str, st
 
 
 @pytest.fixture(scope="session")
+def image_folder(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, list[tuple[str, str, str]]]:
+    """The local root of the image dataset's files, and ``write_image_folder``'s list."""
+    root = tmp_path_factory.mktemp("image_dataset") / "train"
+    return root, write_image_folder(root)
+
+
+@pytest.fixture(scope="session")
 def image_dataset(
-    tmp_path_factory: pytest.TempPathFactory, s3_server: LocalS3Server, s3_bucket: str
+    image_folder: tuple[Path, list[tuple[str, str, str]]],
+    s3_server: LocalS3Server,
+    s3_bucket: str,
 ) -> ImageDataset:
     """3 classes x 8 JPEGs (64-200 px), locally and under ``s3://test-data/images/train/``."""
-    root = tmp_path_factory.mktemp("image_dataset") / "train"
-    files = write_image_folder(root)
+    root, files = image_folder
     s3_server.upload_dir(root, s3_bucket, prefix=IMAGE_PREFIX)
     return ImageDataset(
         local_root=root,

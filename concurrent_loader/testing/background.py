@@ -1,0 +1,132 @@
+"""A small TCP server that runs in the test's own process, on an event loop of its own.
+
+:class:`BackgroundServer` is the base of the loopback helpers whose counts a test reads
+directly (:class:`~.tls.TlsFront`, :class:`~.forward.ForwardProxy`): ``start()`` returns
+once it listens on ``127.0.0.1``; ``stop()`` closes the listener and every connection,
+waits for their handlers and joins the loop's thread, and is idempotent. Subclasses write
+:meth:`~BackgroundServer.handle`, one coroutine per accepted connection; the sockets it
+opens itself are registered with :meth:`~BackgroundServer.track` so ``stop()`` closes them.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import threading
+from types import TracebackType
+from typing import Any, Self
+
+__all__ = ["BackgroundServer", "pipe"]
+
+_STOP_TIMEOUT_S = 10.0
+
+
+class BackgroundServer(abc.ABC):
+    """An asyncio TCP server on ``127.0.0.1`` on a thread of its own."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name=type(self).__name__, daemon=True
+        )
+        self._server: asyncio.Server | None = None
+        # The streams each connection's handler has open, closed when it returns.
+        self._streams: dict[asyncio.Task[Any], list[asyncio.StreamWriter]] = {}
+        self._lock = threading.Lock()
+        self._started = False
+        self._stopped = False
+        self.port = 0
+
+    @abc.abstractmethod
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Serve one accepted connection (closed by the caller when this returns)."""
+
+    def track(self, writer: asyncio.StreamWriter) -> None:
+        """Close ``writer`` when the connection being handled ends (or at ``stop()``)."""
+        task = asyncio.current_task()
+        assert task is not None and task in self._streams
+        self._streams[task].append(writer)
+
+    @property
+    def address(self) -> str:
+        """``127.0.0.1:port``."""
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> Self:
+        if self._started:
+            raise RuntimeError(f"a {type(self).__name__} can be started only once")
+        self._started = True
+        self._thread.start()
+        future = asyncio.run_coroutine_threadsafe(self._listen(), self._loop)
+        try:
+            future.result(_STOP_TIMEOUT_S)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    async def _listen(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._streams[task] = [writer]
+        try:
+            await self.handle(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            for stream in self._streams.pop(task):
+                stream.close()
+
+    def stop(self) -> None:
+        """Close everything and join the loop's thread. Idempotent."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        if self._thread.is_alive():
+            asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(_STOP_TIMEOUT_S)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(_STOP_TIMEOUT_S)
+        self._loop.close()
+
+    async def _shutdown(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        streams = [stream for opened in self._streams.values() for stream in opened]
+        tasks = list(self._streams)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for stream in streams:
+            with contextlib.suppress(Exception):
+                await stream.wait_closed()
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Copy ``reader`` to ``writer`` until end of stream, then close ``writer``."""
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except ConnectionError:
+        pass
+    finally:
+        writer.close()

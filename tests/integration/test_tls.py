@@ -1,0 +1,197 @@
+"""HTTPS end to end: each server behind a TLS front whose certificate a private CA signed.
+
+The CA is made at test time and is in no trust store, so by default the certificate is
+refused (``CertificateRefused``, naming the object, after one attempt: the front counts
+the handshakes); trusted through ``AWS_CA_BUNDLE``, a profile's ``ca_bundle`` in the
+config file, or the ``ca_bundle=`` option, the GETs and the listing both succeed and the
+data is byte-identical.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from concurrent_loader import ConcurrentDataLoader, FetchConfig, ObjectDataset, RetryConfig
+from concurrent_loader.errors import CertificateRefused, Reason
+from concurrent_loader.testing import ServerCertificate, TlsFront
+
+from .conftest import ServerData, attempts_of, drop_traceback
+
+KEY = "ünïcödé/日本語 ✓.bin"
+
+
+@pytest.fixture
+def tls_front(
+    server_data: ServerData, private_ca: ServerCertificate, server_env, monkeypatch, runtime_lease
+) -> Iterator[TlsFront]:
+    """HTTPS in front of the server, which the AWS_* variables point at for this test."""
+    with TlsFront(server_data.server.endpoint_url, private_ca) as front:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", front.endpoint_url)
+        yield front
+
+
+def read_sorted(ds: ObjectDataset) -> list[bytes]:
+    loader = ConcurrentDataLoader(
+        ds, batch_size=4, shuffle=True, num_workers=2, generator=torch.Generator().manual_seed(1)
+    )
+    got = [body for batch in loader for body in batch]
+    assert len(got) == len(ds)
+    return sorted(got)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_untrusted_certificate_is_refused_after_one_attempt(
+    server_data: ServerData, tls_front: TlsFront, num_workers
+):
+    ds = ObjectDataset(server_data.odd_url, [KEY])
+    loader = ConcurrentDataLoader(ds, batch_size=1, num_workers=num_workers)
+    with pytest.raises(CertificateRefused) as info:
+        list(loader)
+    error = drop_traceback(info)
+    assert isinstance(error, CertificateRefused)
+    assert error.url == server_data.odd_url + KEY
+    assert error.cause == Reason.CERTIFICATE_REFUSED
+    assert server_data.odd_url + KEY in str(error)
+    # Not retried: one connection, one failed handshake, and the client says one attempt.
+    assert attempts_of(error) == 1
+    assert (tls_front.connections, tls_front.refused, tls_front.handshakes) == (1, 1, 0)
+
+
+def test_untrusted_certificate_is_refused_when_listing(server_data: ServerData, tls_front):
+    # One attempt allowed, so that the retries of the bug below cost little time here.
+    one_attempt = FetchConfig(retry=RetryConfig(max_attempts=1))
+    with pytest.raises(CertificateRefused) as info:
+        ObjectDataset(server_data.odd_url, fetch_config=one_attempt)
+    error = drop_traceback(info)
+    assert isinstance(error, CertificateRefused)
+    assert error.url == server_data.odd_url
+    assert server_data.odd_url in str(error)
+    assert tls_front.handshakes == 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="S3Store.list retries a refused certificate: aiobotocore's standard retry mode "
+    "takes botocore's SSLError for a transient connection error, and "
+    "retries={'max_attempts': RetryConfig.max_attempts} counts retries, not attempts, so "
+    "listing makes max_attempts + 1 TLS handshakes (4 by default) before CertificateRefused",
+)
+def test_untrusted_certificate_is_not_retried_when_listing(server_data: ServerData, tls_front):
+    with pytest.raises(CertificateRefused) as info:
+        ObjectDataset(server_data.odd_url)
+    drop_traceback(info)
+    assert tls_front.connections == 1
+
+
+def _check_trusted(server_data: ServerData, front: TlsFront, **options) -> None:
+    ds = ObjectDataset(server_data.odd_url, **options)  # listed through the front
+    assert list(ds.keys) == sorted(server_data.odd)
+    assert read_sorted(ds) == sorted(server_data.odd.values())
+    assert front.handshakes >= 2 and front.refused == 0
+
+
+def test_trusted_through_aws_ca_bundle(
+    server_data: ServerData, tls_front: TlsFront, private_ca: ServerCertificate, monkeypatch
+):
+    monkeypatch.setenv("AWS_CA_BUNDLE", str(private_ca.ca_bundle))
+    _check_trusted(server_data, tls_front)
+
+
+def test_trusted_through_the_config_files_ca_bundle(
+    server_data: ServerData,
+    tls_front: TlsFront,
+    private_ca: ServerCertificate,
+    monkeypatch,
+    tmp_path,
+):
+    config = tmp_path / "config"
+    config.write_text(
+        f"[profile private-ca]\nca_bundle = {private_ca.ca_bundle}\n"
+        f"region = {server_data.server.region}\n"
+    )
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_PROFILE", "private-ca")
+    _check_trusted(server_data, tls_front)
+
+
+def test_trusted_through_the_ca_bundle_option(
+    server_data: ServerData, tls_front: TlsFront, private_ca: ServerCertificate
+):
+    _check_trusted(server_data, tls_front, ca_bundle=str(private_ca.ca_bundle))
+
+
+HOLD_S = 0.5
+_LISTING = (
+    b'<?xml version="1.0" encoding="UTF-8"?>'
+    b'<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Name>bkt</Name>'
+    b"<Prefix></Prefix><KeyCount>1</KeyCount><MaxKeys>1000</MaxKeys>"
+    b"<IsTruncated>false</IsTruncated><Contents><Key>k</Key><Size>5</Size></Contents>"
+    b"</ListBucketResult>"
+)
+
+
+class _ClosingListingServer:
+    """HTTPS on loopback that answers one ListObjectsV2 with ``Connection: close`` (as moto
+    answers everything), then neither reads nor closes for ``HOLD_S``: the client's TLS
+    shutdown is in progress meanwhile."""
+
+    def __init__(self, certificate: ServerCertificate) -> None:
+        self._context = certificate.server_context()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        conn, _ = self._listener.accept()
+        with self._context.wrap_socket(conn, server_side=True) as tls:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += tls.recv(4096)
+            tls.sendall(
+                b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: application/xml\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(_LISTING), _LISTING)
+            )
+            self._done.wait(HOLD_S)
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+        self._listener.close()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the runtime closes its event loop (runtime.py Runtime._close_resources: one "
+    "loop turn after closing clients) while a TLS connection is still shutting down: "
+    "aiohttp closes a 'Connection: close' HTTPS connection of the listing gracefully and "
+    "uvloop's SSL shutdown waits for the server's close_notify, so loop.close() fails with "
+    "OSError EBUSY in the concurrent-loader-io thread and the TCP transport leaks "
+    "(ResourceWarning); with moto, which closes every connection, tests fail at random",
+)
+# The leaked transport's ResourceWarning comes after the test's end; the assertion below
+# is what fails.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_runtime_waits_for_tls_connections_closing(private_ca: ServerCertificate, monkeypatch):
+    for name in ("AWS_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "HTTPS_PROXY", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    server = _ClosingListingServer(private_ca)
+    errors: list[BaseException] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: errors.append(args.exc_value))
+    try:
+        ds = ObjectDataset(
+            "s3://bkt/",
+            endpoint_url=f"https://127.0.0.1:{server.port}",
+            anonymous=True,
+            ca_bundle=str(private_ca.ca_bundle),
+        )
+        assert list(ds.keys) == ["k"]  # listed; the runtime closed on the way out
+    finally:
+        server.stop()
+    assert errors == []  # the runtime's thread closed its loop without an error
