@@ -7,12 +7,22 @@ worker process.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 
 from .errors import ConfigError
 
 __all__ = ["FetchConfig", "RetryConfig", "Timeouts"]
+
+
+def _check_seconds(owner: str, name: str, value: object, *, zero: bool) -> None:
+    """``value`` is a finite number of seconds, > 0 (>= 0 when ``zero``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(f"{owner}.{name} must be a finite number of seconds, got {value!r}")
+    if value < 0 or (value == 0 and not zero):
+        bound = ">= 0" if zero else "> 0"
+        raise ConfigError(f"{owner}.{name} must be {bound} seconds, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -29,40 +39,76 @@ class Timeouts:
 
     def __post_init__(self) -> None:
         for name in ("connect", "first_byte", "read"):
-            value = getattr(self, name)
-            if not value > 0:
-                raise ConfigError(f"Timeouts.{name} must be > 0 seconds, got {value!r}")
+            _check_seconds("Timeouts", name, getattr(self, name), zero=False)
 
 
 @dataclass(frozen=True)
 class RetryConfig:
-    """Retries of transient failures: exponential backoff with full jitter.
+    """How transient failures are retried: exponential backoff with full jitter, within a
+    time budget per object.
 
-    The defaults follow the AWS SDKs' "standard" retry mode: 3 attempts in all, a delay
-    drawn uniformly from ``[0, min(max_delay, base_delay * 2**retry)]``. ``max_total_seconds``
-    caps the time one object may spend in retries. On a throttle (503 SlowDown, 429) the
-    process also lowers its number of requests in flight for ``throttle_cooldown`` seconds.
+    Two kinds of transient failure are told apart:
+
+    - a **failure** (5xx other than SlowDown, a reset or refused connection, a truncated
+      body, a timeout) is retried up to ``max_attempts`` attempts in all, ``base_delay`` and
+      ``max_delay`` apart (the AWS SDKs' "standard" mode: 3 attempts, a delay drawn
+      uniformly from ``[0, min(max_delay, base_delay * 2**retry)]``);
+    - a **throttle** (503 SlowDown, 429, RequestLimitExceeded: :class:`Throttled`) is not a
+      failure: the store is asking for fewer requests, so it is retried with its own, longer
+      backoff (``throttle_base_delay``, ``throttle_max_delay``), never counted against
+      ``max_attempts``, for as long as ``max_total_seconds`` allows, while the process also
+      halves its requests in flight (recovering after ``throttle_cooldown``).
+
+    With the defaults a SlowDown storm of up to about 100 s loses nothing: each object waits
+    it out and resumes at most ``throttle_max_delay`` after its end. Errors that a retry
+    cannot mend (404, 403, ...) are never retried.
     """
 
     max_attempts: int = 3
+    """Attempts in all (the first and its retries) for failures other than throttles;
+    1 means no retry. Throttles do not count."""
+
     base_delay: float = 0.05
+    """Seconds: the first retry after a failure waits up to this; each further retry up to
+    twice as long as the one before, at most ``max_delay``."""
+
     max_delay: float = 20.0
+    """Seconds: the longest wait before a retry after a failure."""
+
+    throttle_base_delay: float = 0.5
+    """Seconds: the first retry after a throttle waits up to this, each further one up to
+    twice as long, at most ``throttle_max_delay`` (0.5 s as the AWS SDKs' throttling
+    backoff: a store that throttles needs time, not a quick second try)."""
+
+    throttle_max_delay: float = 10.0
+    """Seconds: the longest wait before a retry after a throttle, so an object waiting out
+    a SlowDown storm retries at least this often and resumes at most this long after it."""
+
     max_total_seconds: float = 120.0
+    """Seconds one object may spend in attempts and retries: a retry that could not start
+    before it is not made, and the last error is raised."""
+
     throttle_cooldown: float = 5.0
+    """Seconds after a throttle during which the process's requests in flight do not grow
+    back (they were halved by it)."""
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ConfigError(f"RetryConfig.max_attempts must be >= 1, got {self.max_attempts}")
-        if self.base_delay < 0 or self.max_delay < 0:
-            raise ConfigError("RetryConfig delays must be >= 0")
-        if not self.max_total_seconds > 0:
-            raise ConfigError("RetryConfig.max_total_seconds must be > 0")
-        if self.throttle_cooldown < 0:
-            raise ConfigError("RetryConfig.throttle_cooldown must be >= 0")
+        attempts = self.max_attempts
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+            raise ConfigError(f"RetryConfig.max_attempts must be an int >= 1, got {attempts!r}")
+        for name in ("base_delay", "max_delay", "throttle_base_delay", "throttle_max_delay"):
+            _check_seconds("RetryConfig", name, getattr(self, name), zero=True)
+        _check_seconds("RetryConfig", "max_total_seconds", self.max_total_seconds, zero=False)
+        _check_seconds("RetryConfig", "throttle_cooldown", self.throttle_cooldown, zero=True)
 
     def backoff(self, retry: int, rng: random.Random) -> float:
-        """Delay before retry number ``retry`` (0-based): full jitter."""
+        """Delay before retry number ``retry`` (0-based) after a failure: full jitter."""
         return rng.uniform(0.0, min(self.max_delay, self.base_delay * (2**retry)))
+
+    def throttle_backoff(self, retry: int, rng: random.Random) -> float:
+        """Delay before retry number ``retry`` (0-based) after a throttle: full jitter."""
+        cap = self.throttle_base_delay * (2 ** min(retry, 64))
+        return rng.uniform(0.0, min(self.throttle_max_delay, cap))
 
 
 @dataclass(frozen=True)

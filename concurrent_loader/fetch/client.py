@@ -100,7 +100,11 @@ class LimitLayer:
 
 
 class RetryLayer:
-    """Retries transient errors per :class:`~concurrent_loader.config.RetryConfig`."""
+    """Retries transient errors per :class:`~concurrent_loader.config.RetryConfig`.
+
+    A failure counts towards ``max_attempts``; a throttle does not: it is retried with the
+    throttle backoff for as long as the object's time budget allows.
+    """
 
     def __init__(self, inner: Getter, config: RetryConfig) -> None:
         self.inner = inner
@@ -110,19 +114,26 @@ class RetryLayer:
     async def get(self, request: Request) -> Body:
         retry = self.config
         deadline = time.monotonic() + retry.max_total_seconds
-        attempt = 0
+        failures = throttles = 0
         while True:
             try:
                 return await self.inner.get(request)
             except FetchError as exc:
-                attempt += 1
-                delay = retry.backoff(attempt - 1, self._rng)
-                if not exc.retryable or attempt >= retry.max_attempts:
-                    if attempt > 1:
-                        exc.add_note(f"gave up after {attempt} attempts")
+                if isinstance(exc, Throttled):
+                    throttles += 1
+                    delay = retry.throttle_backoff(throttles - 1, self._rng)
+                else:
+                    failures += 1
+                    delay = retry.backoff(failures - 1, self._rng)
+                attempts = failures + throttles
+                if not exc.retryable or failures >= retry.max_attempts:
+                    if attempts > 1:
+                        exc.add_note(f"gave up after {attempts} attempts")
                     raise
                 if time.monotonic() + delay >= deadline:
                     exc.add_note(f"gave up after {retry.max_total_seconds:g} s of retries")
+                    if attempts > 1:
+                        exc.add_note(f"gave up after {attempts} attempts")
                     raise
                 request.observer.on_retry(exc)
             await asyncio.sleep(delay)
