@@ -27,18 +27,32 @@ def _check_seconds(owner: str, name: str, value: object, *, zero: bool) -> None:
 
 @dataclass(frozen=True)
 class Timeouts:
-    """Seconds allowed for each phase of one GET. No request can hang a worker forever.
+    """Seconds allowed for each phase of one GET, and for the whole of it. No request can
+    hang a worker forever.
 
     ``read`` is the longest stall allowed between two chunks of the body, not the time for
-    the whole body, so large objects on slow links are not cut off while they still flow.
+    the whole body, so large objects on slow links are not cut off while they still flow;
+    ``attempt`` bounds the whole attempt, so a server that trickles (a byte every few
+    seconds, each within ``read``) cannot hold one forever either. The object as a whole
+    is bounded by ``RetryConfig.max_total_seconds``.
     """
 
     connect: float = 10.0
+    """Seconds to open a connection (TCP and TLS)."""
+
     first_byte: float = 30.0
+    """Seconds from sending the request to the response's first byte."""
+
     read: float = 30.0
+    """Seconds the body may pause between two chunks."""
+
+    attempt: float = 60.0
+    """Seconds one attempt may take in all, from its send to its last body byte, whatever
+    the phases above allow: 60 s lets a 1 GiB object (the default ``max_object_bytes``)
+    arrive at 20 MB/s, and cuts off a trickling server so that a retry can go elsewhere."""
 
     def __post_init__(self) -> None:
-        for name in ("connect", "first_byte", "read"):
+        for name in ("connect", "first_byte", "read", "attempt"):
             _check_seconds("Timeouts", name, getattr(self, name), zero=False)
 
 
@@ -85,8 +99,12 @@ class RetryConfig:
     a SlowDown storm retries at least this often and resumes at most this long after it."""
 
     max_total_seconds: float = 120.0
-    """Seconds one object may spend in attempts and retries: a retry that could not start
-    before it is not made, and the last error is raised."""
+    """Seconds one object may take from its first attempt's send to its last byte: attempts,
+    backoff between them and waiting for a free request slot for a retry (waiting for the
+    first slot, behind the process's other GETs, does not count). It holds however the
+    server behaves (trickling, stalling, never answering): past it the object fails with
+    ``FetchTimeout`` (``Reason.DEADLINE_EXCEEDED``); a retry that could not start before it
+    is not made, and the last error is raised."""
 
     throttle_cooldown: float = 5.0
     """Seconds after a throttle during which the process's requests in flight do not grow

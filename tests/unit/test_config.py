@@ -13,6 +13,8 @@ from concurrent_loader import ConfigError, FetchConfig, RetryConfig, Timeouts
         lambda: Timeouts(connect=0),
         lambda: Timeouts(first_byte=-1),
         lambda: Timeouts(read=0.0),
+        lambda: Timeouts(attempt=0),
+        lambda: Timeouts(attempt=float("inf")),
         lambda: RetryConfig(max_attempts=0),
         lambda: RetryConfig(base_delay=-0.1),
         lambda: RetryConfig(max_delay=-1),

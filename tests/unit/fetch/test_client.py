@@ -7,6 +7,7 @@ concurrency is read from the store's own record of GETs in flight, never from th
 from __future__ import annotations
 
 import asyncio
+import pickle
 import random
 import time
 from collections.abc import Callable
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from concurrent_loader.config import FetchConfig, RetryConfig
+from concurrent_loader.config import FetchConfig, RetryConfig, Timeouts
 from concurrent_loader.errors import (
     AccessDenied,
     BadRequest,
@@ -346,6 +347,79 @@ def test_a_one_second_slowdown_burst_loses_nothing_with_the_unscaled_defaults():
 
     assert asyncio.run(main()) == list(objects.values())
     assert storm.throttled >= len(objects)
+
+
+# ---------------------------------------------------------------------------- deadlines
+
+
+def deadline_client(
+    store: MemoryConfig, attempt: float, budget: float, **fetch: int
+) -> FetchClient:
+    config = FetchConfig(
+        timeouts=Timeouts(attempt=attempt),
+        retry=RetryConfig(max_attempts=100, base_delay=0.0, max_total_seconds=budget),
+        **fetch,
+    )
+    return FetchClient(store.open(config), config)
+
+
+def test_an_attempt_that_never_ends_is_cut_off_and_retried():
+    store = MemoryConfig(
+        {"a": b"payload"}, script=lambda key, attempt: STALL if attempt == 0 else None
+    )
+    observer = Recorder()
+    assert fetch(deadline_client(store, 0.05, 5.0), observer=observer) == b"payload"
+    assert store.stats.gets["a"] == 2
+    (error,) = observer.retries
+    assert isinstance(error, FetchTimeout) and error.cause is Reason.ATTEMPT_TIMEOUT
+    assert error.url == URL and "Timeouts.attempt=0.05 s" in str(error)
+
+
+@pytest.mark.parametrize("answer", [STALL, 30.0], ids=["stall", "slow"])
+def test_the_time_budget_holds_when_no_attempt_ever_ends(answer):
+    store = MemoryConfig({"a": b"x"}, script=lambda key, attempt: answer)
+    client = deadline_client(store, 0.1, 0.35)
+    started = time.monotonic()
+    with pytest.raises(FetchTimeout) as caught:
+        fetch(client)
+    elapsed = time.monotonic() - started
+    error = caught.value
+    assert error.cause is Reason.DEADLINE_EXCEEDED and error.url == URL
+    assert error.stage == "fetch"
+    assert "max_total_seconds=0.35 s" in str(error)
+    assert store.stats.gets["a"] == 4  # cut off at 0.1, 0.2 and 0.3 s; the fourth at 0.35 s
+    assert "cut off after 3 failed attempts" in error.__notes__
+    assert isinstance(error.__cause__, FetchTimeout)
+    assert error.__cause__.cause is Reason.ATTEMPT_TIMEOUT
+    assert elapsed < 0.35 + 1.0  # generous against a loaded machine; unbounded without it
+    assert client.in_flight == 0 and store.stats.in_flight == 0
+
+
+def test_an_object_with_one_slow_attempt_fails_at_the_budget_not_the_attempt_timeout():
+    store = MemoryConfig({"a": b"x"}, latency_s=30.0)
+    with pytest.raises(FetchTimeout) as caught:
+        fetch(deadline_client(store, 60.0, 0.1))
+    assert caught.value.cause is Reason.DEADLINE_EXCEEDED
+    assert store.stats.gets["a"] == 1
+    assert "cut off after 0 failed attempts" in caught.value.__notes__
+
+
+def test_waiting_for_the_first_request_slot_does_not_spend_the_budget():
+    # One slot; each GET takes 0.1 s, within the 0.25 s budget, but the last of five waits
+    # 0.4 s for the slot before it is sent.
+    store = MemoryConfig({f"{i}": b"x" for i in range(5)}, latency_s=0.1)
+    client = deadline_client(store, 60.0, 0.25, max_inflight_requests=1)
+    _gather(client, [f"{i}" for i in range(5)])
+    assert store.stats.total == 5
+
+
+def test_an_error_past_the_budget_pickles_with_its_reason():
+    store = MemoryConfig({"a": b"x"}, script=lambda key, attempt: STALL)
+    with pytest.raises(FetchTimeout) as caught:
+        fetch(deadline_client(store, 60.0, 0.05))
+    back = pickle.loads(pickle.dumps(caught.value))
+    assert type(back) is FetchTimeout and back.cause is Reason.DEADLINE_EXCEEDED
+    assert back.url == URL and str(back) == str(caught.value)
 
 
 # ---------------------------------------------------------------------------- limit
