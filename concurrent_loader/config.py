@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from .errors import ConfigError
 
-__all__ = ["FetchConfig", "RetryConfig", "Timeouts"]
+__all__ = ["FetchConfig", "HedgeConfig", "RetryConfig", "Timeouts"]
 
 
 def _check_seconds(owner: str, name: str, value: object, *, zero: bool) -> None:
@@ -130,6 +130,60 @@ class RetryConfig:
 
 
 @dataclass(frozen=True)
+class HedgeConfig:
+    """Hedged GETs, after "The Tail at Scale" (Dean and Barroso, 2013): a GET that has no
+    answer after a delay gets one more GET for the same object, and whichever completes
+    first is used (the other is cancelled, its connection closed).
+
+    The delay is the ``percentile``-th percentile of the latencies of this process's recent
+    GETs to the store (whole GETs, first send to last byte), kept within ``min_delay`` and
+    ``max_delay``; until a few GETs have completed it is ``max_delay``. At most one hedge
+    is sent per attempt, and only when a request slot is free at once and the store has not
+    throttled within ``RetryConfig.throttle_cooldown`` (hedging a store that asks for fewer
+    requests would hit it harder). Hedges spend a token bucket that each GET fills by
+    ``budget`` (at most 10 tokens, 1 at the start): over ``n`` GETs at most
+    ``1 + budget * n`` hedges are sent, so a store that is slow for everyone sees at most
+    ``budget`` more GETs, never twice as many.
+    """
+
+    enabled: bool = True
+    """Whether slow GETs are hedged at all."""
+
+    percentile: float = 95.0
+    """Which percentile of recent latencies a GET must outlast to be hedged (p95: about
+    one GET in twenty would be, before the budget)."""
+
+    min_delay: float = 0.02
+    """Seconds: the shortest delay before a hedge, so that scheduling noise on a fast
+    store (a few ms per GET) is not hedged."""
+
+    max_delay: float = 2.0
+    """Seconds: the longest delay before a hedge, however slow recent GETs were (the 2 s
+    after which AWS advises retrying a slow S3 request), and the delay before enough
+    latencies are known."""
+
+    budget: float = 0.05
+    """Hedges allowed per GET sent, in the long run (0.05: at most 5 % more GETs)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ConfigError(f"HedgeConfig.enabled must be a bool, got {self.enabled!r}")
+        q = self.percentile
+        if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 < q < 100:
+            raise ConfigError(f"HedgeConfig.percentile must be in (0, 100), got {q!r}")
+        _check_seconds("HedgeConfig", "min_delay", self.min_delay, zero=False)
+        _check_seconds("HedgeConfig", "max_delay", self.max_delay, zero=False)
+        if self.max_delay < self.min_delay:
+            raise ConfigError(
+                f"HedgeConfig.max_delay ({self.max_delay!r}) must be >= min_delay "
+                f"({self.min_delay!r})"
+            )
+        b = self.budget
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 < b <= 1:
+            raise ConfigError(f"HedgeConfig.budget must be in (0, 1], got {b!r}")
+
+
+@dataclass(frozen=True)
 class FetchConfig:
     """Limits of one process's fetch stage, for one store.
 
@@ -137,6 +191,8 @@ class FetchConfig:
     size is its own setting or derived here), and at most
     ``max_inflight_bytes`` of fetched-but-not-yet-decoded bodies are held; an object larger
     than ``max_object_bytes`` is refused with ``ObjectTooLarge`` before its body is read.
+    ``timeouts`` bound each GET, ``retry`` what follows a failed one, ``hedge`` when a slow
+    one gets a second GET.
     """
 
     max_inflight_requests: int = 64
@@ -145,6 +201,7 @@ class FetchConfig:
     timeouts: Timeouts = field(default_factory=Timeouts)
     retry: RetryConfig = field(default_factory=RetryConfig)
     verify_tls: bool = True
+    hedge: HedgeConfig = field(default_factory=HedgeConfig)
 
     def __post_init__(self) -> None:
         if self.max_inflight_requests < 1:

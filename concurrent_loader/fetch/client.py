@@ -4,14 +4,17 @@ A GET goes through layers, outermost first::
 
     RetryLayer      retry transient FetchErrors with full-jitter backoff (throttles with
                     their own), within the object's time budget (``max_total_seconds``)
-    LimitLayer      at most ``max_inflight_requests`` attempts in flight; throttles halve it
+    LimitLayer      at most ``max_inflight_requests`` GETs in flight (FIFO slots)
     DeadlineLayer   one attempt ends within ``Timeouts.attempt``, whatever the server does
     TimingLayer     the attempt's own duration and size, told to the caller's observer
-    Store           one attempt: bytes or a FetchError naming the object
+    HedgeLayer      a slow GET gets one more for the same object; the first to finish wins
+                    (:mod:`.hedge`; absent when ``FetchConfig.hedge.enabled`` is False)
+    ThrottleLayer   each throttled GET is told to the observer and halves the limit
+    Store           one GET: bytes or a FetchError naming the object
 
-Each layer is a :class:`Getter` around the next, so a new policy (hedged GETs, a cache in
-front of the store) is one more wrapper, not a change to the others. A retried object is
-fetched whole again, never stitched from a partial body.
+Each layer is a :class:`Getter` around the next, so a new policy (a cache in front of the
+store) is one more wrapper, not a change to the others. A retried object is fetched whole
+again, never stitched from a partial body.
 
 Deadlines: the object's clock starts when its first attempt is sent (it holds a request
 slot), not while it waits behind the process's other GETs; from then on everything counts,
@@ -27,37 +30,17 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Protocol
+from dataclasses import replace
 
 from ..config import FetchConfig, RetryConfig
 from ..errors import FetchError, FetchTimeout, Reason, Throttled
 from ..stores.base import Body, ByteRange, Store
+from .getter import Getter, Request
+from .hedge import HedgeLayer
 from .hooks import NO_OBSERVER, FetchObserver
 from .limits import AdaptiveLimit
 
 __all__ = ["FetchClient", "Getter", "Request"]
-
-
-def _nothing() -> None:
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class Request:
-    """One object asked of the client. ``on_send`` is called each time an attempt at it gets
-    its request slot, just before it is sent (the retry layer starts its clock there)."""
-
-    key: str
-    byte_range: ByteRange | None
-    url: str
-    observer: FetchObserver
-    on_send: Callable[[], None] = _nothing
-
-
-class Getter(Protocol):
-    async def get(self, request: Request) -> Body: ...
 
 
 class StoreGetter:
@@ -123,7 +106,8 @@ class DeadlineLayer:
 
 
 class LimitLayer:
-    """At most ``limit.limit`` attempts in flight; a throttled attempt lowers the limit."""
+    """At most ``limit.limit`` GETs in flight: an attempt waits (FIFO) for a slot, is sent
+    (``request.on_send``), and gives the slot back when it ends."""
 
     def __init__(self, inner: Getter, limit: AdaptiveLimit) -> None:
         self.inner = inner
@@ -131,16 +115,28 @@ class LimitLayer:
 
     async def get(self, request: Request) -> Body:
         await self.limit.acquire()
-        request.on_send()
-        throttled = False
+        try:
+            request.on_send()
+            return await self.inner.get(request)
+        finally:
+            self.limit.release()
+
+
+class ThrottleLayer:
+    """Each throttled GET (hedges included) is told to the observer and halves the limit,
+    which then stays down for the cool-down."""
+
+    def __init__(self, inner: Getter, limit: AdaptiveLimit) -> None:
+        self.inner = inner
+        self.limit = limit
+
+    async def get(self, request: Request) -> Body:
         try:
             return await self.inner.get(request)
         except Throttled:
-            throttled = True
             request.observer.on_throttle()
+            self.limit.throttle()
             raise
-        finally:
-            self.limit.release(throttled=throttled)
 
 
 class RetryLayer:
@@ -225,13 +221,17 @@ class FetchClient:
         self.limit = AdaptiveLimit(
             config.max_inflight_requests, cooldown=config.retry.throttle_cooldown
         )
-        self._timing = TimingLayer(StoreGetter(store))
+        getter: Getter = ThrottleLayer(StoreGetter(store), self.limit)
+        self.hedging: HedgeLayer | None = None
+        if config.hedge.enabled:
+            getter = self.hedging = HedgeLayer(getter, self.limit, config.hedge)
+        self._timing = TimingLayer(getter)
         attempt = DeadlineLayer(self._timing, config.timeouts.attempt)
         self._getter: Getter = RetryLayer(LimitLayer(attempt, self.limit), config.retry)
 
     @property
     def in_flight(self) -> int:
-        """Attempts in flight now."""
+        """GETs in flight now, hedges included."""
         return self.limit.in_flight
 
     def describe(self) -> str:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
+from _observers import Recorder
 
 from concurrent_loader.config import FetchConfig, RetryConfig, Timeouts
 from concurrent_loader.errors import (
@@ -57,24 +58,6 @@ class FixedBackoff(RetryConfig):
 
     def throttle_backoff(self, retry: int, rng: random.Random) -> float:
         return self.throttle_base_delay
-
-
-class Recorder:
-    """A FetchObserver that keeps what it was told."""
-
-    def __init__(self) -> None:
-        self.responses: list[tuple[float, int, float | None]] = []
-        self.retries: list[FetchError] = []
-        self.throttles = 0
-
-    def on_response(self, seconds: float, size: int, first_byte_s: float | None) -> None:
-        self.responses.append((seconds, size, first_byte_s))
-
-    def on_retry(self, error: FetchError) -> None:
-        self.retries.append(error)
-
-    def on_throttle(self) -> None:
-        self.throttles += 1
 
 
 def failing(
