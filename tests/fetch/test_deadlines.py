@@ -91,8 +91,9 @@ def test_the_time_budget_holds_however_the_server_behaves(transport, behaviour):
             error = caught.value
             assert error.cause is Reason.DEADLINE_EXCEEDED
             assert error.url == f"http://127.0.0.1:{server.port}/{behaviour}"
-            # Attempts were cut off at 0.3 s and retried: 0.8 s allows a third one.
-            assert server.requests == 3
+            # Attempts were cut off at 0.3 s and retried (retries do not wait): 0.8 s allows
+            # a third one (on a loaded machine, perhaps only two).
+            assert server.requests in (2, 3)
             assert isinstance(error.__cause__, FetchTimeout)
             assert error.__cause__.cause is Reason.ATTEMPT_TIMEOUT
             # Generous against a loaded machine; without the deadlines this runs forever.

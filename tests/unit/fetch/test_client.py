@@ -370,8 +370,11 @@ def test_the_time_budget_holds_when_no_attempt_ever_ends(answer):
     assert error.cause is Reason.DEADLINE_EXCEEDED and error.url == URL
     assert error.stage == "fetch"
     assert "max_total_seconds=0.35 s" in str(error)
-    assert store.stats.gets["a"] == 4  # cut off at 0.1, 0.2 and 0.3 s; the fourth at 0.35 s
-    assert "cut off after 3 failed attempts" in error.__notes__
+    # Cut off at 0.1, 0.2 and 0.3 s, the fourth at 0.35 s (on a loaded machine, the
+    # third may already be cut off by the budget).
+    gets = store.stats.gets["a"]
+    assert gets in (3, 4)
+    assert f"cut off after {gets - 1} failed attempts" in error.__notes__
     assert isinstance(error.__cause__, FetchTimeout)
     assert error.__cause__.cause is Reason.ATTEMPT_TIMEOUT
     assert elapsed < 0.35 + 1.0  # generous against a loaded machine; unbounded without it
