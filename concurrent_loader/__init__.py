@@ -11,7 +11,7 @@ stream). Users meet it as :class:`ObjectDataset` / :class:`ImageFolder` and
 :class:`ConcurrentDataLoader`. ``ARCHITECTURE.md`` draws the whole path.
 """
 
-from .config import FetchConfig, RetryConfig, Timeouts
+from .config import FetchConfig, HedgeConfig, RetryConfig, Timeouts
 from .dataset import IMG_EXTENSIONS, ImageFolder, ObjectDataset
 from .errors import (
     AccessDenied,
@@ -50,6 +50,7 @@ __all__ = [
     "FetchConfig",
     "FetchError",
     "FetchTimeout",
+    "HedgeConfig",
     "ImageFolder",
     "IncompleteBody",
     "LoaderError",

@@ -15,7 +15,8 @@
     │   ├── ConnectionFailed         refused / reset / closed early          (retried)
     │   ├── CertificateRefused       server certificate not trusted / wrong host (not retried)
     │   ├── IncompleteBody           fewer bytes than Content-Length         (retried)
-    │   └── FetchTimeout (TimeoutError) connect / first byte / read stall    (retried)
+    │   └── FetchTimeout (TimeoutError) connect / first byte / read stall / attempt (retried);
+    │                                    the object's whole time budget spent (final)
     ├── DecodeError                  the bytes arrived but are not a valid sample
     ├── SkipBudgetExceeded           ``on_error="skip"`` went over ``max_skipped``
     ├── LoaderStalled (TimeoutError) no batch for ``stall_timeout_s``; says what waited on what
@@ -93,6 +94,8 @@ class Reason(StrEnum):
     FIRST_BYTE_TIMEOUT = "FirstByteTimeout"
     READ_TIMEOUT = "ReadTimeout"
     TIMED_OUT = "TimedOut"
+    ATTEMPT_TIMEOUT = "AttemptTimeout"
+    DEADLINE_EXCEEDED = "DeadlineExceeded"
     TLS_FAILED = "TLSFailed"
     CERTIFICATE_REFUSED = "CertificateRefused"
     PROXY_REFUSED = "ProxyRefused"
@@ -244,7 +247,11 @@ class IncompleteBody(FetchError):
 
 
 class FetchTimeout(FetchError, TimeoutError):
-    """Connecting, waiting for the first byte, or a read stalled past its timeout."""
+    """Connecting, waiting for the first byte, or a read stalled past its timeout
+    (``ConnectTimeout``, ``FirstByteTimeout``, ``ReadTimeout``); one attempt took longer
+    than ``Timeouts.attempt`` (``AttemptTimeout``); or the object took longer than
+    ``RetryConfig.max_total_seconds`` in all (``DeadlineExceeded``, after which it is not
+    retried)."""
 
     retryable = True
 

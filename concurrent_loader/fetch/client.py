@@ -2,14 +2,27 @@
 
 A GET goes through layers, outermost first::
 
-    RetryLayer      retry transient FetchErrors with full-jitter backoff, within a deadline
-    LimitLayer      at most ``max_inflight_requests`` attempts in flight; throttles halve it
+    RetryLayer      retry transient FetchErrors with full-jitter backoff (throttles with
+                    their own), within the object's time budget (``max_total_seconds``)
+    LimitLayer      at most ``max_inflight_requests`` GETs in flight (FIFO slots)
+    DeadlineLayer   one attempt ends within ``Timeouts.attempt``, whatever the server does
     TimingLayer     the attempt's own duration and size, told to the caller's observer
-    Store           one attempt: bytes or a FetchError naming the object
+    HedgeLayer      a slow GET gets one more for the same object; the first to finish wins
+                    (:mod:`.hedge`; absent when ``FetchConfig.hedge.enabled`` is False)
+    ThrottleLayer   each throttled GET is told to the observer and halves the limit
+    Store           one GET: bytes or a FetchError naming the object
 
-Each layer is a :class:`Getter` around the next, so a new policy (hedged GETs, a cache in
-front of the store) is one more wrapper, not a change to the others. A retried object is
-fetched whole again, never stitched from a partial body.
+Each layer is a :class:`Getter` around the next, so a new policy (a cache in front of the
+store) is one more wrapper, not a change to the others. A retried object is fetched whole
+again, never stitched from a partial body.
+
+Deadlines: the object's clock starts when its first attempt is sent (it holds a request
+slot), not while it waits behind the process's other GETs; from then on everything counts,
+and ``FetchClient.get`` returns or raises within ``max_total_seconds``, whether the server
+answers, stalls after the headers, trickles a byte at a time or never answers. Both
+deadlines are ``asyncio`` timeouts that cancel the attempt (the transport closes a
+cancelled connection) and raise :class:`~concurrent_loader.errors.FetchTimeout` naming the
+object, with ``Reason.ATTEMPT_TIMEOUT`` (retried) or ``Reason.DEADLINE_EXCEEDED`` (final).
 """
 
 from __future__ import annotations
@@ -17,28 +30,17 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import replace
 
 from ..config import FetchConfig, RetryConfig
-from ..errors import FetchError, Throttled
+from ..errors import FetchError, FetchTimeout, Reason, Throttled
 from ..stores.base import Body, ByteRange, Store
+from .getter import Getter, Request
+from .hedge import HedgeLayer
 from .hooks import NO_OBSERVER, FetchObserver
 from .limits import AdaptiveLimit
 
 __all__ = ["FetchClient", "Getter", "Request"]
-
-
-@dataclass(frozen=True, slots=True)
-class Request:
-    key: str
-    byte_range: ByteRange | None
-    url: str
-    observer: FetchObserver
-
-
-class Getter(Protocol):
-    async def get(self, request: Request) -> Body: ...
 
 
 class StoreGetter:
@@ -79,8 +81,33 @@ class TimingLayer:
         return url, time.perf_counter() - started
 
 
+class DeadlineLayer:
+    """Each attempt ends within ``seconds``: past it, it is cancelled and fails with a
+    retryable ``FetchTimeout`` (``Reason.ATTEMPT_TIMEOUT``) naming the object."""
+
+    def __init__(self, inner: Getter, seconds: float) -> None:
+        self.inner = inner
+        self.seconds = seconds
+
+    async def get(self, request: Request) -> Body:
+        timeout = asyncio.timeout(self.seconds)
+        try:
+            async with timeout:
+                return await self.inner.get(request)
+        except TimeoutError as exc:
+            if isinstance(exc, FetchError) or not timeout.expired():
+                raise
+            raise FetchTimeout(
+                f"no complete response within Timeouts.attempt={self.seconds:g} s",
+                url=request.url,
+                stage="fetch",
+                cause=Reason.ATTEMPT_TIMEOUT,
+            ) from None
+
+
 class LimitLayer:
-    """At most ``limit.limit`` attempts in flight; a throttled attempt lowers the limit."""
+    """At most ``limit.limit`` GETs in flight: an attempt waits (FIFO) for a slot, is sent
+    (``request.on_send``), and gives the slot back when it ends."""
 
     def __init__(self, inner: Getter, limit: AdaptiveLimit) -> None:
         self.inner = inner
@@ -88,19 +115,38 @@ class LimitLayer:
 
     async def get(self, request: Request) -> Body:
         await self.limit.acquire()
-        throttled = False
+        try:
+            request.on_send()
+            return await self.inner.get(request)
+        finally:
+            self.limit.release()
+
+
+class ThrottleLayer:
+    """Each throttled GET (hedges included) is told to the observer and halves the limit,
+    which then stays down for the cool-down."""
+
+    def __init__(self, inner: Getter, limit: AdaptiveLimit) -> None:
+        self.inner = inner
+        self.limit = limit
+
+    async def get(self, request: Request) -> Body:
         try:
             return await self.inner.get(request)
         except Throttled:
-            throttled = True
             request.observer.on_throttle()
+            self.limit.throttle()
             raise
-        finally:
-            self.limit.release(throttled=throttled)
 
 
 class RetryLayer:
-    """Retries transient errors per :class:`~concurrent_loader.config.RetryConfig`."""
+    """Retries transient errors per :class:`~concurrent_loader.config.RetryConfig`.
+
+    A failure counts towards ``max_attempts``; a throttle does not: it is retried with the
+    throttle backoff for as long as the object's time budget allows. The budget starts at
+    the first attempt's send and is enforced by a timeout around all of it, so neither a
+    server that never finishes nor a wait for a request slot can outlast it.
+    """
 
     def __init__(self, inner: Getter, config: RetryConfig) -> None:
         self.inner = inner
@@ -109,23 +155,56 @@ class RetryLayer:
 
     async def get(self, request: Request) -> Body:
         retry = self.config
-        deadline = time.monotonic() + retry.max_total_seconds
-        attempt = 0
-        while True:
-            try:
-                return await self.inner.get(request)
-            except FetchError as exc:
-                attempt += 1
-                delay = retry.backoff(attempt - 1, self._rng)
-                if not exc.retryable or attempt >= retry.max_attempts:
-                    if attempt > 1:
-                        exc.add_note(f"gave up after {attempt} attempts")
-                    raise
-                if time.monotonic() + delay >= deadline:
-                    exc.add_note(f"gave up after {retry.max_total_seconds:g} s of retries")
-                    raise
-                request.observer.on_retry(exc)
-            await asyncio.sleep(delay)
+        loop = asyncio.get_running_loop()
+        budget = asyncio.timeout(None)  # scheduled when the first attempt is sent
+
+        def on_send() -> None:
+            if budget.when() is None:
+                budget.reschedule(loop.time() + retry.max_total_seconds)
+
+        request = replace(request, on_send=on_send)
+        failures = throttles = 0
+        last: FetchError | None = None
+        try:
+            async with budget:
+                while True:
+                    try:
+                        return await self.inner.get(request)
+                    except FetchError as exc:
+                        last = exc
+                        if isinstance(exc, Throttled):
+                            throttles += 1
+                            delay = retry.throttle_backoff(throttles - 1, self._rng)
+                        else:
+                            failures += 1
+                            delay = retry.backoff(failures - 1, self._rng)
+                        attempts = failures + throttles
+                        if not exc.retryable or failures >= retry.max_attempts:
+                            if attempts > 1:
+                                exc.add_note(f"gave up after {attempts} attempts")
+                            raise
+                        deadline = budget.when()
+                        if deadline is not None and loop.time() + delay >= deadline:
+                            exc.add_note(f"gave up after {retry.max_total_seconds:g} s of retries")
+                            if attempts > 1:
+                                exc.add_note(f"gave up after {attempts} attempts")
+                            raise
+                        request.observer.on_retry(exc)
+                    await asyncio.sleep(delay)
+        except TimeoutError as exc:
+            if isinstance(exc, FetchError) or not budget.expired():
+                raise
+            error = FetchTimeout(
+                f"no complete object within RetryConfig.max_total_seconds="
+                f"{retry.max_total_seconds:g} s",
+                url=request.url,
+                stage="fetch",
+                cause=Reason.DEADLINE_EXCEEDED,
+            )
+            error.add_note(f"cut off after {failures + throttles} failed attempts")
+            if last is not None:
+                error.add_note(f"the last failed attempt: {last}")
+            raise error from last
 
 
 class FetchClient:
@@ -142,12 +221,17 @@ class FetchClient:
         self.limit = AdaptiveLimit(
             config.max_inflight_requests, cooldown=config.retry.throttle_cooldown
         )
-        self._timing = TimingLayer(StoreGetter(store))
-        self._getter: Getter = RetryLayer(LimitLayer(self._timing, self.limit), config.retry)
+        getter: Getter = ThrottleLayer(StoreGetter(store), self.limit)
+        self.hedging: HedgeLayer | None = None
+        if config.hedge.enabled:
+            getter = self.hedging = HedgeLayer(getter, self.limit, config.hedge)
+        self._timing = TimingLayer(getter)
+        attempt = DeadlineLayer(self._timing, config.timeouts.attempt)
+        self._getter: Getter = RetryLayer(LimitLayer(attempt, self.limit), config.retry)
 
     @property
     def in_flight(self) -> int:
-        """Attempts in flight now."""
+        """GETs in flight now, hedges included."""
         return self.limit.in_flight
 
     def describe(self) -> str:

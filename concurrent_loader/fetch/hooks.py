@@ -1,8 +1,8 @@
 """How the fetch client reports what it did: to the caller's observer, per call.
 
 Each ``FetchClient.get`` takes the observer of the pipeline that asked, so a client shared
-by several pipelines of one process attributes every response, retry and throttle to the
-pipeline it was for. :class:`~concurrent_loader.metrics.StageStats` is the observer the
+by several pipelines of one process attributes every response, retry, throttle and hedge to
+the pipeline it was for. :class:`~concurrent_loader.metrics.StageStats` is the observer the
 pipelines pass.
 """
 
@@ -24,7 +24,14 @@ class FetchObserver(Protocol):
         """An attempt failed with a transient ``error`` and will be retried."""
 
     def on_throttle(self) -> None:
-        """The store asked us to slow down (503 SlowDown, 429)."""
+        """The store asked us to slow down (503 SlowDown, 429): once per throttled GET,
+        hedged GETs included."""
+
+    def on_hedge(self) -> None:
+        """A GET was slow, so one more was sent for the same object (a hedge)."""
+
+    def on_hedge_won(self) -> None:
+        """A hedge completed before the GET it was sent for, whose result was used."""
 
 
 class _NoObserver:
@@ -35,6 +42,12 @@ class _NoObserver:
         pass
 
     def on_throttle(self) -> None:
+        pass
+
+    def on_hedge(self) -> None:
+        pass
+
+    def on_hedge_won(self) -> None:
         pass
 
 

@@ -8,7 +8,9 @@ GETs in flight. Both wake waiters in FIFO order through futures, never by pollin
 exceeds) ``maximum``; a throttle halves it (not below 1) and it grows back by one each time a
 request completes without throttling after the cool-down, so a loader under 503 SlowDown
 does not amplify the overload (additive increase, multiplicative decrease). Waiters are
-woken in FIFO order by futures, never by polling. Loop-bound: use from one event loop.
+woken in FIFO order by futures, never by polling; :meth:`AdaptiveLimit.try_acquire` takes a
+slot only when one is free and nobody waits (a hedged GET never queues). Loop-bound: use
+from one event loop.
 """
 
 from __future__ import annotations
@@ -49,12 +51,30 @@ class AdaptiveLimit:
                 self._waiters.remove(waiter)
             raise
 
+    def try_acquire(self) -> bool:
+        """Take a slot if one is free and nobody waits for one; never waits."""
+        if self.in_flight < self.limit and not self._waiters:
+            self.in_flight += 1
+            return True
+        return False
+
+    @property
+    def cooling_down(self) -> bool:
+        """Whether the store throttled within the cool-down (the limit does not grow)."""
+        return time.monotonic() < self._quiet_after
+
+    def throttle(self) -> None:
+        """The store throttled a request: halve the limit and start the cool-down."""
+        self.throttles += 1
+        self.limit = max(1, self.limit // 2)
+        self._quiet_after = time.monotonic() + self._cooldown
+
     def release(self, *, throttled: bool = False) -> None:
+        """Give a slot back; ``throttled`` when its request was (the same as
+        :meth:`throttle` first). Otherwise the limit grows by one after the cool-down."""
         if throttled:
-            self.throttles += 1
-            self.limit = max(1, self.limit // 2)
-            self._quiet_after = time.monotonic() + self._cooldown
-        elif self.limit < self.maximum and time.monotonic() >= self._quiet_after:
+            self.throttle()
+        elif self.limit < self.maximum and not self.cooling_down:
             self.limit += 1
         self._release_slot()
 

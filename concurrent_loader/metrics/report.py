@@ -28,6 +28,8 @@ def loader_stats(
         "bytes": int(total["bytes"]),
         "retries": int(total["retries"]),
         "throttles": int(total["throttles"]),
+        "hedges": int(total["hedges"]),
+        "hedges_won": int(total["hedges_won"]),
         "skipped": int(total["skipped"]),
         "inflight": int(total["inflight"]),
         "batches": waits.steps + waits.warmup_steps,

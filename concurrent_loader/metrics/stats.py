@@ -26,7 +26,16 @@ __all__ = ["COUNTERS", "HISTOGRAMS", "SharedStats", "StageStats", "histogram_per
 _PER_DECADE = 10
 _LOW = 1e-6
 BUCKETS = 9 * _PER_DECADE + 1
-COUNTERS = ("objects", "bytes", "retries", "throttles", "skipped", "inflight")
+COUNTERS = (
+    "objects",
+    "bytes",
+    "retries",
+    "throttles",
+    "skipped",
+    "inflight",
+    "hedges",
+    "hedges_won",
+)
 HISTOGRAMS = ("fetch", "decode", "wait", "first_byte")
 _HIST_BASE = len(COUNTERS)
 # per histogram: BUCKETS counts, then count and total seconds
@@ -53,7 +62,8 @@ class StageStats:
     """What one process's pipeline did. Thread-safe; ``vector()`` is its flat form.
 
     It is the :class:`~concurrent_loader.fetch.FetchObserver` the pipeline hands the fetch
-    client, so responses, retries and throttles are counted for the pipeline they were for.
+    client, so responses, retries, throttles and hedges are counted for the pipeline they
+    were for.
     """
 
     def __init__(self, vector: list[float] | None = None) -> None:
@@ -82,6 +92,12 @@ class StageStats:
 
     def on_throttle(self) -> None:
         self.add("throttles")
+
+    def on_hedge(self) -> None:
+        self.add("hedges")
+
+    def on_hedge_won(self) -> None:
+        self.add("hedges_won")
 
     def add_decode(self, seconds: float) -> None:
         with self._lock:

@@ -13,11 +13,19 @@ from concurrent_loader import ConfigError, FetchConfig, RetryConfig, Timeouts
         lambda: Timeouts(connect=0),
         lambda: Timeouts(first_byte=-1),
         lambda: Timeouts(read=0.0),
+        lambda: Timeouts(attempt=0),
+        lambda: Timeouts(attempt=float("inf")),
         lambda: RetryConfig(max_attempts=0),
         lambda: RetryConfig(base_delay=-0.1),
         lambda: RetryConfig(max_delay=-1),
         lambda: RetryConfig(max_total_seconds=0),
         lambda: RetryConfig(throttle_cooldown=-1),
+        lambda: RetryConfig(max_attempts=2.5),  # type: ignore[arg-type]
+        lambda: RetryConfig(max_attempts=True),
+        lambda: RetryConfig(throttle_base_delay=-1),
+        lambda: RetryConfig(throttle_max_delay=float("nan")),
+        lambda: RetryConfig(max_total_seconds=float("inf")),
+        lambda: RetryConfig(base_delay="0.1"),  # type: ignore[arg-type]
         lambda: FetchConfig(max_inflight_requests=0),
         lambda: FetchConfig(max_inflight_bytes=0),
         lambda: FetchConfig(max_object_bytes=0),
@@ -33,6 +41,11 @@ def test_invalid_values_fail_at_construction(make):
 def test_defaults_follow_the_aws_standard_retry_mode():
     retry = RetryConfig()
     assert retry.max_attempts == 3
+    assert (retry.base_delay, retry.max_delay) == (0.05, 20.0)
+    # Throttles wait longer, and the budget outlasts a 30 s SlowDown storm with room for
+    # the longest throttle backoff after it.
+    assert retry.throttle_base_delay >= 10 * retry.base_delay
+    assert retry.max_total_seconds >= 30 + 2 * retry.throttle_max_delay
     assert FetchConfig().retry == retry
 
 

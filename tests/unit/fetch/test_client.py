@@ -7,13 +7,16 @@ concurrency is read from the store's own record of GETs in flight, never from th
 from __future__ import annotations
 
 import asyncio
+import pickle
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
+from _observers import Recorder
 
-from concurrent_loader.config import FetchConfig, RetryConfig
+from concurrent_loader.config import FetchConfig, RetryConfig, Timeouts
 from concurrent_loader.errors import (
     AccessDenied,
     BadRequest,
@@ -47,28 +50,14 @@ PERMANENT: list[tuple[type[FetchError], Reason]] = [
 
 @dataclass(frozen=True)
 class FixedBackoff(RetryConfig):
-    """Every retry waits exactly ``base_delay``: deadlines become deterministic."""
+    """Every retry waits exactly ``base_delay`` (after a throttle ``throttle_base_delay``):
+    deadlines become deterministic."""
 
     def backoff(self, retry: int, rng: random.Random) -> float:
         return self.base_delay
 
-
-class Recorder:
-    """A FetchObserver that keeps what it was told."""
-
-    def __init__(self) -> None:
-        self.responses: list[tuple[float, int, float | None]] = []
-        self.retries: list[FetchError] = []
-        self.throttles = 0
-
-    def on_response(self, seconds: float, size: int, first_byte_s: float | None) -> None:
-        self.responses.append((seconds, size, first_byte_s))
-
-    def on_retry(self, error: FetchError) -> None:
-        self.retries.append(error)
-
-    def on_throttle(self) -> None:
-        self.throttles += 1
+    def throttle_backoff(self, retry: int, rng: random.Random) -> float:
+        return self.throttle_base_delay
 
 
 def failing(
@@ -84,10 +73,13 @@ def failing(
     return script
 
 
+INSTANT = RetryConfig(base_delay=0.0, throttle_base_delay=0.0)
+
+
 def make_client(
     config: MemoryConfig, retry: RetryConfig | None = None, **fetch: int
 ) -> FetchClient:
-    fetch_config = FetchConfig(retry=retry or RetryConfig(base_delay=0.0), **fetch)
+    fetch_config = FetchConfig(retry=retry or INSTANT, **fetch)
     return FetchClient(config.open(fetch_config), fetch_config)
 
 
@@ -112,8 +104,11 @@ def test_transient_error_is_retried_until_it_succeeds(cls, reason):
     assert observer.throttles == (2 if cls is Throttled else 0)
 
 
-@pytest.mark.parametrize(("cls", "reason"), TRANSIENT)
-def test_transient_error_is_raised_after_max_attempts(cls, reason):
+FAILURES = [(cls, reason) for cls, reason in TRANSIENT if cls is not Throttled]
+
+
+@pytest.mark.parametrize(("cls", "reason"), FAILURES)
+def test_failure_is_raised_after_max_attempts(cls, reason):
     store = MemoryConfig({"a": b"payload"}, script=failing(cls, reason))
     observer = Recorder()
     client = make_client(store, RetryConfig(base_delay=0.0, max_attempts=4))
@@ -210,6 +205,209 @@ def test_backoff_is_full_jitter_capped_by_max_delay():
     assert RetryConfig(base_delay=0.0).backoff(5, rng) == 0.0
 
 
+def test_throttle_backoff_is_longer_full_jitter_capped_by_its_own_maximum():
+    config = RetryConfig()
+    assert config.throttle_base_delay > config.base_delay
+    rng = random.Random(3)
+    for retry, cap in [(0, 0.5), (1, 1.0), (3, 4.0), (5, 10.0), (200, 10.0)]:
+        delays = [config.throttle_backoff(retry, rng) for _ in range(200)]
+        assert all(0.0 <= d <= cap for d in delays)
+        assert max(delays) > cap / 2
+
+
+# ---------------------------------------------------------------------------- throttling
+
+
+def test_throttles_do_not_count_against_max_attempts():
+    store = MemoryConfig({"a": b"payload"}, script=failing(Throttled, Reason.THROTTLED, times=12))
+    observer = Recorder()
+    client = make_client(store, RetryConfig(max_attempts=1, throttle_base_delay=0.0))
+    assert fetch(client, observer=observer) == b"payload"
+    assert store.stats.gets["a"] == 13
+    assert observer.throttles == 12 and len(observer.retries) == 12
+
+
+def test_failures_between_throttles_still_count_against_max_attempts():
+    def script(key: str, attempt: int) -> object:
+        if attempt % 2 == 0:
+            return Throttled("slow", url=URL, cause=Reason.THROTTLED)
+        return ServerError("boom", url=URL, cause=Reason.SERVER_ERROR)
+
+    store = MemoryConfig({"a": b"x"}, script=script)
+    with pytest.raises(ServerError) as caught:
+        fetch(make_client(store, RetryConfig(max_attempts=3, **ZERO_DELAYS)))
+    # throttle, failure, throttle, failure, throttle, failure: the third failure ends it
+    assert store.stats.gets["a"] == 6
+    assert "gave up after 6 attempts" in caught.value.__notes__
+
+
+def test_a_store_that_never_stops_throttling_fails_when_the_time_budget_is_spent():
+    store = MemoryConfig({"a": b"x"}, script=failing(Throttled, Reason.THROTTLED))
+    retry = FixedBackoff(max_attempts=1, throttle_base_delay=0.05, max_total_seconds=0.3)
+    observer = Recorder()
+    with pytest.raises(Throttled) as caught:
+        fetch(make_client(store, retry), observer=observer)
+    # retries start at 0.05, 0.10, ... and none may start at or past 0.3 s
+    assert 4 <= store.stats.gets["a"] <= 6
+    assert observer.throttles == store.stats.gets["a"]
+    assert "gave up after 0.3 s of retries" in caught.value.__notes__
+
+
+ZERO_DELAYS = {"base_delay": 0.0, "throttle_base_delay": 0.0}
+
+
+class Storm:
+    """A store script: every GET is throttled until ``seconds`` after the first one."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.ends: float | None = None
+        self.throttled = 0
+
+    def __call__(self, key: str, attempt: int) -> object:
+        now = time.monotonic()
+        if self.ends is None:
+            self.ends = now + self.seconds
+        if now < self.ends:
+            self.throttled += 1
+            return Throttled("SlowDown", url=f"memory://test/{key}", cause=Reason.THROTTLED)
+        return 0.001
+
+
+def scaled(config: RetryConfig, factor: float) -> RetryConfig:
+    """``config`` with every duration multiplied by ``factor`` (the attempt counts kept)."""
+    return RetryConfig(
+        max_attempts=config.max_attempts,
+        base_delay=config.base_delay * factor,
+        max_delay=config.max_delay * factor,
+        throttle_base_delay=config.throttle_base_delay * factor,
+        throttle_max_delay=config.throttle_max_delay * factor,
+        max_total_seconds=config.max_total_seconds * factor,
+        throttle_cooldown=config.throttle_cooldown * factor,
+    )
+
+
+def test_a_30_s_slowdown_storm_loses_nothing_with_the_default_settings():
+    # The default RetryConfig and a 30 s storm, with every duration scaled by 1/30: 1 s.
+    factor = 1 / 30
+    storm = Storm(30 * factor)
+    objects = {f"{i:03d}": f"body {i}".encode() for i in range(200)}
+    store = MemoryConfig(objects, script=storm)
+    client = make_client(store, scaled(RetryConfig(), factor), max_inflight_requests=16)
+    observer = Recorder()
+    lowest: list[int] = []
+
+    async def main() -> list[bytes]:
+        async def watch() -> None:
+            while True:
+                lowest.append(client.limit.limit)
+                await asyncio.sleep(0.01)
+
+        watcher = asyncio.create_task(watch())
+        try:
+            got = await asyncio.gather(*(client.get(k, observer=observer) for k in objects))
+        finally:
+            watcher.cancel()
+        return [bytes(b) for b in got]
+
+    assert asyncio.run(main()) == list(objects.values())
+    assert storm.throttled > len(objects)  # every object was throttled, most more than once
+    assert observer.throttles == storm.throttled
+    assert len(observer.responses) == len(objects)
+    assert min(lowest) == 1  # the in-flight limit backed off ...
+    assert client.limit.limit > 1  # ... and grew back once the storm was over
+    assert client.in_flight == 0
+
+
+def test_a_one_second_slowdown_burst_loses_nothing_with_the_unscaled_defaults():
+    storm = Storm(1.0)
+    objects = {f"{i:03d}": f"body {i}".encode() for i in range(20)}
+    store = MemoryConfig(objects, script=storm)
+    client = FetchClient(store.open(FetchConfig()), FetchConfig())
+
+    async def main() -> list[bytes]:
+        return [bytes(b) for b in await asyncio.gather(*(client.get(k) for k in objects))]
+
+    assert asyncio.run(main()) == list(objects.values())
+    assert storm.throttled >= len(objects)
+
+
+# ---------------------------------------------------------------------------- deadlines
+
+
+def deadline_client(
+    store: MemoryConfig, attempt: float, budget: float, **fetch: int
+) -> FetchClient:
+    config = FetchConfig(
+        timeouts=Timeouts(attempt=attempt),
+        retry=RetryConfig(max_attempts=100, base_delay=0.0, max_total_seconds=budget),
+        **fetch,
+    )
+    return FetchClient(store.open(config), config)
+
+
+def test_an_attempt_that_never_ends_is_cut_off_and_retried():
+    store = MemoryConfig(
+        {"a": b"payload"}, script=lambda key, attempt: STALL if attempt == 0 else None
+    )
+    observer = Recorder()
+    assert fetch(deadline_client(store, 0.05, 5.0), observer=observer) == b"payload"
+    assert store.stats.gets["a"] == 2
+    (error,) = observer.retries
+    assert isinstance(error, FetchTimeout) and error.cause is Reason.ATTEMPT_TIMEOUT
+    assert error.url == URL and "Timeouts.attempt=0.05 s" in str(error)
+
+
+@pytest.mark.parametrize("answer", [STALL, 30.0], ids=["stall", "slow"])
+def test_the_time_budget_holds_when_no_attempt_ever_ends(answer):
+    store = MemoryConfig({"a": b"x"}, script=lambda key, attempt: answer)
+    client = deadline_client(store, 0.1, 0.35)
+    started = time.monotonic()
+    with pytest.raises(FetchTimeout) as caught:
+        fetch(client)
+    elapsed = time.monotonic() - started
+    error = caught.value
+    assert error.cause is Reason.DEADLINE_EXCEEDED and error.url == URL
+    assert error.stage == "fetch"
+    assert "max_total_seconds=0.35 s" in str(error)
+    # Cut off at 0.1, 0.2 and 0.3 s, the fourth at 0.35 s (on a loaded machine, the
+    # third may already be cut off by the budget).
+    gets = store.stats.gets["a"]
+    assert gets in (3, 4)
+    assert f"cut off after {gets - 1} failed attempts" in error.__notes__
+    assert isinstance(error.__cause__, FetchTimeout)
+    assert error.__cause__.cause is Reason.ATTEMPT_TIMEOUT
+    assert elapsed < 0.35 + 1.0  # generous against a loaded machine; unbounded without it
+    assert client.in_flight == 0 and store.stats.in_flight == 0
+
+
+def test_an_object_with_one_slow_attempt_fails_at_the_budget_not_the_attempt_timeout():
+    store = MemoryConfig({"a": b"x"}, latency_s=30.0)
+    with pytest.raises(FetchTimeout) as caught:
+        fetch(deadline_client(store, 60.0, 0.1))
+    assert caught.value.cause is Reason.DEADLINE_EXCEEDED
+    assert store.stats.gets["a"] == 1
+    assert "cut off after 0 failed attempts" in caught.value.__notes__
+
+
+def test_waiting_for_the_first_request_slot_does_not_spend_the_budget():
+    # One slot; each GET takes 0.1 s, within the 0.25 s budget, but the last of five waits
+    # 0.4 s for the slot before it is sent.
+    store = MemoryConfig({f"{i}": b"x" for i in range(5)}, latency_s=0.1)
+    client = deadline_client(store, 60.0, 0.25, max_inflight_requests=1)
+    _gather(client, [f"{i}" for i in range(5)])
+    assert store.stats.total == 5
+
+
+def test_an_error_past_the_budget_pickles_with_its_reason():
+    store = MemoryConfig({"a": b"x"}, script=lambda key, attempt: STALL)
+    with pytest.raises(FetchTimeout) as caught:
+        fetch(deadline_client(store, 60.0, 0.05))
+    back = pickle.loads(pickle.dumps(caught.value))
+    assert type(back) is FetchTimeout and back.cause is Reason.DEADLINE_EXCEEDED
+    assert back.url == URL and str(back) == str(caught.value)
+
+
 # ---------------------------------------------------------------------------- limit
 
 
@@ -239,7 +437,9 @@ def test_throttle_halves_the_limit_for_the_cooldown():
     objects = {f"{i}": b"x" for i in range(30)} | {"hot": b"x"}
     store = MemoryConfig(objects, latency_s=0.002, script=_throttle_once)
     client = make_client(
-        store, RetryConfig(base_delay=0.0, throttle_cooldown=3600.0), max_inflight_requests=8
+        store,
+        RetryConfig(base_delay=0.0, throttle_base_delay=0.0, throttle_cooldown=3600.0),
+        max_inflight_requests=8,
     )
     observer = Recorder()
     _gather(client, ["hot"], observer)
@@ -255,7 +455,10 @@ def test_limit_recovers_after_the_cooldown():
     cooldown = 0.01
     objects = {f"{i}": b"x" for i in range(30)} | {"hot": b"x"}
     store = MemoryConfig(objects, latency_s=0.002, script=_throttle_once)
-    retry = RetryConfig(base_delay=0.0, max_attempts=1, throttle_cooldown=cooldown)
+    # A throttle's retry would start past the time budget: the throttle is raised at once.
+    retry = FixedBackoff(
+        throttle_base_delay=60.0, max_total_seconds=1.0, throttle_cooldown=cooldown
+    )
     client = make_client(store, retry, max_inflight_requests=8)
 
     async def main() -> None:

@@ -65,6 +65,8 @@ def test_retries_throttles_and_counters():
         "throttles": 1,
         "skipped": 3,
         "inflight": 5,
+        "hedges": 0,
+        "hedges_won": 0,
     }
 
 

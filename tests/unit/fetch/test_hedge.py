@@ -1,0 +1,391 @@
+"""Hedged GETs over scripted in-memory stores: when a hedge is sent (only after the delay,
+within the budget, never on a throttling store or without a free slot), which bytes win,
+that the loser is cancelled, and what the observer is told.
+
+Delays are pinned with ``min_delay == max_delay`` where a test is not about the estimate;
+time is read from the event loop, and a test asserts only what the loop guarantees (a
+timer never fires early), never how fast something went.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+
+import pytest
+from _observers import Recorder
+
+from concurrent_loader import ObjectDataset
+from concurrent_loader.config import FetchConfig, HedgeConfig, RetryConfig, Timeouts
+from concurrent_loader.errors import (
+    AccessDenied,
+    ConfigError,
+    FetchTimeout,
+    Reason,
+    ServerError,
+    Throttled,
+)
+from concurrent_loader.fetch import FetchClient
+from concurrent_loader.fetch.hedge import BURST, MIN_SAMPLES, HedgeBudget, HedgeDelay
+from concurrent_loader.metrics import StageStats
+from concurrent_loader.metrics.stats import COUNTERS
+from concurrent_loader.pipeline import BatchPipeline, PipelineOptions
+from concurrent_loader.stores import STALL, MemoryConfig
+from concurrent_loader.stores.base import Body, ByteRange, Capabilities, ObjectInfo
+
+URL = "memory://test/a"
+DELAY = 0.05
+
+
+def pinned(delay: float = DELAY, **hedge: float) -> HedgeConfig:
+    """Hedge after exactly ``delay`` seconds, whatever latencies were seen."""
+    return HedgeConfig(min_delay=delay, max_delay=delay, **hedge)
+
+
+def config_with(hedge: HedgeConfig, **fetch: object) -> FetchConfig:
+    retry = RetryConfig(base_delay=0.0, throttle_base_delay=0.0)
+    return FetchConfig(retry=retry, hedge=hedge, **fetch)  # type: ignore[arg-type]
+
+
+class AttemptStore:
+    """GET number ``n`` (over all keys, in the order they are sent) answers ``answers[n]``:
+    seconds to wait before the bytes ``b"attempt n"``, an exception to raise, or STALL.
+    Records when each GET was sent and which were cancelled."""
+
+    capabilities = Capabilities(remote=True, listing=False, ranges=True)
+
+    def __init__(self, answers: Sequence[object]) -> None:
+        self.answers = list(answers)
+        self.sent: list[float] = []
+        self.cancelled: list[int] = []
+        self.in_flight = 0
+
+    def url_for(self, key: str) -> str:
+        return f"memory://test/{key}"
+
+    async def get(self, key: str, byte_range: ByteRange | None = None) -> Body:
+        n = len(self.sent)
+        self.sent.append(asyncio.get_running_loop().time())
+        answer = self.answers[n]
+        self.in_flight += 1
+        try:
+            if isinstance(answer, BaseException):
+                raise answer
+            if answer is STALL:
+                await asyncio.Event().wait()
+            assert isinstance(answer, (int, float))
+            await asyncio.sleep(answer)
+            return Body(f"attempt {n}".encode())
+        except asyncio.CancelledError:
+            self.cancelled.append(n)
+            raise
+        finally:
+            self.in_flight -= 1
+
+    async def list(self) -> AsyncIterator[ObjectInfo]:  # pragma: no cover - not listed
+        return
+        yield
+
+    async def close(self) -> None:
+        pass
+
+
+def run_one(client: FetchClient, observer: Recorder | None = None) -> bytes:
+    async def main() -> bytes:
+        if observer is None:
+            return bytes(await client.get("a"))
+        return bytes(await client.get("a", observer=observer))
+
+    return asyncio.run(main())
+
+
+def throttled() -> Throttled:
+    return Throttled("SlowDown", url=URL, cause=Reason.THROTTLED)
+
+
+# ---------------------------------------------------------------------------- when
+
+
+def test_a_get_that_answers_within_the_delay_is_not_hedged():
+    store = AttemptStore([DELAY / 5])
+    client = FetchClient(store, config_with(pinned()))
+    observer = Recorder()
+    assert run_one(client, observer) == b"attempt 0"
+    assert len(store.sent) == 1
+    assert client.hedging is not None and client.hedging.sent == 0
+    assert observer.hedges == 0
+
+
+def test_a_slow_get_is_hedged_only_after_the_delay_and_the_first_to_finish_wins():
+    store = AttemptStore([10.0, 0.0])
+    client = FetchClient(store, config_with(pinned()))
+    observer = Recorder()
+    assert run_one(client, observer) == b"attempt 1"  # the hedge's bytes
+    primary_sent, hedge_sent = store.sent
+    assert hedge_sent - primary_sent >= DELAY - 1e-3  # a loop timer never fires early
+    assert store.cancelled == [0]  # the slow primary was cancelled
+    assert store.in_flight == 0 and client.in_flight == 0
+    assert (observer.hedges, observer.hedges_won) == (1, 1)
+    assert len(observer.responses) == 1  # one attempt, one response
+    assert client.hedging is not None and (client.hedging.sent, client.hedging.won) == (1, 1)
+
+
+def test_when_the_primary_finishes_first_the_hedge_is_cancelled():
+    store = AttemptStore([2 * DELAY, 10.0])
+    client = FetchClient(store, config_with(pinned()))
+    observer = Recorder()
+    assert run_one(client, observer) == b"attempt 0"
+    assert store.cancelled == [1]
+    assert (observer.hedges, observer.hedges_won) == (1, 0)
+    assert store.in_flight == 0 and client.in_flight == 0
+
+
+def test_at_most_one_hedge_per_attempt():
+    store = AttemptStore([10 * DELAY, 10 * DELAY])
+    client = FetchClient(store, config_with(pinned()))
+    assert run_one(client) in (b"attempt 0", b"attempt 1")
+    assert len(store.sent) == 2
+
+
+def test_hedging_can_be_turned_off():
+    store = AttemptStore([3 * DELAY])
+    config = config_with(HedgeConfig(enabled=False, min_delay=DELAY, max_delay=DELAY))
+    client = FetchClient(store, config)
+    assert client.hedging is None
+    assert run_one(client) == b"attempt 0"
+    assert len(store.sent) == 1
+
+
+def test_no_hedge_without_a_free_request_slot():
+    store = AttemptStore([3 * DELAY])
+    client = FetchClient(store, config_with(pinned(), max_inflight_requests=1))
+    assert run_one(client) == b"attempt 0"
+    assert len(store.sent) == 1
+
+
+def test_no_hedge_while_the_store_throttles():
+    # Throttled once: for the cool-down the slow retry is not hedged.
+    store = AttemptStore([throttled(), 3 * DELAY])
+    client = FetchClient(store, config_with(pinned()))
+    observer = Recorder()
+    assert run_one(client, observer) == b"attempt 1"
+    assert len(store.sent) == 2 and observer.hedges == 0
+    assert client.limit.cooling_down
+
+
+# ---------------------------------------------------------------------------- failures
+
+
+def test_a_transient_failure_of_one_waits_for_the_other():
+    class FailingPrimary(AttemptStore):
+        async def get(self, key: str, byte_range: ByteRange | None = None) -> Body:
+            if not self.sent:  # the primary fails after the hedge was sent
+                self.sent.append(asyncio.get_running_loop().time())
+                await asyncio.sleep(1.5 * DELAY)
+                raise ServerError("boom", url=URL, cause=Reason.SERVER_ERROR)
+            return await super().get(key, byte_range)
+
+    store = FailingPrimary([None, 3 * DELAY])
+    client = FetchClient(store, config_with(pinned()))
+    observer = Recorder()
+    assert run_one(client, observer) == b"attempt 1"
+    assert len(store.sent) == 2
+    assert observer.retries == []  # the attempt did not fail: its hedge answered
+    assert (observer.hedges, observer.hedges_won) == (1, 1)
+
+
+def test_an_error_a_retry_cannot_mend_ends_the_attempt_at_once():
+    denied = AccessDenied("no", url=URL, cause=Reason.ACCESS_DENIED)
+    store = AttemptStore([10.0, denied])
+    client = FetchClient(store, config_with(pinned()))
+    with pytest.raises(AccessDenied):
+        run_one(client)
+    assert store.cancelled == [0]
+    assert len(store.sent) == 2 and client.in_flight == 0
+
+
+def test_when_both_fail_the_attempt_fails_with_the_primarys_error_and_is_retried():
+    class BothFail(AttemptStore):
+        async def get(self, key: str, byte_range: ByteRange | None = None) -> Body:
+            n = len(self.sent)
+            if n == 0:
+                self.sent.append(asyncio.get_running_loop().time())
+                await asyncio.sleep(2 * DELAY)
+                raise ServerError("primary", url=URL, cause=Reason.SERVER_ERROR)
+            if n == 1:
+                self.sent.append(asyncio.get_running_loop().time())
+                raise throttled()
+            return await super().get(key, byte_range)
+
+    store = BothFail([None, None, 0.0])
+    client = FetchClient(store, config_with(pinned()))
+    observer = Recorder()
+    assert run_one(client, observer) == b"attempt 2"  # the retry
+    (error,) = observer.retries
+    assert isinstance(error, ServerError)
+    assert any("its hedged GET failed too" in note for note in error.__notes__)
+    # The hedge's throttle was counted once, and halved the limit.
+    assert observer.throttles == 1 and client.limit.throttles == 1
+
+
+def test_the_attempt_deadline_cancels_both_gets():
+    store = AttemptStore([STALL, STALL, 0.0])
+    config = FetchConfig(
+        timeouts=Timeouts(attempt=3 * DELAY),
+        retry=RetryConfig(base_delay=0.0),
+        hedge=pinned(),
+    )
+    client = FetchClient(store, config)
+    observer = Recorder()
+    assert run_one(client, observer) == b"attempt 2"
+    assert sorted(store.cancelled) == [0, 1]
+    (error,) = observer.retries
+    assert isinstance(error, FetchTimeout) and error.cause is Reason.ATTEMPT_TIMEOUT
+    assert store.in_flight == 0 and client.in_flight == 0
+
+
+def test_cancelling_the_caller_cancels_both_gets_and_frees_their_slots():
+    store = AttemptStore([STALL, STALL])
+    client = FetchClient(store, config_with(pinned()))
+
+    async def main() -> None:
+        task = asyncio.create_task(client.get("a"))
+        while len(store.sent) < 2:
+            await asyncio.sleep(DELAY / 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert sorted(store.cancelled) == [0, 1]
+        assert client.in_flight == 0
+
+    asyncio.run(main())
+
+
+# ---------------------------------------------------------------------------- budget
+
+
+def test_hedges_stay_within_the_budget_over_many_gets():
+    # Every GET is slower than the delay, so every one would be hedged without a budget.
+    store = MemoryConfig({f"{i:03d}": b"x" for i in range(40)}, latency_s=4 * 0.002)
+    hedge = pinned(0.002, budget=0.05)
+    client = FetchClient(store.open(config_with(hedge)), config_with(hedge))
+    observer = Recorder()
+    waves, per_wave = 10, 40
+
+    async def main() -> None:
+        for _ in range(waves):
+            await asyncio.gather(*(client.get(k, observer=observer) for k in store.objects))
+
+    asyncio.run(main())
+    gets = waves * per_wave
+    extra = store.stats.total - gets
+    assert 0 < extra <= 1 + hedge.budget * gets
+    assert extra == observer.hedges
+    assert len(observer.responses) == gets
+
+
+def test_the_budget_is_a_token_bucket_that_starts_with_one_token():
+    budget = HedgeBudget(0.25)
+    assert budget.spend() and not budget.spend()
+    for _ in range(3):
+        budget.earn()
+    assert not budget.spend()
+    budget.earn()
+    assert budget.spend()
+    for _ in range(1000):
+        budget.earn()
+    assert budget.tokens == BURST
+
+
+# ---------------------------------------------------------------------------- delay
+
+
+def test_the_delay_is_a_high_percentile_of_recent_latencies_within_its_bounds():
+    delay = HedgeDelay(HedgeConfig(percentile=95, min_delay=0.01, max_delay=1.0))
+    for ms in range(1, MIN_SAMPLES):
+        delay.observe(ms / 1000)
+    assert delay.seconds == 1.0  # too few latencies yet: the ceiling
+    delay = HedgeDelay(HedgeConfig(percentile=95, min_delay=0.01, max_delay=1.0))
+    for ms in range(1, 101):
+        delay.observe(ms / 1000)
+    assert delay.seconds == pytest.approx(0.095, abs=0.016)  # recomputed every few
+    floor = HedgeDelay(HedgeConfig(min_delay=0.05, max_delay=1.0))
+    for _ in range(100):
+        floor.observe(0.001)
+    assert floor.seconds == 0.05
+    ceiling = HedgeDelay(HedgeConfig(min_delay=0.05, max_delay=1.0))
+    for _ in range(100):
+        ceiling.observe(30.0)
+    assert ceiling.seconds == 1.0
+
+
+def test_the_delay_follows_the_store_when_it_slows_down():
+    delay = HedgeDelay(HedgeConfig(min_delay=0.001, max_delay=10.0))
+    for _ in range(300):
+        delay.observe(0.01)
+    assert delay.seconds == pytest.approx(0.01)
+    for _ in range(300):
+        delay.observe(0.5)
+    assert delay.seconds == pytest.approx(0.5)  # the old latencies left the window
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: HedgeConfig(percentile=0),
+        lambda: HedgeConfig(percentile=100),
+        lambda: HedgeConfig(min_delay=0),
+        lambda: HedgeConfig(max_delay=float("inf")),
+        lambda: HedgeConfig(min_delay=0.5, max_delay=0.1),
+        lambda: HedgeConfig(budget=0),
+        lambda: HedgeConfig(budget=1.5),
+        lambda: HedgeConfig(enabled="yes"),  # type: ignore[arg-type]
+    ],
+)
+def test_invalid_hedge_settings_fail_at_construction(make):
+    with pytest.raises(ConfigError):
+        make()
+
+
+def test_hedging_is_on_by_default():
+    hedge = FetchConfig().hedge
+    assert hedge.enabled and hedge.percentile == 95 and hedge.budget == 0.05
+    assert 0 < hedge.min_delay < hedge.max_delay
+
+
+# ---------------------------------------------------------------------------- pipeline
+
+
+def test_a_pipeline_gets_every_sample_once_in_order_and_counts_its_hedges(helpers):
+    count = 40
+    slow = {helpers.key_for(i) for i in (3, 17, 31)}
+
+    def script(key: str, attempt: int) -> object:
+        return 10.0 if key in slow and attempt == 0 else 0.001
+
+    store = MemoryConfig(helpers.numbered_objects(count), script=script)
+    # Every slow GET is hedged (budget 1); fast ones answer long before the delay.
+    config = config_with(pinned(0.2, budget=1.0))
+    dataset = ObjectDataset(store, decode=helpers.index_of, fetch_config=config)
+    batches = [list(range(i, i + 8)) for i in range(0, count, 8)]
+    pipeline = BatchPipeline(
+        dataset, batches, collate_fn=list, options=PipelineOptions(prefetch_batches=5)
+    )
+    assert list(pipeline) == batches
+    counters = dict(zip(COUNTERS, pipeline.stats.vector(), strict=False))
+    assert counters["hedges"] == counters["hedges_won"] == len(slow)
+    assert counters["objects"] == count
+    assert all(store.stats.gets[key] == 2 for key in slow)
+
+
+def test_stage_stats_count_hedges_sent_and_won():
+    store = AttemptStore([10.0, 0.0])
+    client = FetchClient(store, config_with(pinned()))
+    stats = StageStats()
+
+    async def main() -> None:
+        await client.get("a", observer=stats)
+
+    asyncio.run(main())
+    counters = dict(zip(COUNTERS, stats.vector(), strict=False))
+    assert (counters["hedges"], counters["hedges_won"], counters["objects"]) == (1, 1, 1)
