@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data import DataLoader, IterableDataset
 
 from concurrent_loader import (
     AccessDenied,
@@ -31,12 +31,16 @@ COUNT = 50
 
 
 def sampler_batches(seed: int | None, batch_size: int, drop_last: bool) -> list[list[int]]:
-    """What a stock DataLoader's batch sampler yields for the same arguments."""
-    if seed is None:
-        sampler: Any = SequentialSampler(range(COUNT))
-    else:
-        sampler = RandomSampler(range(COUNT), generator=torch.Generator().manual_seed(seed))
-    return [list(b) for b in BatchSampler(sampler, batch_size, drop_last)]
+    """What a stock DataLoader yields for the same arguments."""
+    stock = DataLoader(
+        range(COUNT),  # type: ignore[arg-type]
+        batch_size=batch_size,
+        shuffle=seed is not None,
+        generator=torch.Generator().manual_seed(seed) if seed is not None else None,
+        drop_last=drop_last,
+        collate_fn=list,
+    )
+    return list(stock)
 
 
 def denying(bad: set[str]) -> Callable[[str, int], object]:
@@ -243,13 +247,15 @@ def test_invalid_arguments_are_refused(helpers, kwargs, error):
         ConcurrentDataLoader(dataset, **kwargs)
 
 
-def test_iterable_datasets_are_refused():
+def test_iterable_datasets_are_loaded_as_torch_loads_them():
     class Stream(IterableDataset[int]):
         def __iter__(self) -> Any:
-            return iter(range(3))
+            return iter(range(5))
 
-    with pytest.raises(TypeError, match="map-style"):
-        ConcurrentDataLoader(Stream())
+    loader = ConcurrentDataLoader(Stream(), batch_size=2)
+    assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4]]
+    with pytest.raises(ConfigError, match="map-style"):
+        loader.state_dict()
 
 
 # ---------------------------------------------------------------------------- worker processes
