@@ -42,6 +42,7 @@ from torch.utils.data import (
     Dataset,
     DistributedSampler,
     IterableDataset,
+    RandomSampler,
     Sampler,
 )
 
@@ -58,6 +59,15 @@ __all__ = ["ConcurrentDataLoader"]
 log = logging.getLogger(__name__)
 
 T_co = TypeVar("T_co", covariant=True)
+
+
+def _draws_from_global(sampler: object) -> bool:
+    """True if ``sampler`` (or the sampler a batch sampler wraps) shuffles with torch's global
+    RNG: then that RNG's state is part of the epoch's resumable state."""
+    for candidate in (sampler, getattr(sampler, "sampler", None)):
+        if isinstance(candidate, RandomSampler) and candidate.generator is None:
+            return True
+    return False
 
 
 def _passthrough(batch: Any) -> Any:
@@ -198,9 +208,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         self._shards_itself = sampler is None and batch_sampler is None and not self._iterable
         self._shuffle = bool(shuffle)
         self._epoch = 0
-        self._generators = resume.GeneratorStates(
-            generator, sampler, batch_sampler, use_global=generator is None
-        )
+        self._generators = resume.GeneratorStates(generator, sampler, batch_sampler)
         self._shared_stats = SharedStats(max(num_workers, 0))
         self._waits = StallLedger()
         self._iterating_since: float | None = None
@@ -255,6 +263,9 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         if self.num_workers > 0 and new_iterator:
             self.check_worker_number_rationality()
         pending, self._pending_state = self._pending_state, None
+        self._generators.use_global = self.generator is None and _draws_from_global(
+            self._epoch_sampler()
+        )
         skip = 0
         base_seed_drawn = new_iterator
         if pending is not None:

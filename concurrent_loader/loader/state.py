@@ -49,6 +49,7 @@ class GeneratorStates:
     ) -> None:
         self.loader = loader
         self.samplers = samplers
+        #: Whether the order comes from torch's global RNG (set per epoch by the loader).
         self.use_global = use_global and loader is None
 
     def _generators(self) -> dict[str, torch.Generator]:
@@ -123,11 +124,14 @@ def restore(state: dict[str, Any], generators: GeneratorStates) -> tuple[int, in
     """Set the generators from ``state``; return (epoch, batches already taken). Whether the
     epoch drew a base seed first is ``state.get("base_seed_drawn", False)``."""
     rank, world_size = world()
-    if (state["rank"], state["world_size"]) != (rank, world_size):
+    # Another rank's state is taken: under DDP the ranks advance in lockstep, and frameworks
+    # (Lightning) save rank 0's loader state for every rank. Each rank still draws its own
+    # shard.
+    if state["world_size"] != world_size:
         raise ConfigError(
             f"the state was saved by rank {state['rank']} of {state['world_size']}, but this "
-            f"is rank {rank} of {world_size}: resuming with a different world size (or rank) "
-            "is not supported",
+            f"is rank {rank} of {world_size}: resuming with a different world size is not "
+            "supported",
             cause=Reason.INVALID_ARGUMENT,
         )
     generators.set(state["generator_states"])
