@@ -304,3 +304,41 @@ def test_an_error_in_a_worker_arrives_with_its_type_and_object(helpers):
     assert got == sampler_batches(None, 4, False)[:3]
     assert caught.value.url == f"memory://test/{bad}"
     assert caught.value.cause is Reason.ACCESS_DENIED
+
+
+@pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=fork_warning)])
+def test_next_after_an_error_returns_the_following_batch(helpers, num_workers):
+    bad = {helpers.key_for(i) for i in (5, 13)}  # batches 1 and 3 of 5
+    store = MemoryConfig(helpers.numbered_objects(20), script=denying(bad))
+    loader = ConcurrentDataLoader(
+        ObjectDataset(store, decode=helpers.index_of),
+        batch_size=4,
+        collate_fn=list,
+        num_workers=num_workers,
+        multiprocessing_context="fork" if num_workers else None,
+    )
+    got: list[Any] = []
+    iterator = iter(loader)
+    while True:
+        try:
+            got.append(next(iterator))
+        except StopIteration:
+            break
+        except AccessDenied as error:
+            got.append(error.url)
+    expected = sampler_batches(None, 4, False)[:5]
+    assert got == [
+        expected[0],
+        f"memory://test/{helpers.key_for(5)}",
+        expected[2],
+        f"memory://test/{helpers.key_for(13)}",
+        expected[4],
+    ]
+    state = loader.state_dict()  # the epoch ended: the next one
+    assert (state["epoch"], state["batches_taken"]) == (1, 0)
+
+
+def test_the_loader_is_generic_and_its_dataset_is_the_users(helpers):
+    dataset = ObjectDataset(MemoryConfig(helpers.numbered_objects(3)))
+    loader: ConcurrentDataLoader[Any] = ConcurrentDataLoader[Any](dataset, batch_size=2)
+    assert loader.dataset is dataset and loader.batch_size == 2
