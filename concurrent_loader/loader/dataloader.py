@@ -1,31 +1,41 @@
 """``ConcurrentDataLoader``: a ``torch.utils.data.DataLoader`` whose workers keep many
 requests in flight, pipelined across batches.
 
-How it stays on public PyTorch API: at the start of each epoch the main process draws the
-epoch's batches from the (batch) sampler, as a stock DataLoader would, and writes them to a
-shared-memory :class:`~.plan.EpochPlan`. The DataLoader it hands to ``torch`` iterates an
-``IterableDataset`` (:class:`~.worker.PlannedBatches`): worker ``w`` of ``W`` produces
-batches ``w, w+W, w+2W, ...`` of the plan through a
-:class:`~concurrent_loader.pipeline.BatchPipeline`, and torch's in-order round-robin over
-workers returns them as batches ``0, 1, 2, ...``. So batch ``i`` holds exactly the sampler's
-batch ``i``, every start method works (workers need only the picklable dataset and the
-shared plan), and ``pin_memory``, ``timeout``, ``worker_init_fn``, ``persistent_workers``
-and ``prefetch_factor`` keep their torch meaning.
+It is a DataLoader by composition, on public PyTorch API only. ``__init__`` hands the
+user's arguments to ``DataLoader.__init__``, so torch validates them and every attribute
+(``dataset``, ``batch_size``, ``sampler``, ``batch_sampler``, ``collate_fn``,
+``drop_last``, ``generator``, ...) is what a stock DataLoader built with them would have.
+Each epoch (``__iter__``) then does what torch's iterator does, in the same order: draw the
+workers' base seed from ``generator`` (a new iterator only, as torch), then the epoch's
+batches from the (batch) sampler, here all at once, into a shared-memory
+:class:`~.plan.EpochPlan`. An inner, plain DataLoader iterates a
+:class:`~.worker.PlannedBatches` over that plan: each worker process produces its batches
+through a :class:`~concurrent_loader.pipeline.BatchPipeline`, and torch's in-order round
+robin over workers returns them as batches ``0, 1, 2, ...`` (with ``in_order=False``,
+workers claim batches as they go and an idle one takes over). The inner loader takes the
+user's ``num_workers``, ``pin_memory``, ``timeout``, ``worker_init_fn``,
+``multiprocessing_context``, ``prefetch_factor``, ``persistent_workers`` and ``in_order``,
+and a private generator holding the same base seed, so workers are seeded as torch seeds
+them. Every start method works: workers need only the picklable dataset and the plan.
 
-This module holds the arguments and the iteration; the plan (:mod:`.plan`), resumable state
-(:mod:`.state`), skip marking (:mod:`.partial`) and metrics (:mod:`concurrent_loader.metrics`)
-live beside it.
+An ``IterableDataset`` is iterated as a stock DataLoader iterates it (sharding through
+``get_worker_info()`` is the dataset's own), with none of the pipeline.
+
+This module holds the arguments and the epochs; an epoch's iteration (:mod:`.iterator`), the
+plan (:mod:`.plan`), resumable state (:mod:`.state`), skip marking (:mod:`.partial`) and
+metrics (:mod:`concurrent_loader.metrics`) live beside it.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
-from typing import Any
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 import torch
-import torch.distributed as dist
+import torch.multiprocessing
 from torch.utils.data import (
     BatchSampler,
     DataLoader,
@@ -34,22 +44,30 @@ from torch.utils.data import (
     IterableDataset,
     RandomSampler,
     Sampler,
-    SequentialSampler,
-    default_collate,
-    default_convert,
 )
 
 from ..errors import ConfigError, Reason, SkipBudgetExceeded, WorkerError
-from ..metrics import SharedStats, StallLedger, format_stats, loader_stats
+from ..metrics import SharedStats, StallLedger, loader_stats
 from ..pipeline import Partial, PipelineOptions, SkippedSample, source_of
 from . import state as resume
-from .partial import mark, pin
-from .plan import EpochPlan
-from .worker import Failure, PlannedBatches
+from .iterator import EpochIterator, _drop_tracebacks
+from .plan import EpochPlan, Lock
+from .worker import PlannedBatches
 
 __all__ = ["ConcurrentDataLoader"]
 
 log = logging.getLogger(__name__)
+
+T_co = TypeVar("T_co", covariant=True)
+
+
+def _draws_from_global(sampler: object) -> bool:
+    """True if ``sampler`` (or the sampler a batch sampler wraps) shuffles with torch's global
+    RNG: then that RNG's state is part of the epoch's resumable state."""
+    for candidate in (sampler, getattr(sampler, "sampler", None)):
+        if isinstance(candidate, RandomSampler) and candidate.generator is None:
+            return True
+    return False
 
 
 def _passthrough(batch: Any) -> Any:
@@ -57,7 +75,8 @@ def _passthrough(batch: Any) -> Any:
 
 
 class _Unbatched:
-    """Collate for ``batch_size=None``: each "batch" is one sample, converted as torch does."""
+    """Collate for ``batch_size=None``: each planned "batch" is one index, whose sample is
+    converted by the loader's ``collate_fn`` as torch does."""
 
     def __init__(self, convert: Callable[[Any], Any]) -> None:
         self.convert = convert
@@ -66,10 +85,11 @@ class _Unbatched:
         return self.convert(items[0])
 
 
-class ConcurrentDataLoader(DataLoader[Any]):
+class ConcurrentDataLoader(DataLoader[T_co]):
     """A ``DataLoader`` that fetches many objects concurrently per worker process.
 
-    Takes every ``torch.utils.data.DataLoader`` argument with the same meaning, plus (see
+    Takes every ``torch.utils.data.DataLoader`` argument with the same meaning (validated by
+    torch, attributes as torch sets them), plus (see
     :class:`~concurrent_loader.pipeline.PipelineOptions`):
 
     - ``max_inflight_requests``: GETs in flight at most per process (default: the dataset's
@@ -80,27 +100,30 @@ class ConcurrentDataLoader(DataLoader[Any]):
       not ours (default 64);
     - ``prefetch_batches``: batches in progress per process ahead of the consumer (default:
       enough to keep ``max_inflight_requests`` busy, at least 2);
-    - ``seed``: the shuffle seed shared by all ranks under ``torch.distributed``;
-    - ``on_error``: ``"raise"`` (default) or ``"skip"``, with ``max_skipped`` (a count, or a
-      fraction of the epoch's samples) before ``SkipBudgetExceeded``;
+    - ``seed``: the shuffle seed shared by all ranks under ``torch.distributed`` when the
+      loader shards by itself (no ``sampler`` or ``batch_sampler`` given);
+    - ``on_error``: ``"raise"`` (default; the failed batch's error is raised by ``next()``
+      and the next call goes on with the following batch, as torch) or ``"skip"``, with
+      ``max_skipped`` (a count, or a fraction of the epoch's samples) before
+      ``SkipBudgetExceeded`` ends the epoch;
     - ``log_every_s``: log :meth:`stats` as one INFO line this often (off by default);
     - ``stall_timeout_s``: a process that waits this long for a batch raises
       ``LoaderStalled`` naming what it waited on, with every thread's stack (default 300 s;
       None: never); it logs a WARNING before.
 
-    ``loader.dataset`` is the user's dataset seen through a thin wrapper (attributes read
-    through); ``len(loader)`` is the number of batches.
+    ``len(loader)`` is the number of batches. An ``IterableDataset`` is loaded as a stock
+    DataLoader loads it (none of the options above apply to it).
     """
 
     def __init__(
         self,
-        dataset: Dataset[Any],
+        dataset: Dataset[T_co],
         batch_size: int | None = 1,
         shuffle: bool | None = None,
         sampler: Sampler[Any] | Iterable[Any] | None = None,
         batch_sampler: Sampler[list[Any]] | Iterable[list[Any]] | None = None,
         num_workers: int = 0,
-        collate_fn: Callable[[list[Any]], Any] | None = None,
+        collate_fn: Callable[[list[T_co]], Any] | None = None,
         pin_memory: bool = False,
         drop_last: bool = False,
         timeout: float = 0,
@@ -123,20 +146,6 @@ class ConcurrentDataLoader(DataLoader[Any]):
         log_every_s: float | None = None,
         stall_timeout_s: float | None = 300.0,
     ) -> None:
-        if isinstance(dataset, IterableDataset):
-            raise TypeError(
-                "ConcurrentDataLoader needs a map-style dataset (with __getitem__ and __len__); "
-                "use torch.utils.data.DataLoader for an IterableDataset"
-            )
-        if batch_sampler is not None and (
-            batch_size != 1 or shuffle or sampler is not None or drop_last
-        ):
-            raise ValueError(
-                "batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, "
-                "and drop_last"
-            )
-        if sampler is not None and shuffle:
-            raise ValueError("sampler option is mutually exclusive with shuffle")
         if isinstance(max_skipped, float) and not 0 <= max_skipped < 1:
             raise ConfigError(
                 f"max_skipped as a fraction must be in [0, 1), got {max_skipped}",
@@ -150,7 +159,7 @@ class ConcurrentDataLoader(DataLoader[Any]):
         options = PipelineOptions.derive(
             inflight_default=source.fetch_config.max_inflight_requests if source else 64,
             batch_size=batch_size or 1,
-            num_workers=num_workers,
+            num_workers=max(num_workers, 0),
             max_inflight_requests=max_inflight_requests,
             max_inflight_bytes=max_inflight_bytes,
             decode_threads=decode_threads,
@@ -159,51 +168,16 @@ class ConcurrentDataLoader(DataLoader[Any]):
             on_error=on_error,
             stall_timeout_s=stall_timeout_s,
         )
-
-        if shuffle and generator is None:
-            # Seeded from torch's global RNG, so torch.manual_seed() makes runs repeatable.
-            seed_value = int(torch.empty((), dtype=torch.int64).random_().item())
-            generator = torch.Generator().manual_seed(seed_value)
-        self._source = dataset
-        self._shuffle = bool(shuffle)
-        self._user_sampler = sampler
-        self._user_batch_sampler = batch_sampler
-        self._batch_size = batch_size
-        self._drop_last = drop_last
-        self._seed = seed
-        self._epoch = 0
-        self._generator = generator
-        self._generators = resume.GeneratorStates(generator, sampler)
-
-        if batch_size is None and batch_sampler is None:
-            batch_collate: Callable[[list[Any]], Any] = _Unbatched(collate_fn or default_convert)
-        else:
-            batch_collate = collate_fn or default_collate
-        self._plan = EpochPlan()
-        self._shared_stats = SharedStats(num_workers)
-        self._planned = PlannedBatches(
-            dataset, self._plan, batch_collate, options, self._shared_stats
-        )
-        self.options = options
-        self.on_error = on_error
-        self.max_skipped = max_skipped
-        self.log_every_s = log_every_s
-        self.skipped: list[SkippedSample] = []
-        self._waits = StallLedger()
-        self._iterating_since: float | None = None
-        self._pending_state: dict[str, Any] | None = None
-        self._progress: resume.EpochProgress | None = None
-        self.max_inflight_requests = max_inflight_requests or (
-            source.fetch_config.max_inflight_requests if source else None
-        )
-        self.decode_threads = options.decode_threads
-        self.prefetch_batches = options.prefetch_batches
         super().__init__(
-            self._planned,
-            batch_size=None,
+            dataset,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            sampler=sampler,
+            batch_sampler=batch_sampler,
             num_workers=num_workers,
-            collate_fn=_passthrough,
+            collate_fn=collate_fn,
             pin_memory=pin_memory,
+            drop_last=drop_last,
             timeout=timeout,
             worker_init_fn=worker_init_fn,
             multiprocessing_context=multiprocessing_context,
@@ -213,127 +187,170 @@ class ConcurrentDataLoader(DataLoader[Any]):
             pin_memory_device=pin_memory_device,
             in_order=in_order,
         )
-        self._plan_written = False
+        # Our own arguments, under their names (frameworks rebuild a loader from them).
+        self.max_inflight_requests = max_inflight_requests or (
+            source.fetch_config.max_inflight_requests if source else None
+        )
+        self.max_inflight_bytes = max_inflight_bytes
+        self.decode_threads = options.decode_threads
+        self.getitem_threads = options.getitem_threads
+        self.prefetch_batches = options.prefetch_batches
+        self.seed = seed
+        self.on_error = on_error
+        self.max_skipped = max_skipped
+        self.log_every_s = log_every_s
+        self.stall_timeout_s = stall_timeout_s
+        self.options = options
+        self.skipped: list[SkippedSample] = []
+
+        self._iterable = isinstance(dataset, IterableDataset)
+        # No sampler given: under torch.distributed the loader shards by itself.
+        self._shards_itself = sampler is None and batch_sampler is None and not self._iterable
+        self._shuffle = bool(shuffle)
+        self._epoch = 0
+        self._generators = resume.GeneratorStates(generator, sampler, batch_sampler)
+        self._shared_stats = SharedStats(max(num_workers, 0))
+        self._waits = StallLedger()
+        self._iterating_since: float | None = None
+        self._pending_state: dict[str, Any] | None = None
+        self._progress: resume.EpochProgress | None = None
+        # The inner loader draws its workers' base seed from this one, which holds the state
+        # ``generator`` had when this loader drew the same seed.
+        self._inner_generator = torch.Generator()
+        self._persistent: tuple[DataLoader[Any], PlannedBatches] | None = None
+        self._persistent_started = False
 
     # ------------------------------------------------------------------ epochs
 
     def set_epoch(self, epoch: int) -> None:
-        """Number the next epoch (its shuffle under torch.distributed, as DistributedSampler)."""
+        """Number the next epoch (its shuffle when the loader shards by itself under
+        torch.distributed, as ``DistributedSampler.set_epoch``)."""
         self._epoch = epoch
 
-    def _index_batches(self) -> Iterable[Sequence[int]]:
-        if self._user_batch_sampler is not None:
-            return self._user_batch_sampler
-        sampler = self._user_sampler or self._default_sampler()
-        # batch_size=None: one-sample "batches", which the collate unwraps.
-        return BatchSampler(sampler, self._batch_size or 1, self._drop_last)
-
-    def _default_sampler(self) -> Sampler[int]:
-        # Read at iteration time, not construction: the dataset may be built before
-        # init_process_group.
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            sampler: DistributedSampler[Any] = DistributedSampler(
-                self._source,
-                num_replicas=dist.get_world_size(),
-                rank=dist.get_rank(),
-                shuffle=self._shuffle,
-                seed=self._seed,
-                drop_last=self._drop_last,
-            )
-            sampler.set_epoch(self._epoch)
-            return sampler
-        if self._shuffle:
-            return RandomSampler(self._source, generator=self._generator)  # type: ignore[arg-type]
-        return SequentialSampler(self._source)  # type: ignore[arg-type]
+    def _epoch_sampler(self) -> Iterable[Any]:
+        """What the epoch's batches (or, with ``batch_size=None``, its indices) come from."""
+        if self._shards_itself:
+            # Read at iteration time, not construction: the loader may be built before
+            # init_process_group.
+            rank, world_size = resume.world()
+            if world_size > 1:
+                sampler: DistributedSampler[Any] = DistributedSampler(
+                    self.dataset,
+                    num_replicas=world_size,
+                    rank=rank,
+                    shuffle=self._shuffle,
+                    seed=self.seed,
+                    drop_last=self.drop_last,
+                )
+                sampler.set_epoch(self._epoch)
+                if self.batch_size is None:
+                    return sampler
+                return BatchSampler(sampler, self.batch_size, self.drop_last)
+        if self.batch_sampler is not None:
+            return self.batch_sampler
+        return self.sampler
 
     def __len__(self) -> int:
-        batches = self._index_batches()
-        if isinstance(batches, Sized):
-            return len(batches)
-        raise TypeError("the batch sampler has no len()")
+        if self._shards_itself and resume.world()[1] > 1:
+            return len(self._epoch_sampler())  # type: ignore[arg-type]
+        return super().__len__()
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        skip = 0
+        if self._iterable:
+            return super().__iter__()
+        # A new inner iterator draws its workers' base seed; persistent workers keep theirs.
+        new_iterator = not (self.persistent_workers and self._persistent_started)
+        if self.num_workers > 0 and new_iterator:
+            self.check_worker_number_rationality()
         pending, self._pending_state = self._pending_state, None
+        self._generators.use_global = self.generator is None and _draws_from_global(
+            self._epoch_sampler()
+        )
+        skip = 0
+        base_seed_drawn = new_iterator
         if pending is not None:
             self._epoch, skip = resume.restore(pending, self._generators)
+            base_seed_drawn = bool(pending.get("base_seed_drawn", False))
         start_state = self._generators.get()
         epoch = self._epoch
-        batches = [list(b) for b in self._index_batches()]
+        # torch's order: the (batch) sampler's iterator, the base seed, then the indices.
+        indices = iter(self._epoch_sampler())
+        if base_seed_drawn:
+            drawn_from = self.generator if self.generator is not None else torch.default_generator
+            seed_state = drawn_from.get_state()
+            torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+            if new_iterator:
+                self._inner_generator.set_state(seed_state)
+        if self.batch_sampler is not None:  # torch's automatic batching
+            batches = [list(batch) for batch in indices]
+            collate: Callable[[list[Any]], Any] = self.collate_fn
+        else:
+            batches = [[index] for index in indices]
+            collate = _Unbatched(self.collate_fn)
         self._epoch += 1
         if not 0 <= skip <= len(batches):
             raise ConfigError(
                 f"the state resumes after batch {skip}, but this epoch has {len(batches)} batches",
                 cause=Reason.INVALID_ARGUMENT,
             )
-        may_grow = not (self.persistent_workers and self._plan_written)
-        samples = sum(len(b) for b in batches)
-        self._plan.write(batches[skip:], may_grow=may_grow, room=(samples, len(batches)))
-        self._plan_written = True
+        inner = self._inner_loader(batches, skip, collate)
+        with warnings.catch_warnings():
+            # Said once above, as torch says it once per iterator.
+            warnings.filterwarnings("ignore", message="This DataLoader will create")
+            inner_batches = iter(inner)
+        if self.persistent_workers:
+            self._persistent_started = True
         self.skipped = []
+        self._iterating_since = self._iterating_since or time.perf_counter()
         self._progress = resume.EpochProgress(
             epoch=epoch,
             generator_states=start_state,
             num_batches=len(batches),
             batches_taken=skip,
-            samples=samples,
+            samples=sum(len(b) for b in batches),
+            base_seed_drawn=base_seed_drawn,
             done=skip == len(batches),
         )
-        return self._consume(super().__iter__(), self._progress)
+        return EpochIterator(self, inner_batches, self._progress)
 
-    def _consume(self, batches: Iterator[Any], progress: resume.EpochProgress) -> Iterator[Any]:
-        """Re-raise workers' errors, apply the skip policy, count progress and waits."""
-        failure: BaseException | None = None
-        self._iterating_since = self._iterating_since or time.perf_counter()
-        last_log = time.monotonic()
-        budget = self._skip_budget(progress.samples)
-        first_batch = progress.batches_taken
-        returned: float | None = None  # when the last batch was handed to the loop
-        try:
-            while True:
-                asked = time.perf_counter()
-                try:
-                    batch = next(batches)
-                except StopIteration:
-                    break
-                except Exception as exc:
-                    failure = self._worker_failure(exc)
-                    break
-                got = time.perf_counter()
-                # The first batch of an epoch waits for the pipeline to fill: the verdict
-                # judges the steady state.
-                self._waits.record(
-                    got - asked,
-                    asked - returned if returned is not None else 0.0,
-                    warmup=progress.batches_taken == first_batch,
-                )
-                if isinstance(batch, Failure):
-                    failure = batch.exc
-                    break
-                progress.batches_taken += 1
-                if isinstance(batch, Partial):
-                    failure = self._note_skipped(batch, budget)
-                    if failure is not None:
-                        break
-                    if batch.batch is None:
-                        continue  # every sample of it failed: counted and logged
-                    contents = batch.batch
-                    if self.pin_memory and torch.cuda.is_available():
-                        # torch's pin thread passed this wrapper through unpinned.
-                        contents = pin(contents)
-                    batch = mark(contents, batch.skipped)
-                if self.log_every_s is not None and time.monotonic() - last_log >= self.log_every_s:
-                    last_log = time.monotonic()
-                    log.info("%s", format_stats(self.stats()))
-                returned = time.perf_counter()
-                yield batch
-            progress.done = failure is None
-        finally:
-            # Drop torch's iterator before raising so its workers shut down now, not
-            # whenever the traceback (which keeps this frame alive) is collected.
-            del batches
-        if failure is not None:
-            raise failure
+    def _inner_loader(
+        self, batches: list[list[Any]], skip: int, collate: Callable[[list[Any]], Any]
+    ) -> DataLoader[Any]:
+        """The plain DataLoader over this epoch's plan: a new one each epoch, except with
+        persistent workers, which keep the one (and the shared plan) they started with."""
+        if self._persistent is not None:
+            inner, planned = self._persistent
+            planned._cl_plan.write(batches[skip:], may_grow=False, lock=planned._cl_claims)
+            return inner
+        claims: Lock | None = None
+        if self.num_workers > 0 and not self.in_order:
+            context = self.multiprocessing_context or torch.multiprocessing
+            claims = context.Lock()
+        plan = EpochPlan()
+        plan.write(batches[skip:], may_grow=True, room=batches if skip else ())
+        planned = PlannedBatches(
+            self.dataset, plan, collate, self.options, self._shared_stats, claims
+        )
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="This DataLoader will create")
+            inner = DataLoader(
+                planned,
+                batch_size=None,
+                num_workers=self.num_workers,
+                collate_fn=_passthrough,
+                pin_memory=self.pin_memory,
+                timeout=self.timeout,
+                worker_init_fn=self.worker_init_fn,
+                multiprocessing_context=self.multiprocessing_context,
+                generator=self._inner_generator,
+                prefetch_factor=self.prefetch_factor,
+                persistent_workers=self.persistent_workers,
+                pin_memory_device=self.pin_memory_device,
+                in_order=self.in_order,
+            )
+        if self.persistent_workers:
+            self._persistent = (inner, planned)
+        return inner
 
     def _worker_failure(self, exc: Exception) -> BaseException:
         """The error to raise for ``exc``, raised inside torch's iterator."""
@@ -384,12 +401,22 @@ class ConcurrentDataLoader(DataLoader[Any]):
         Taken mid-epoch, a loader that loads it continues with the next batch the consumer
         has not received; taken between epochs, with the next epoch.
         """
-        if not self.in_order:
+        if self._iterable:
+            raise ConfigError(
+                "exact resume needs a map-style dataset (an IterableDataset keeps its own place)",
+                cause=Reason.INVALID_ARGUMENT,
+            )
+        if not self.in_order and self.num_workers > 0:
             raise ConfigError(
                 "exact resume needs in_order=True (batches in sampler order)",
                 cause=Reason.INVALID_ARGUMENT,
             )
-        return resume.make_state(self._progress, self._epoch, self._generators)
+        return resume.make_state(
+            self._progress,
+            self._epoch,
+            self._generators,
+            next_draws_base_seed=not (self.persistent_workers and self._persistent_started),
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state`` at the next ``iter(loader)``."""
@@ -414,16 +441,6 @@ class ConcurrentDataLoader(DataLoader[Any]):
     # ------------------------------------------------------------------ introspection
 
     @property
-    def source_dataset(self) -> Dataset[Any]:
-        """The dataset this loader was given."""
-        return self._source
-
-
-def _drop_tracebacks(exc: BaseException | None) -> None:
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        exc.__traceback__ = None
-        if exc.__context__ is not None and exc.__context__ is not exc.__cause__:
-            _drop_tracebacks(exc.__context__)
-        exc = exc.__cause__
+    def source_dataset(self) -> Dataset[T_co]:
+        """The dataset this loader was given (``loader.dataset``)."""
+        return self.dataset

@@ -1,62 +1,157 @@
-"""The epoch's batches, drawn in the main process and shared with every worker."""
+"""The epoch's batches, drawn in the main process and shared with every worker.
+
+Batches of plain ``int`` indices (what torch's samplers yield) are kept as two int64
+tensors; batches of anything else (dict keys, a list for a bulk ``__getitem__``, numpy
+integers) are pickled into a byte tensor, so a worker passes each index to the dataset
+exactly as the sampler yielded it, as torch does.
+
+Workers get their batches in one of two ways:
+
+- a fixed share (``share(w, W)``: batches ``w, w+W, ...``), so torch's in-order round robin
+  over the workers hands them back as ``0, 1, 2, ...``;
+- claims (``claim``): each worker takes the next batch no worker has taken yet, under a
+  lock, so an idle worker takes over the work of a slow one (``in_order=False``). Each
+  batch is claimed exactly once; a claim of an earlier epoch's generation gets nothing.
+"""
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Sequence
+from typing import Any, Protocol
 
 import torch
 
 from ..errors import ConfigError, Reason
 
-__all__ = ["EpochPlan"]
+__all__ = ["EpochPlan", "Lock"]
+
+# Slots of ``EpochPlan.control``.
+_COUNT, _GENERATION, _NEXT_CLAIM, _BLOB_BYTES = range(4)
+
+
+class Lock(Protocol):
+    """A multiprocessing lock (of the context the workers are started with)."""
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, *exc: object) -> Any: ...
+
+
+def _all_ints(batches: Sequence[Sequence[Any]]) -> bool:
+    # ``type(...) is int``: a bool, numpy integer or 0-d tensor reaches the dataset as it is.
+    return all(type(i) is int for batch in batches for i in batch)
+
+
+def _fits(need: tuple[int, int, int], have: tuple[int, int, int]) -> bool:
+    return all(n <= h for n, h in zip(need, have, strict=True))
 
 
 class EpochPlan:
     """The epoch's batches in shared memory, so every worker (also persistent ones) reads them.
 
-    ``indices[offsets[b]:offsets[b+1]]`` is batch ``b``; ``count[0]`` batches are valid.
-    Worker ``w`` of ``W`` produces batches ``w, w+W, ...``: torch's in-order round robin over
-    workers then hands them back as ``0, 1, 2, ...``.
+    ``control`` holds the number of batches, the plan's generation (one more per
+    :meth:`write`), the next batch to claim and the size of a pickled plan. Int plans are
+    ``indices[offsets[b]:offsets[b+1]]`` for batch ``b``; other plans are ``blob``.
     """
 
     def __init__(self) -> None:
-        self.count = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self.control = torch.zeros(4, dtype=torch.int64).share_memory_()
         self.indices = torch.zeros(0, dtype=torch.int64).share_memory_()
         self.offsets = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self.blob = torch.zeros(0, dtype=torch.uint8).share_memory_()
+
+    @property
+    def generation(self) -> int:
+        return int(self.control[_GENERATION])
 
     def write(
         self,
-        batches: Sequence[Sequence[int]],
+        batches: Sequence[Sequence[Any]],
         *,
         may_grow: bool,
-        room: tuple[int, int] = (0, 0),
+        room: Sequence[Sequence[Any]] = (),
+        lock: Lock | None = None,
     ) -> None:
-        """Write ``batches``; when buffers are (re)made, size them for at least ``room``
-        (samples, batches): a resumed epoch writes only its rest, later epochs all of it.
+        """Write ``batches`` as the next generation; when buffers are (re)made, size them for
+        at least ``room`` too (a resumed epoch writes only its rest, later epochs all of it).
 
         Persistent workers keep the buffers they were started with, so then (``may_grow``
-        False) the plan cannot outgrow them."""
-        flat = [int(i) for batch in batches for i in batch]
-        if len(flat) > self.indices.numel() or len(batches) + 1 > self.offsets.numel():
+        False) the plan cannot outgrow them. ``lock``: the claims' lock, held while writing.
+        """
+        have = (self.indices.numel(), self.offsets.numel(), self.blob.numel())
+        ints = _all_ints(batches)
+        if ints:
+            flat = [i for batch in batches for i in batch]
+            need = (len(flat), len(batches) + 1, 0)
+            # Buffers made for a pickled plan (persistent workers) take an int plan pickled.
+            ints = may_grow or _fits(need, have)
+        if ints:
+            blob = b""
+            want = (
+                max(len(flat), sum(len(b) for b in room)),
+                max(len(batches), len(room)) + 1,
+                0,
+            )
+        else:
+            flat = []
+            blob = pickle.dumps([list(b) for b in batches], protocol=pickle.HIGHEST_PROTOCOL)
+            # Another epoch's order pickles to about as many bytes, not exactly as many.
+            size = max(len(blob), len(pickle.dumps([list(b) for b in room])) if room else 0)
+            need = (0, 1, len(blob))
+            want = (0, 1, size + size // 4 + 4096)
+        if not _fits(need, have):
             if not may_grow:
                 raise ConfigError(
                     "the sampler yields more samples this epoch than in the first one, which "
                     "persistent_workers=True cannot take: use persistent_workers=False",
                     cause=Reason.INVALID_ARGUMENT,
                 )
-            samples, count = max(len(flat), room[0]), max(len(batches), room[1])
-            self.indices = torch.zeros(samples, dtype=torch.int64).share_memory_()
-            self.offsets = torch.zeros(count + 1, dtype=torch.int64).share_memory_()
-        sizes = torch.tensor([len(b) for b in batches], dtype=torch.int64)
-        self.offsets[0] = 0
-        torch.cumsum(sizes, 0, out=self.offsets[1 : len(batches) + 1])
-        self.indices[: len(flat)] = torch.tensor(flat, dtype=torch.int64)
-        self.count[0] = len(batches)
+            sizes = [max(n, h) for n, h in zip(want, have, strict=True)]
+            self.indices = torch.zeros(sizes[0], dtype=torch.int64).share_memory_()
+            self.offsets = torch.zeros(sizes[1], dtype=torch.int64).share_memory_()
+            self.blob = torch.zeros(sizes[2], dtype=torch.uint8).share_memory_()
+        if lock is None:
+            self._fill(batches, flat, blob)
+        else:
+            with lock:
+                self._fill(batches, flat, blob)
 
-    def batches_for(self, worker: int, num_workers: int) -> list[list[int]]:
-        count = int(self.count[0])
+    def _fill(self, batches: Sequence[Sequence[Any]], flat: list[int], blob: bytes) -> None:
+        if blob:
+            self.blob[: len(blob)] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+        else:
+            sizes = torch.tensor([len(b) for b in batches], dtype=torch.int64)
+            self.offsets[0] = 0
+            torch.cumsum(sizes, 0, out=self.offsets[1 : len(batches) + 1])
+            self.indices[: len(flat)] = torch.tensor(flat, dtype=torch.int64)
+        self.control[_BLOB_BYTES] = len(blob)
+        self.control[_COUNT] = len(batches)
+        self.control[_NEXT_CLAIM] = 0
+        self.control[_GENERATION] += 1
+
+    def batches(self) -> list[list[Any]]:
+        """Every batch of the plan, in order."""
+        blob_bytes = int(self.control[_BLOB_BYTES])
+        if blob_bytes:
+            plan: list[list[Any]] = pickle.loads(self.blob[:blob_bytes].numpy().tobytes())
+            return plan
+        count = int(self.control[_COUNT])
         offsets = self.offsets[: count + 1].tolist()
-        indices = self.indices
-        return [
-            indices[offsets[b] : offsets[b + 1]].tolist() for b in range(worker, count, num_workers)
-        ]
+        indices = self.indices[: offsets[-1]].tolist() if count else []
+        return [indices[offsets[b] : offsets[b + 1]] for b in range(count)]
+
+    def share(self, worker: int, num_workers: int) -> list[list[Any]]:
+        """Worker ``worker`` of ``num_workers``'s fixed share: batches ``worker::num_workers``."""
+        return self.batches()[worker::num_workers]
+
+    def claim(self, lock: Lock, generation: int) -> int | None:
+        """The next batch no worker has claimed, or None when there is none (or ``generation``
+        is not the plan's any more)."""
+        with lock:
+            control = self.control
+            b = int(control[_NEXT_CLAIM])
+            if int(control[_GENERATION]) != generation or b >= int(control[_COUNT]):
+                return None
+            control[_NEXT_CLAIM] = b + 1
+            return b

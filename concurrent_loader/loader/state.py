@@ -1,9 +1,12 @@
 """Exact resume: what a loader records of its place in the epochs, and how it restores it.
 
 The epoch's plan is drawn in the main process from the sampler, so the place is small: the
-epoch number, the random state the sampler drew the epoch's order from, and how many
-batches the consumer received. A loader built with the same arguments redraws the same
-plan from that state and skips what was received: the same batches, in the same order,
+epoch number, the random state the epoch's draws started from (the loader's ``generator``,
+a sampler's own generator, or torch's global RNG when the loader has no generator), whether
+the epoch drew the workers' base seed first (as torch does for each new iterator), and how
+many batches the consumer received. A loader built with the same arguments sets that state
+(the global RNG too: it is where the epoch's order came from), redraws the same plan and
+skips what was received: the same batches, in the same order,
 whatever ``num_workers`` is and whatever order GETs complete in. The state is plain values
 and tensors (``torch.save`` takes it), in torchdata's ``StatefulDataLoader`` protocol.
 """
@@ -32,32 +35,47 @@ class EpochProgress:
     num_batches: int
     batches_taken: int
     samples: int
+    base_seed_drawn: bool = False
     done: bool = False
 
 
 class GeneratorStates:
     """The random generators an epoch's order is drawn from: the loader's own ``generator``
-    and a ``generator`` attribute of the user's sampler."""
+    (torch's global RNG when it has none and ``use_global``) and a ``generator`` attribute of
+    the user's sampler or batch sampler (or of the sampler a batch sampler wraps)."""
 
-    def __init__(self, loader: torch.Generator | None, sampler: object) -> None:
+    def __init__(
+        self, loader: torch.Generator | None, *samplers: object, use_global: bool = False
+    ) -> None:
         self.loader = loader
-        self.sampler = sampler
+        self.samplers = samplers
+        #: Whether the order comes from torch's global RNG (set per epoch by the loader).
+        self.use_global = use_global and loader is None
+
+    def _generators(self) -> dict[str, torch.Generator]:
+        found: dict[str, torch.Generator] = {}
+        if self.loader is not None:
+            found["loader"] = self.loader
+        elif self.use_global:
+            found["global"] = torch.default_generator
+        names = ("sampler", "batch_sampler")
+        for name, sampler in zip(names, self.samplers, strict=False):
+            inner = getattr(sampler, "sampler", None)
+            for key, owner in ((name, sampler), (f"{name}.sampler", inner)):
+                generator = getattr(owner, "generator", None)
+                if isinstance(generator, torch.Generator) and all(
+                    generator is not g for g in found.values()
+                ):
+                    found[key] = generator
+        return found
 
     def get(self) -> dict[str, torch.Tensor]:
-        states = {}
-        if self.loader is not None:
-            states["loader"] = self.loader.get_state()
-        sampler_generator = getattr(self.sampler, "generator", None)
-        if isinstance(sampler_generator, torch.Generator):
-            states["sampler"] = sampler_generator.get_state()
-        return states
+        return {key: generator.get_state() for key, generator in self._generators().items()}
 
     def set(self, states: dict[str, torch.Tensor]) -> None:
-        if "loader" in states and self.loader is not None:
-            self.loader.set_state(states["loader"])
-        sampler_generator = getattr(self.sampler, "generator", None)
-        if "sampler" in states and isinstance(sampler_generator, torch.Generator):
-            sampler_generator.set_state(states["sampler"])
+        for key, generator in self._generators().items():
+            if key in states:
+                generator.set_state(states[key])
 
 
 def world() -> tuple[int, int]:
@@ -68,19 +86,27 @@ def world() -> tuple[int, int]:
 
 
 def make_state(
-    progress: EpochProgress | None, next_epoch: int, generators: GeneratorStates
+    progress: EpochProgress | None,
+    next_epoch: int,
+    generators: GeneratorStates,
+    *,
+    next_draws_base_seed: bool = False,
 ) -> dict[str, Any]:
-    """Mid-epoch: resume at the next batch not received; between epochs: the next epoch."""
+    """Mid-epoch: resume at the next batch not received; between epochs: the next epoch
+    (``next_draws_base_seed``: whether it will draw the workers' base seed first)."""
     rank, world_size = world()
     if progress is None or progress.done:
         epoch, taken, states = next_epoch, 0, generators.get()
+        base_seed_drawn = next_draws_base_seed
     else:
         epoch, taken, states = progress.epoch, progress.batches_taken, progress.generator_states
+        base_seed_drawn = progress.base_seed_drawn
     return {
         "version": STATE_VERSION,
         "epoch": epoch,
         "batches_taken": taken,
         "generator_states": states,
+        "base_seed_drawn": base_seed_drawn,
         "rank": rank,
         "world_size": world_size,
     }
@@ -95,13 +121,17 @@ def check_version(state: dict[str, Any]) -> None:
 
 
 def restore(state: dict[str, Any], generators: GeneratorStates) -> tuple[int, int]:
-    """Set the generators from ``state``; return (epoch, batches already taken)."""
+    """Set the generators from ``state``; return (epoch, batches already taken). Whether the
+    epoch drew a base seed first is ``state.get("base_seed_drawn", False)``."""
     rank, world_size = world()
-    if (state["rank"], state["world_size"]) != (rank, world_size):
+    # Another rank's state is taken: under DDP the ranks advance in lockstep, and frameworks
+    # (Lightning) save rank 0's loader state for every rank. Each rank still draws its own
+    # shard.
+    if state["world_size"] != world_size:
         raise ConfigError(
             f"the state was saved by rank {state['rank']} of {state['world_size']}, but this "
-            f"is rank {rank} of {world_size}: resuming with a different world size (or rank) "
-            "is not supported",
+            f"is rank {rank} of {world_size}: resuming with a different world size is not "
+            "supported",
             cause=Reason.INVALID_ARGUMENT,
         )
     generators.set(state["generator_states"])

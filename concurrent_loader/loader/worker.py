@@ -1,9 +1,16 @@
-"""What torch's DataLoader iterates: each process's share of the epoch's plan, produced by
-a :class:`~concurrent_loader.pipeline.BatchPipeline`.
+"""What the inner ``torch.utils.data.DataLoader`` iterates: each process's batches of the
+epoch's plan, produced by a :class:`~concurrent_loader.pipeline.BatchPipeline`.
 
-Exceptions raised in a worker's pipeline travel to the main process as the original object
-(:class:`Failure`), not re-created from their message as torch would do, so their type and
-attributes (``url``, ``cause``, ...) arrive intact.
+:class:`PlannedBatches` is an ``IterableDataset`` for torch, and the user's dataset for
+everyone else: attribute reads and writes, ``len``, ``[]`` and ``__class__`` go to the
+user's dataset. So in a worker, ``get_worker_info().dataset`` behaves as the user's dataset
+(a ``worker_init_fn`` that sets ``info.dataset.shard = info.id`` sets it on the dataset the
+pipeline reads), as with a stock DataLoader.
+
+Every batch of a worker's share has exactly one outcome: the batch, or a
+:class:`~concurrent_loader.pipeline.Failure` carrying the exception as the original object
+(not re-created from its message as torch would), so its type and attributes (``url``,
+``cause``, ...) arrive intact, and the batches after it still follow.
 """
 
 from __future__ import annotations
@@ -15,9 +22,9 @@ from typing import Any
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from ..metrics import SharedStats
-from ..pipeline import BatchPipeline, PipelineOptions, source_of
+from ..pipeline import BatchPipeline, Failure, PipelineOptions, source_of
 from ..runtime import Runtime, acquire_runtime
-from .plan import EpochPlan
+from .plan import EpochPlan, Lock
 
 __all__ = ["Failure", "PlannedBatches"]
 
@@ -33,17 +40,15 @@ def _hold_runtime_for_this_process() -> None:
         _process_lease = acquire_runtime()
 
 
-class Failure:
-    """An exception raised in a worker's pipeline, carried to the main process as data."""
-
-    __slots__ = ("exc",)
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
+_OWN = frozenset(
+    {"_cl_dataset", "_cl_plan", "_cl_collate", "_cl_options", "_cl_stats", "_cl_claims"}
+)
 
 
 class PlannedBatches(IterableDataset[Any]):
-    """Worker ``w`` of ``W`` yields plan batches ``w, w+W, ...``, collated, in order."""
+    """Worker ``w`` of ``W`` yields its batches of the plan, collated, in order: batches
+    ``w, w+W, ...`` (a fixed share), or, given ``claims`` (a lock), the batches it claims.
+    In the main process (no workers) it yields every batch."""
 
     def __init__(
         self,
@@ -52,54 +57,112 @@ class PlannedBatches(IterableDataset[Any]):
         collate_fn: Callable[[list[Any]], Any],
         options: PipelineOptions,
         shared_stats: SharedStats,
+        claims: Lock | None = None,
     ) -> None:
-        self.dataset = dataset
-        self.plan = plan
-        self.collate_fn = collate_fn
-        self.options = options
-        self.shared_stats = shared_stats
+        object.__setattr__(self, "_cl_dataset", dataset)
+        object.__setattr__(self, "_cl_plan", plan)
+        object.__setattr__(self, "_cl_collate", collate_fn)
+        object.__setattr__(self, "_cl_options", options)
+        object.__setattr__(self, "_cl_stats", shared_stats)
+        object.__setattr__(self, "_cl_claims", claims)
+
+    # ------------------------------------------------------------------ the user's dataset
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        return type(self._cl_dataset)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _OWN:  # not set yet
+            raise AttributeError(name)
+        return getattr(self._cl_dataset, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _OWN:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._cl_dataset, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if name in _OWN:
+            object.__delattr__(self, name)
+        else:
+            delattr(self._cl_dataset, name)
+
+    def __len__(self) -> int:
+        return len(self._cl_dataset)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._cl_dataset[index]
+
+    def __repr__(self) -> str:
+        return repr(self._cl_dataset)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # ``__class__`` names the user's class: pickle this one explicitly.
+        return (
+            PlannedBatches,
+            (
+                self._cl_dataset,
+                self._cl_plan,
+                self._cl_collate,
+                self._cl_options,
+                self._cl_stats,
+                self._cl_claims,
+            ),
+        )
+
+    # ------------------------------------------------------------------ batches
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        row = worker + 1 if info is not None else 0
-        batches = self.plan.batches_for(worker, num_workers)
-        source = source_of(self.dataset)
-        if info is not None and source is not None and source.store.capabilities.remote:
-            _hold_runtime_for_this_process()
-        shared = self.shared_stats
-        shared.register(row)
+        plan, claims = self._cl_plan, self._cl_claims
+        # Read now, not when the generator first runs: the main process may write the next
+        # epoch's plan meanwhile.
+        batches = plan.batches()
+        if claims is None:
+            share: Iterator[list[Any]] = iter(batches[worker::num_workers])
+        else:
+            share = _claimed(batches, plan, claims, plan.generation)
+        return self._produce(share, info is not None, worker + 1 if info is not None else 0)
+
+    def _produce(self, share: Iterator[list[Any]], in_worker: bool, row: int) -> Iterator[Any]:
+        dataset = self._cl_dataset
+        source = source_of(dataset)
+        shared = self._cl_stats
         pipeline: BatchPipeline | None = None
+        broken: BaseException | None = None
         try:
+            if in_worker and source is not None and source.store.capabilities.remote:
+                _hold_runtime_for_this_process()
+            shared.register(row)
             pipeline = BatchPipeline(
-                self.dataset,
-                batches,
-                collate_fn=self.collate_fn,
-                options=self.options,
+                dataset,
+                share,
+                collate_fn=self._cl_collate,
+                options=self._cl_options,
                 # Counting goes on from what earlier epochs (or processes) left in the row.
                 stats=shared.read(row),
                 publish=lambda stats: shared.write(row, stats),
             )
-            yield from pipeline
-        except Exception as exc:
-            if info is None:
-                raise
-            yield Failure(exc)
+            yield from pipeline.outcomes()
+            broken = pipeline.broken
+        except Exception as exc:  # the pipeline could not start (or broke)
+            broken = exc
         finally:
             if pipeline is not None:
                 pipeline.close()
+        if broken is not None and (pipeline is None or self._cl_claims is None):
+            # A fixed share is owed one outcome per batch (torch's round robin counts on it).
+            # A claiming worker whose pipeline broke leaves the rest to the other workers; one
+            # whose pipeline never started fails what it claims (so do all the others then).
+            for _ in share:
+                yield Failure(broken)
 
-    def __len__(self) -> int:
-        return len(self.dataset)  # type: ignore[arg-type]
 
-    def __getattr__(self, name: str) -> Any:
-        # Attribute access reads through to the user's dataset (loader.dataset.classes).
-        if name.startswith("_") or name in (
-            "dataset",
-            "plan",
-            "collate_fn",
-            "options",
-            "shared_stats",
-        ):
-            raise AttributeError(name)
-        return getattr(self.dataset, name)
+def _claimed(
+    batches: list[list[Any]], plan: EpochPlan, claims: Lock, generation: int
+) -> Iterator[list[Any]]:
+    while (b := plan.claim(claims, generation)) is not None:
+        yield batches[b]

@@ -2,10 +2,11 @@
 
 from .batches import BatchPipeline, source_of
 from .options import PipelineOptions, available_cpus
-from .slot import Partial, SkippedSample, Slot
+from .slot import Failure, Partial, SkippedSample, Slot
 
 __all__ = [
     "BatchPipeline",
+    "Failure",
     "Partial",
     "PipelineOptions",
     "SkippedSample",

@@ -2,7 +2,8 @@
 
 One :class:`BatchPipeline` runs in each process that produces batches (each DataLoader
 worker, or the main process when ``num_workers=0``). It is given this process's share of
-the epoch's batches, in sampler order, and yields them collated, in that order.
+the epoch's batches, in sampler order (an iterable it takes batches from only as it starts
+them), and yields them collated, in that order.
 
 How work flows, for a dataset with a remote :class:`~concurrent_loader.sources.SampleSource`::
 
@@ -22,7 +23,9 @@ Guarantees:
   bytes (plus those expected of the GETs in flight) within ``max_inflight_bytes``.
 - The next batches' GETs are in flight while the current batch decodes: no per-batch barrier.
 - The first failure of a batch fails that batch at once; it is raised when the consumer
-  reaches the batch, so every earlier batch is still delivered. With ``on_error="skip"`` a
+  reaches the batch, so every earlier batch is still delivered. :meth:`outcomes` yields it
+  as a :class:`~.slot.Failure` instead and goes on with the next batches, as torch's
+  DataLoader does after an error. With ``on_error="skip"`` a
   sample failing with a :class:`~concurrent_loader.errors.LoaderError` is left out instead
   and the batch is yielded as :class:`~.slot.Partial`; other exceptions (bugs) always fail.
 - :meth:`close` (also on ``break``, exceptions and garbage collection of the generator)
@@ -37,10 +40,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import Any
 
 from torch.utils.data import Dataset, get_worker_info
@@ -52,7 +56,7 @@ from ..runtime import CLOSE_TIMEOUT_S, Runtime, acquire_runtime
 from ..sources import Read, SampleSource
 from ..stores.base import BlockingStore
 from .options import PipelineOptions
-from .slot import SkippedSample, Slot
+from .slot import Failure, SkippedSample, Slot
 from .stall import StallWatch
 
 __all__ = ["BatchPipeline", "source_of"]
@@ -60,6 +64,12 @@ __all__ = ["BatchPipeline", "source_of"]
 log = logging.getLogger(__name__)
 
 Bodies = list[bytes | bytearray]
+
+
+def _is_position(index: Any) -> bool:
+    """True for a plain int index, which a source reads; any other index (a dict key, a list
+    for a bulk ``__getitem__``) goes to ``dataset[index]`` as it is, as torch passes it."""
+    return type(index) is int
 
 
 def source_of(dataset: Dataset[Any]) -> SampleSource | None:
@@ -74,7 +84,7 @@ class BatchPipeline:
     def __init__(
         self,
         dataset: Dataset[Any],
-        batches: Sequence[Sequence[int]],
+        batches: Iterable[Sequence[Any]],
         *,
         collate_fn: Callable[[list[Any]], Any],
         options: PipelineOptions,
@@ -85,7 +95,10 @@ class BatchPipeline:
         self._publish = publish
         self._dataset = dataset
         self._source = source_of(dataset)
-        self._batches = batches
+        # Taken one at a time as batches start: a worker claiming batches claims no more than
+        # it has started.
+        self._batches = iter(batches)
+        self.broken: BaseException | None = None
         self._collate = collate_fn
         self._prefetch = options.prefetch_batches
         self._slots: dict[int, Slot] = {}
@@ -139,21 +152,52 @@ class BatchPipeline:
     # ------------------------------------------------------------------ consumer side
 
     def __iter__(self) -> Iterator[Any]:
+        """The batches; a failed batch raises (and ends the iteration) when reached."""
+        outcomes = self.outcomes()
         try:
-            for _ in range(min(self._prefetch, len(self._batches))):
-                self._start_next()
-            for b in range(len(self._batches)):
+            for outcome in outcomes:
+                if isinstance(outcome, Failure):
+                    failure = outcome.exc
+                    break
+                yield outcome
+            else:
+                return
+        finally:
+            outcomes.close()
+        raise failure
+
+    def outcomes(self) -> Generator[Any, None, None]:
+        """One outcome per batch started, in order: the batch, or :class:`Failure` for a batch
+        that failed, after which the next batches follow as usual.
+
+        A stall (``LoaderStalled``) breaks the pipeline: it is the outcome of the batch waited
+        on and of every batch in progress, no batch starts after it, and :attr:`broken` holds
+        it. Closes the pipeline when done."""
+        try:
+            for _ in range(self._prefetch):
+                if not self._start_next():
+                    break
+            b = 0
+            while b in self._slots:
                 slot = self._slots.pop(b)
+                b += 1
                 try:
-                    self._watch.wait(slot.future, f"batch {b} of its share")  # raised below
-                except LoaderStalled:
+                    self._watch.wait(slot.future, f"batch {b - 1} of its share")
+                except LoaderStalled as stalled:
                     self._stalled = True
-                    raise
-                if self._next_to_start < len(self._batches):
-                    self._start_next()
-                batch = slot.collated()
+                    self.broken = stalled
+                    in_progress = len(self._slots)
+                    self.close()
+                    for _ in range(1 + in_progress):
+                        yield Failure(stalled)
+                    return
+                self._start_next()
+                try:
+                    outcome = slot.collated()
+                except Exception as exc:
+                    outcome = Failure(exc)
                 self._flush_stats()
-                yield batch
+                yield outcome
         finally:
             self.close()
 
@@ -170,18 +214,25 @@ class BatchPipeline:
         if self._publish is not None:
             self._publish(self.stats)
 
-    def _start_next(self) -> None:
+    def _start_next(self) -> bool:
+        """Start the next batch, if there is one (taking it from ``batches`` only now)."""
+        if self._closed:
+            return False
+        indices = next(self._batches, None)
+        if indices is None:
+            return False
         b = self._next_to_start
         self._next_to_start += 1
-        slot = Slot(self._batches[b], self._collate)
+        slot = Slot(indices, self._collate)
         self._slots[b] = slot
         if self._mode == "remote":
             assert self._runtime is not None
             self._runtime.call_soon(self._start_fetches, slot)
-            return
+            return True
         job = self._read_and_decode if self._mode == "local" else self._getitem
         for position, index in enumerate(slot.indices):
-            self._pool.submit(job, slot, position, index)
+            self._pool.submit(job if _is_position(index) else self._getitem, slot, position, index)
+        return True
 
     # ------------------------------------------------------------------ remote: on the loop
 
@@ -191,6 +242,9 @@ class BatchPipeline:
             return
         loop = asyncio.get_running_loop()
         for position, index in enumerate(slot.indices):
+            if not _is_position(index):
+                self._pool.submit(self._getitem, slot, position, index)
+                continue
             task = loop.create_task(self._fetch(slot, position, index))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -275,7 +329,7 @@ class BatchPipeline:
 
         self._complete(slot, position, index, produce)
 
-    def _getitem(self, slot: Slot, position: int, index: int) -> None:
+    def _getitem(self, slot: Slot, position: int, index: Any) -> None:
         def produce() -> Any:
             started = time.perf_counter()
             item = self._dataset[index]
@@ -284,7 +338,7 @@ class BatchPipeline:
 
         self._complete(slot, position, index, produce)
 
-    def _complete(self, slot: Slot, position: int, index: int, produce: Callable[[], Any]) -> None:
+    def _complete(self, slot: Slot, position: int, index: Any, produce: Callable[[], Any]) -> None:
         """Put ``produce()`` in the slot, or fail the sample with what it raised."""
         if slot.failed:
             return
@@ -295,10 +349,13 @@ class BatchPipeline:
         else:
             slot.put(position, item)
 
-    def _failed(self, slot: Slot, position: int, index: int, exc: BaseException) -> None:
+    def _failed(self, slot: Slot, position: int, index: Any, exc: BaseException) -> None:
         """Sample ``index`` failed: skip it (policy "skip", our errors only) or fail its batch."""
         source = self._source
-        where = source.url_for(index) if source is not None else f"item {index!r}"
+        where = f"item {index!r}"
+        if source is not None and _is_position(index):
+            with contextlib.suppress(Exception):  # an index out of range has no object
+                where = source.url_for(index)
         if self._skip and isinstance(exc, LoaderError):
             self.stats.add("skipped")
             slot.skip(position, SkippedSample(index, exc.url or where, exc))

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import LoaderError
 
-__all__ = ["Partial", "SkippedSample", "Slot"]
+__all__ = ["Failure", "Partial", "SkippedSample", "Slot"]
 
 _SKIPPED = object()
 
@@ -19,7 +19,7 @@ _SKIPPED = object()
 class SkippedSample:
     """A sample left out under ``on_error="skip"``: its dataset index, object and error."""
 
-    index: int
+    index: Any
     url: str
     error: LoaderError
 
@@ -32,6 +32,16 @@ class Partial:
     skipped: list[SkippedSample]
 
 
+class Failure:
+    """A batch that failed: the exception, carried as data (also from a worker process to the
+    main one, where it is raised with its type and attributes intact)."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
 class Slot:
     """Items land by position from any thread; the last one (or the first failure) completes
     ``future``. After completion, later puts, skips and failures are ignored."""
@@ -40,7 +50,7 @@ class Slot:
 
     skipped: list[tuple[int, SkippedSample]]
 
-    def __init__(self, indices: Sequence[int], collate: Callable[[list[Any]], Any]) -> None:
+    def __init__(self, indices: Sequence[Any], collate: Callable[[list[Any]], Any]) -> None:
         self.indices = indices
         self.items: list[Any] = [None] * len(indices)
         self.remaining = len(indices)

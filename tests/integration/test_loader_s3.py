@@ -28,8 +28,15 @@ def expected_batches(
     n: int, batch_size: int, seed: int, drop_last: bool = False
 ) -> list[list[int]]:
     """The batches a stock DataLoader draws with a generator seeded with ``seed``."""
-    sampler = RandomSampler(range(n), generator=torch.Generator().manual_seed(seed))
-    return [list(b) for b in BatchSampler(sampler, batch_size, drop_last)]
+    stock = DataLoader(
+        range(n),  # type: ignore[arg-type]
+        batch_size=batch_size,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(seed),
+        drop_last=drop_last,
+        collate_fn=list,
+    )
+    return list(stock)
 
 
 def hashed_dataset(image_dataset, **kwargs) -> ObjectDataset:
@@ -132,11 +139,7 @@ def test_local_and_s3_and_stock_dataloader_agree(image_dataset, s3_env):
         )
 
     stock = list(
-        DataLoader(
-            remote,
-            batch_size=4,
-            sampler=RandomSampler(remote, generator=torch.Generator().manual_seed(5)),
-        )
+        DataLoader(remote, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(5))
     )
     for got in (ours(remote), ours(local)):
         assert len(got) == len(stock)
@@ -216,12 +219,12 @@ def test_persistent_workers_follow_each_epochs_plan(image_dataset, s3_env):
     reference = torch.Generator().manual_seed(11)
     for epoch in range(3):
         got = [list(b) for b in loader]
-        # Each epoch's plan is drawn from the generator when iteration starts; torch then
-        # draws its worker seed from it, once, as persistent workers start only once.
-        sampler = RandomSampler(range(len(ds)), generator=reference)
-        want = [[digests[i] for i in b] for b in BatchSampler(sampler, 5, False)]
+        # As torch: the workers' base seed is drawn from the generator first, once, as
+        # persistent workers start only once; then each epoch's order.
         if epoch == 0:
             torch.empty((), dtype=torch.int64).random_(generator=reference)
+        sampler = RandomSampler(range(len(ds)), generator=reference)
+        want = [[digests[i] for i in b] for b in BatchSampler(sampler, 5, False)]
         assert got == want
 
 

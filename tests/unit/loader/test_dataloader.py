@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data import DataLoader, IterableDataset
 
 from concurrent_loader import (
     AccessDenied,
@@ -32,12 +32,16 @@ COUNT = 50
 
 
 def sampler_batches(seed: int | None, batch_size: int, drop_last: bool) -> list[list[int]]:
-    """What a stock DataLoader's batch sampler yields for the same arguments."""
-    if seed is None:
-        sampler: Any = SequentialSampler(range(COUNT))
-    else:
-        sampler = RandomSampler(range(COUNT), generator=torch.Generator().manual_seed(seed))
-    return [list(b) for b in BatchSampler(sampler, batch_size, drop_last)]
+    """What a stock DataLoader yields for the same arguments."""
+    stock = DataLoader(
+        range(COUNT),  # type: ignore[arg-type]
+        batch_size=batch_size,
+        shuffle=seed is not None,
+        generator=torch.Generator().manual_seed(seed) if seed is not None else None,
+        drop_last=drop_last,
+        collate_fn=list,
+    )
+    return list(stock)
 
 
 def denying(bad: set[str]) -> Callable[[str, int], object]:
@@ -245,13 +249,15 @@ def test_invalid_arguments_are_refused(helpers, kwargs, error):
         ConcurrentDataLoader(dataset, **kwargs)
 
 
-def test_iterable_datasets_are_refused():
+def test_iterable_datasets_are_loaded_as_torch_loads_them():
     class Stream(IterableDataset[int]):
         def __iter__(self) -> Any:
-            return iter(range(3))
+            return iter(range(5))
 
-    with pytest.raises(TypeError, match="map-style"):
-        ConcurrentDataLoader(Stream())
+    loader = ConcurrentDataLoader(Stream(), batch_size=2)
+    assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4]]
+    with pytest.raises(ConfigError, match="map-style"):
+        loader.state_dict()
 
 
 # ---------------------------------------------------------------------------- worker processes
@@ -300,3 +306,41 @@ def test_an_error_in_a_worker_arrives_with_its_type_and_object(helpers):
     assert got == sampler_batches(None, 4, False)[:3]
     assert caught.value.url == f"memory://test/{bad}"
     assert caught.value.cause is Reason.ACCESS_DENIED
+
+
+@pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=fork_warning)])
+def test_next_after_an_error_returns_the_following_batch(helpers, num_workers):
+    bad = {helpers.key_for(i) for i in (5, 13)}  # batches 1 and 3 of 5
+    store = MemoryConfig(helpers.numbered_objects(20), script=denying(bad))
+    loader = ConcurrentDataLoader(
+        ObjectDataset(store, decode=helpers.index_of),
+        batch_size=4,
+        collate_fn=list,
+        num_workers=num_workers,
+        multiprocessing_context="fork" if num_workers else None,
+    )
+    got: list[Any] = []
+    iterator = iter(loader)
+    while True:
+        try:
+            got.append(next(iterator))
+        except StopIteration:
+            break
+        except AccessDenied as error:
+            got.append(error.url)
+    expected = sampler_batches(None, 4, False)[:5]
+    assert got == [
+        expected[0],
+        f"memory://test/{helpers.key_for(5)}",
+        expected[2],
+        f"memory://test/{helpers.key_for(13)}",
+        expected[4],
+    ]
+    state = loader.state_dict()  # the epoch ended: the next one
+    assert (state["epoch"], state["batches_taken"]) == (1, 0)
+
+
+def test_the_loader_is_generic_and_its_dataset_is_the_users(helpers):
+    dataset = ObjectDataset(MemoryConfig(helpers.numbered_objects(3)))
+    loader: ConcurrentDataLoader[Any] = ConcurrentDataLoader[Any](dataset, batch_size=2)
+    assert loader.dataset is dataset and loader.batch_size == 2

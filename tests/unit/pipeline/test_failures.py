@@ -204,3 +204,14 @@ def test_first_failure_fails_the_batch_at_once(helpers):
     with pytest.raises(LoaderError):
         list(pipeline)
     assert decoded == []
+
+
+def test_outcomes_go_on_after_a_failed_batch(helpers):
+    bad = {helpers.key_for(7), helpers.key_for(21)}  # batches 1 and 4
+    store = MemoryConfig(helpers.numbered_objects(COUNT), script=denying(bad))
+    pipeline = pipeline_of(ObjectDataset(store, decode=helpers.index_of))
+    got = list(pipeline.outcomes())
+    assert [type(o).__name__ for o in got] == ["list", "Failure", "list", "list", "Failure", "list"]
+    assert [o for o in got if isinstance(o, list)] == [BATCHES[i] for i in (0, 2, 3, 5)]
+    assert got[1].exc.url == f"memory://test/{helpers.key_for(7)}"
+    assert pipeline.broken is None
