@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils.data import BatchSampler, RandomSampler
+from torch.utils.data import DataLoader
 
 from concurrent_loader import (
     AccessDenied,
@@ -26,8 +26,10 @@ from .conftest import EMPTY_KEY, ODD_KEYS, ServerData, attempts_of, drop_traceba
 
 def sampler_order(n: int, batch_size: int, seed: int) -> list[int]:
     """The indices a stock DataLoader visits, in order, with a generator seeded with ``seed``."""
-    sampler = RandomSampler(range(n), generator=torch.Generator().manual_seed(seed))
-    return [i for batch in BatchSampler(sampler, batch_size, False) for i in batch]
+    stock = DataLoader(
+        range(n), batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(seed)
+    )
+    return [i for batch in stock for i in batch.tolist()]
 
 
 def read_all(ds: ObjectDataset, num_workers: int, seed: int = 5, batch_size: int = 4) -> list:
