@@ -78,7 +78,6 @@ def _epoch(
 ) -> dict[str, Any]:
     """One shuffled epoch; checks every sample, returns its figures."""
     import torch
-    from torch.utils.data import BatchSampler, RandomSampler
 
     from concurrent_loader import ConcurrentDataLoader, ObjectDataset
 
@@ -92,18 +91,16 @@ def _epoch(
         decode=_digest,
         fetch_config=fetch_config,
     )
-    loader = ConcurrentDataLoader(
-        ds,
-        batch_size=BATCH_SIZE,
-        shuffle=True,
-        num_workers=workers,
-        generator=torch.Generator().manual_seed(seed),
-    )
+    # A seeded permutation as the sampler: the expected batches are its chunks.
+    order = torch.randperm(len(keys), generator=torch.Generator().manual_seed(seed)).tolist()
+    loader = ConcurrentDataLoader(ds, batch_size=BATCH_SIZE, sampler=order, num_workers=workers)
     started = time.perf_counter()
     batches = [list(batch) for batch in loader]
     seconds = time.perf_counter() - started
-    sampler = RandomSampler(range(len(keys)), generator=torch.Generator().manual_seed(seed))
-    want = [[digests[keys[i]] for i in b] for b in BatchSampler(sampler, BATCH_SIZE, False)]
+    want = [
+        [digests[keys[i]] for i in order[start : start + BATCH_SIZE]]
+        for start in range(0, len(order), BATCH_SIZE)
+    ]
     if batches != want:
         wrong = next(i for i, (a, b) in enumerate(zip(batches, want, strict=False)) if a != b)
         raise AssertionError(f"batch {wrong} is not the sampler's batch, byte for byte")
