@@ -102,9 +102,10 @@ class RetryConfig:
     """Seconds one object may take from its first attempt's send to its last byte: attempts,
     backoff between them and waiting for a free request slot for a retry (waiting for the
     first slot, behind the process's other GETs, does not count). It holds however the
-    server behaves (trickling, stalling, never answering): past it the object fails with
-    ``FetchTimeout`` (``Reason.DEADLINE_EXCEEDED``); a retry that could not start before it
-    is not made, and the last error is raised."""
+    server behaves (trickling, stalling, never answering, throttling without end): when it
+    runs out, or a retry could not start before it does, the object fails with
+    ``FetchTimeout`` (``Reason.DEADLINE_EXCEEDED``), the last attempt's error as its
+    ``__cause__``."""
 
     throttle_cooldown: float = 5.0
     """Seconds after a throttle during which the process's requests in flight do not grow

@@ -145,7 +145,10 @@ class RetryLayer:
     A failure counts towards ``max_attempts``; a throttle does not: it is retried with the
     throttle backoff for as long as the object's time budget allows. The budget starts at
     the first attempt's send and is enforced by a timeout around all of it, so neither a
-    server that never finishes nor a wait for a request slot can outlast it.
+    server that never finishes nor a wait for a request slot can outlast it. However it
+    runs out (an attempt cut off, or a retry that could not start before it), the object
+    fails with ``FetchTimeout`` (``Reason.DEADLINE_EXCEEDED``) whose ``__cause__`` is the
+    last failed attempt's error.
     """
 
     def __init__(self, inner: Getter, config: RetryConfig) -> None:
@@ -185,26 +188,31 @@ class RetryLayer:
                             raise
                         deadline = budget.when()
                         if deadline is not None and loop.time() + delay >= deadline:
-                            exc.add_note(f"gave up after {retry.max_total_seconds:g} s of retries")
-                            if attempts > 1:
-                                exc.add_note(f"gave up after {attempts} attempts")
-                            raise
+                            # The retry could not start in time: out of time, as below.
+                            raise self._out_of_time(request, attempts, exc) from exc
                         request.observer.on_retry(exc)
                     await asyncio.sleep(delay)
         except TimeoutError as exc:
             if isinstance(exc, FetchError) or not budget.expired():
                 raise
-            error = FetchTimeout(
-                f"no complete object within RetryConfig.max_total_seconds="
-                f"{retry.max_total_seconds:g} s",
-                url=request.url,
-                stage="fetch",
-                cause=Reason.DEADLINE_EXCEEDED,
-            )
-            error.add_note(f"cut off after {failures + throttles} failed attempts")
-            if last is not None:
-                error.add_note(f"the last failed attempt: {last}")
-            raise error from last
+            raise self._out_of_time(request, failures + throttles + 1, last) from last
+
+    def _out_of_time(
+        self, request: Request, attempts: int, last: FetchError | None
+    ) -> FetchTimeout:
+        """The error for an object whose time budget ran out after ``attempts`` attempts
+        (the last one perhaps cut off); ``last`` is the last one that failed."""
+        error = FetchTimeout(
+            f"no complete object within RetryConfig.max_total_seconds="
+            f"{self.config.max_total_seconds:g} s",
+            url=request.url,
+            stage="fetch",
+            cause=Reason.DEADLINE_EXCEEDED,
+        )
+        error.add_note(f"gave up after {attempts} attempt{'s' if attempts != 1 else ''}")
+        if last is not None:
+            error.add_note(f"the last failed attempt: {last}")
+        return error
 
 
 class FetchClient:

@@ -14,9 +14,11 @@ from concurrent_loader import (
     BucketNotFound,
     ConcurrentDataLoader,
     FetchConfig,
+    FetchTimeout,
     ObjectDataset,
     ObjectNotFound,
     ObjectTooLarge,
+    Reason,
     RetryConfig,
     ServerError,
     Throttled,
@@ -166,7 +168,7 @@ EIGHT_ATTEMPTS = RetryConfig(
         # the count above would show a retry of a non-retryable error; a throttle is not a
         # failure and is retried past max_attempts, until the time budget is spent (None).
         ("500 every time", ServerError, EIGHT_ATTEMPTS.max_attempts),
-        ("503 every time", Throttled, None),
+        ("503 every time", FetchTimeout, None),
     ],
 )
 def test_only_retryable_errors_are_retried(
@@ -207,6 +209,8 @@ def test_only_retryable_errors_are_retried(
     assert info.value.url == ds.url_for(0)
     sent = proxy.stats()["requests_by_method"].get("GET", 0)
     if gets is None:
+        assert info.value.cause is Reason.DEADLINE_EXCEEDED
+        assert isinstance(info.value.__cause__, Throttled)
         assert sent > EIGHT_ATTEMPTS.max_attempts
     else:
         assert sent == gets

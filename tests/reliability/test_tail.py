@@ -25,7 +25,7 @@ from concurrent_loader import (
 )
 from concurrent_loader.testing import FaultPlan
 
-from ._support import expected_batches, sha256_hex
+from ._support import sha256_hex
 
 #: 10 % 503 SlowDown, 5 % resets (before and during the body), 2 % truncated bodies, 1 %
 #: stalls after the headers
@@ -49,9 +49,20 @@ BATCH = 32
 SEED = 5
 
 
+def shuffled(n: int) -> list[int]:
+    """The order samples are read in: a seeded permutation, given to the loader as its
+    sampler, so that the expected batches do not depend on how a loader draws its seeds."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(SEED)).tolist()
+
+
+def expected_batches(n: int) -> list[list[int]]:
+    order = shuffled(n)
+    return [order[i : i + BATCH] for i in range(0, n, BATCH)]
+
+
 def read_all(small_objects, proxy, config: FetchConfig, n: int = SAMPLES):
-    """Every batch of ``n`` objects through ``proxy`` with 2 workers, shuffled; returns the
-    batches (lists of sha256 digests) and the loader's stats."""
+    """Every batch of ``n`` objects through ``proxy`` with 2 workers, in a shuffled order;
+    returns the batches (lists of sha256 digests) and the loader's stats."""
     ds = ObjectDataset(
         small_objects.url,
         small_objects.keys[:n],
@@ -59,19 +70,13 @@ def read_all(small_objects, proxy, config: FetchConfig, n: int = SAMPLES):
         decode=sha256_hex,
         fetch_config=config,
     )
-    loader = ConcurrentDataLoader(
-        ds,
-        batch_size=BATCH,
-        shuffle=True,
-        num_workers=2,
-        generator=torch.Generator().manual_seed(SEED),
-    )
+    loader = ConcurrentDataLoader(ds, batch_size=BATCH, sampler=shuffled(n), num_workers=2)
     return [list(batch) for batch in loader], loader.stats()
 
 
 def assert_every_sample_once_in_order(batches, small_objects, n: int = SAMPLES) -> None:
     digests = small_objects.digests[:n]
-    want = [[digests[i] for i in b] for b in expected_batches(n, BATCH, SEED)]
+    want = [[digests[i] for i in b] for b in expected_batches(n)]
     assert len(batches) == len(want)
     for position, (got, expected) in enumerate(zip(batches, want, strict=True)):
         assert got == expected, f"batch {position} differs from the sampler's batch"

@@ -175,11 +175,15 @@ def test_deadline_shorter_than_the_first_backoff_stops_at_once():
     store = MemoryConfig({"a": b"x"}, script=failing(ServerError, Reason.SERVER_ERROR))
     retry = FixedBackoff(base_delay=60.0, max_attempts=10, max_total_seconds=0.5)
     observer = Recorder()
-    with pytest.raises(ServerError) as caught:
+    with pytest.raises(FetchTimeout) as caught:
         fetch(make_client(store, retry), observer=observer)
     assert store.stats.gets["a"] == 1
     assert observer.retries == []
-    assert "gave up after 0.5 s of retries" in caught.value.__notes__
+    error = caught.value
+    assert error.cause is Reason.DEADLINE_EXCEEDED and error.url == URL
+    assert "max_total_seconds=0.5 s" in str(error)
+    assert "gave up after 1 attempt" in error.__notes__
+    assert isinstance(error.__cause__, ServerError)
 
 
 def test_deadline_stops_retries_before_max_attempts():
@@ -187,12 +191,14 @@ def test_deadline_stops_retries_before_max_attempts():
     store = MemoryConfig({"a": b"x"}, script=failing(ServerError, Reason.SERVER_ERROR))
     retry = FixedBackoff(base_delay=0.1, max_attempts=100, max_total_seconds=0.25)
     observer = Recorder()
-    with pytest.raises(ServerError) as caught:
+    with pytest.raises(FetchTimeout) as caught:
         fetch(make_client(store, retry), observer=observer)
     gets = store.stats.gets["a"]
     assert 2 <= gets <= 3
     assert len(observer.retries) == gets - 1
-    assert "gave up after 0.25 s of retries" in caught.value.__notes__
+    assert caught.value.cause is Reason.DEADLINE_EXCEEDED
+    assert f"gave up after {gets} attempts" in caught.value.__notes__
+    assert isinstance(caught.value.__cause__, ServerError)
 
 
 def test_backoff_is_full_jitter_capped_by_max_delay():
@@ -245,12 +251,13 @@ def test_a_store_that_never_stops_throttling_fails_when_the_time_budget_is_spent
     store = MemoryConfig({"a": b"x"}, script=failing(Throttled, Reason.THROTTLED))
     retry = FixedBackoff(max_attempts=1, throttle_base_delay=0.05, max_total_seconds=0.3)
     observer = Recorder()
-    with pytest.raises(Throttled) as caught:
+    with pytest.raises(FetchTimeout) as caught:
         fetch(make_client(store, retry), observer=observer)
     # retries start at 0.05, 0.10, ... and none may start at or past 0.3 s
     assert 4 <= store.stats.gets["a"] <= 6
     assert observer.throttles == store.stats.gets["a"]
-    assert "gave up after 0.3 s of retries" in caught.value.__notes__
+    assert caught.value.cause is Reason.DEADLINE_EXCEEDED
+    assert isinstance(caught.value.__cause__, Throttled)
 
 
 ZERO_DELAYS = {"base_delay": 0.0, "throttle_base_delay": 0.0}
@@ -374,7 +381,7 @@ def test_the_time_budget_holds_when_no_attempt_ever_ends(answer):
     # third may already be cut off by the budget).
     gets = store.stats.gets["a"]
     assert gets in (3, 4)
-    assert f"cut off after {gets - 1} failed attempts" in error.__notes__
+    assert f"gave up after {gets} attempts" in error.__notes__
     assert isinstance(error.__cause__, FetchTimeout)
     assert error.__cause__.cause is Reason.ATTEMPT_TIMEOUT
     assert elapsed < 0.35 + 1.0  # generous against a loaded machine; unbounded without it
@@ -387,7 +394,8 @@ def test_an_object_with_one_slow_attempt_fails_at_the_budget_not_the_attempt_tim
         fetch(deadline_client(store, 60.0, 0.1))
     assert caught.value.cause is Reason.DEADLINE_EXCEEDED
     assert store.stats.gets["a"] == 1
-    assert "cut off after 0 failed attempts" in caught.value.__notes__
+    assert "gave up after 1 attempt" in caught.value.__notes__
+    assert caught.value.__cause__ is None  # no attempt failed before
 
 
 def test_waiting_for_the_first_request_slot_does_not_spend_the_budget():
@@ -455,15 +463,16 @@ def test_limit_recovers_after_the_cooldown():
     cooldown = 0.01
     objects = {f"{i}": b"x" for i in range(30)} | {"hot": b"x"}
     store = MemoryConfig(objects, latency_s=0.002, script=_throttle_once)
-    # A throttle's retry would start past the time budget: the throttle is raised at once.
+    # A throttle's retry would start past the time budget: the object fails at once.
     retry = FixedBackoff(
         throttle_base_delay=60.0, max_total_seconds=1.0, throttle_cooldown=cooldown
     )
     client = make_client(store, retry, max_inflight_requests=8)
 
     async def main() -> None:
-        with pytest.raises(Throttled):
+        with pytest.raises(FetchTimeout) as caught:
             await client.get("hot")
+        assert isinstance(caught.value.__cause__, Throttled)
         assert client.limit.limit == 4
         await asyncio.sleep(2 * cooldown)
         for i in range(4):  # each success after the cooldown adds one
