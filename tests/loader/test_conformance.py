@@ -256,13 +256,17 @@ def test_samplers_of_keys_and_of_lists(num_workers):
 
 def test_our_datasets_give_what_a_stock_loader_gives():
     objects = {f"{i:03d}": bytes([i]) * (i + 1) for i in range(12)}
+    datasets: list[ObjectDataset] = []
 
     def build(cls: Loader) -> DataLoader[Any]:
-        store = MemoryConfig(objects)
-        ds = ObjectDataset(store, keys=sorted(objects), decode=len)
-        return cls(ds, batch_size=5, shuffle=True, generator=seeded(8))
+        datasets.append(ObjectDataset(MemoryConfig(objects), keys=sorted(objects), decode=len))
+        return cls(datasets[-1], batch_size=5, shuffle=True, generator=seeded(8))
 
     both(build)
+    for dataset in datasets:
+        # The stock loader's ``ds[i]`` calls leased this process's event loop: give it back
+        # now, not at garbage collection, so no thread of it is running at a later fork.
+        dataset.close()
 
 
 # ---------------------------------------------------------------------------- attributes
