@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 import torch
-from torch.utils.data import BatchSampler, RandomSampler
+from torch.utils.data import DataLoader
 
 from concurrent_loader.testing import LocalS3Server
 
@@ -24,8 +24,10 @@ def sha256_hex(data: bytes | bytearray) -> str:
 def expected_batches(n: int, batch_size: int, seed: int) -> list[list[int]]:
     """The batches a stock DataLoader draws with ``shuffle=True`` and a generator seeded
     with ``seed``."""
-    sampler = RandomSampler(range(n), generator=torch.Generator().manual_seed(seed))
-    return [list(b) for b in BatchSampler(sampler, batch_size, drop_last=False)]
+    stock = DataLoader(
+        range(n), batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(seed)
+    )
+    return [batch.tolist() for batch in stock]
 
 
 def wait_until(condition: Callable[[], bool], timeout: float, interval: float = 0.02) -> bool:
