@@ -16,11 +16,13 @@ Every batch of a worker's share has exactly one outcome: the batch, or a
 from __future__ import annotations
 
 import os
+import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
+from ..errors import LoaderError
 from ..metrics import SharedStats
 from ..pipeline import BatchPipeline, Failure, PipelineOptions, source_of
 from ..runtime import Runtime, acquire_runtime
@@ -146,7 +148,10 @@ class PlannedBatches(IterableDataset[Any]):
                 stats=shared.read(row),
                 publish=lambda stats: shared.write(row, stats),
             )
-            yield from pipeline.outcomes()
+            for outcome in pipeline.outcomes():
+                if isinstance(outcome, Failure):
+                    _note_traceback(outcome.exc, row)
+                yield outcome
             broken = pipeline.broken
         except Exception as exc:  # the pipeline could not start (or broke)
             broken = exc
@@ -159,6 +164,17 @@ class PlannedBatches(IterableDataset[Any]):
             # whose pipeline never started fails what it claims (so do all the others then).
             for _ in share:
                 yield Failure(broken)
+
+
+def _note_traceback(exc: BaseException, row: int) -> None:
+    """Give an error from user code (a ``__getitem__``, a transform, a collate) the traceback
+    of where it was raised, as a note, as torch gives it in its message: the error reaches
+    the main process without its traceback object."""
+    if isinstance(exc, LoaderError) or exc.__traceback__ is None:
+        return
+    where = f"DataLoader worker process {row - 1}" if row else "the loader's main process"
+    frames = "".join(traceback.format_tb(exc.__traceback__))
+    exc.add_note(f"Original traceback in {where} (most recent call last):\n{frames.rstrip()}")
 
 
 def _claimed(

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from concurrent_loader import (
     AccessDenied,
@@ -344,3 +344,32 @@ def test_the_loader_is_generic_and_its_dataset_is_the_users(helpers):
     dataset = ObjectDataset(MemoryConfig(helpers.numbered_objects(3)))
     loader: ConcurrentDataLoader[Any] = ConcurrentDataLoader[Any](dataset, batch_size=2)
     assert loader.dataset is dataset and loader.batch_size == 2
+
+
+class _Failing(Dataset[int]):
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, index: int) -> int:
+        if index == 3:
+            raise_for_three()
+        return index
+
+
+def raise_for_three() -> None:
+    raise ValueError("three")
+
+
+@pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=fork_warning)])
+def test_an_error_from_user_code_notes_where_it_was_raised(num_workers):
+    loader = ConcurrentDataLoader(
+        _Failing(),
+        batch_size=2,
+        num_workers=num_workers,
+        multiprocessing_context="fork" if num_workers else None,
+    )
+    with pytest.raises(ValueError, match="three") as caught:
+        list(loader)
+    notes = "\n".join(caught.value.__notes__)
+    assert "while loading item 3 of _Failing" in notes
+    assert "Original traceback in" in notes and "raise_for_three" in notes
