@@ -135,10 +135,10 @@ def test_user_decode_bug_names_the_object(bad_objects, s3_env, num_workers):
 
     url = bad_objects.url + "img/cls/good.jpg"
     ds = ObjectDataset(bad_objects.url, ["img/cls/good.jpg"], decode=decode)
-    # Not a LoaderError: the user's own exception, with a note naming the object.
-    error = _fails_fast(ValueError, ds, num_workers)
-    assert "bug in the user's decode function" in str(error)
-    assert any(url in note for note in getattr(error, "__notes__", [])), error.__notes__
+    # A DecodeError naming the object, with the user's exception in its message and cause.
+    error = _fails_fast(DecodeError, ds, num_workers)
+    assert error.url == url and error.stage == "decode"
+    assert "ValueError: bug in the user's decode function" in str(error)
 
 
 # ---------------------------------------------------------------------------- bad roots
