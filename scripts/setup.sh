@@ -14,6 +14,15 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install -q "$(grep -E '^torch==' requirements-dev.txt)"
   .venv/bin/python -m pip install -q -r requirements-dev.txt
   .venv/bin/python -m pip install -q --no-deps -e .
+  # The rest (moto[server] and its many dependencies above all) must not have moved torch.
+  .venv/bin/python - "$(grep -E '^torch==' requirements-dev.txt | cut -d= -f3)" <<'PY'
+import sys
+
+import torch
+
+if torch.__version__.split("+")[0] != sys.argv[1]:
+    sys.exit(f"torch {torch.__version__} is installed, requirements-dev.txt pins {sys.argv[1]}")
+PY
   rm -f .venv/.installed-*
   touch "$stamp"
 fi

@@ -2,17 +2,20 @@
 
 :class:`BackgroundServer` is the base of the loopback helpers whose counts a test reads
 directly (:class:`~.tls.TlsFront`, :class:`~.forward.ForwardProxy`): ``start()`` returns
-once it listens on ``127.0.0.1``; ``stop()`` closes the listener and every connection,
+once it listens on ``127.0.0.1``; ``stop()`` closes the listener, aborts every connection,
 waits for their handlers and joins the loop's thread, and is idempotent. Subclasses write
 :meth:`~BackgroundServer.handle`, one coroutine per accepted connection; the sockets it
-opens itself are registered with :meth:`~BackgroundServer.track` so ``stop()`` closes them.
+opens itself are registered with :meth:`~BackgroundServer.track` so they close with it.
+
+A handler runs on the server's own thread, after the client's calls return: a test reads
+the counts a handler keeps once :meth:`~BackgroundServer.wait_idle` says every connection
+it accepted has been handled to its end.
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
-import contextlib
 import threading
 from types import TracebackType
 from typing import Any, Self
@@ -34,6 +37,8 @@ class BackgroundServer(abc.ABC):
         # The streams each connection's handler has open, closed when it returns.
         self._streams: dict[asyncio.Task[Any], list[asyncio.StreamWriter]] = {}
         self._lock = threading.Lock()
+        self._idle = threading.Condition()
+        self._active = 0
         self._started = False
         self._stopped = False
         self.port = 0
@@ -47,6 +52,13 @@ class BackgroundServer(abc.ABC):
         task = asyncio.current_task()
         assert task is not None and task in self._streams
         self._streams[task].append(writer)
+
+    def wait_idle(self, timeout: float = 10.0) -> None:
+        """Wait until no accepted connection is still being handled (TimeoutError if one
+        still is after ``timeout`` seconds)."""
+        with self._idle:
+            if not self._idle.wait_for(lambda: self._active == 0, timeout):
+                raise TimeoutError(f"{self._active} connections still open after {timeout}s")
 
     @property
     def address(self) -> str:
@@ -74,6 +86,8 @@ class BackgroundServer(abc.ABC):
         task = asyncio.current_task()
         assert task is not None
         self._streams[task] = [writer]
+        with self._idle:
+            self._active += 1
         try:
             await self.handle(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -81,6 +95,9 @@ class BackgroundServer(abc.ABC):
         finally:
             for stream in self._streams.pop(task):
                 stream.close()
+            with self._idle:
+                self._active -= 1
+                self._idle.notify_all()
 
     def stop(self) -> None:
         """Close everything and join the loop's thread. Idempotent."""
@@ -97,14 +114,18 @@ class BackgroundServer(abc.ABC):
     async def _shutdown(self) -> None:
         if self._server is not None:
             self._server.close()
-        streams = [stream for opened in self._streams.values() for stream in opened]
+        # Abort rather than cancel: a TLS close would wait for the peer's reply, and a
+        # handler ends by itself once its streams are gone (Python 3.11 logs an error for
+        # a cancelled one).
+        for opened in self._streams.values():
+            for stream in opened:
+                stream.transport.abort()
         tasks = list(self._streams)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for stream in streams:
-            with contextlib.suppress(Exception):
-                await stream.wait_closed()
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=_STOP_TIMEOUT_S / 2)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
 

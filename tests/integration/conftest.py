@@ -9,6 +9,7 @@ wrong, uploaded once per server.
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,3 +137,19 @@ def runtime_lease() -> Iterator[None]:
         yield
     finally:
         runtime.release()
+
+
+def join_executor_threads(timeout: float = 10.0) -> None:
+    """Wait for the threads of closed runtimes' default executors to end.
+
+    A runtime closes without joining its loop's default executor (where aiobotocore
+    builds its SSL contexts), so right after a listing such a thread may still be exiting,
+    inside OpenSSL; a worker forked then can inherit OpenSSL's lock and hang for ever in
+    its first ``ssl.create_default_context()``
+    (``test_fork_after_listing.py::test_runtime_joins_its_executor_threads``). Tests call
+    this before they fork workers, unless they hold the runtime open (``runtime_lease``):
+    its executor's thread then waits for work, idle, and would not end.
+    """
+    for thread in threading.enumerate():
+        if thread.name.startswith(("uvloop_", "asyncio_")):
+            thread.join(timeout)

@@ -21,7 +21,14 @@ from concurrent_loader import (
 from concurrent_loader.decode import ImageDecoder
 from concurrent_loader.errors import Reason
 
-from .conftest import EMPTY_KEY, ODD_KEYS, ServerData, attempts_of, drop_traceback
+from .conftest import (
+    EMPTY_KEY,
+    ODD_KEYS,
+    ServerData,
+    attempts_of,
+    drop_traceback,
+    join_executor_threads,
+)
 
 
 def sampler_order(n: int, batch_size: int, seed: int) -> list[int]:
@@ -33,6 +40,7 @@ def sampler_order(n: int, batch_size: int, seed: int) -> list[int]:
 
 
 def read_all(ds: ObjectDataset, num_workers: int, seed: int = 5, batch_size: int = 4) -> list:
+    join_executor_threads()
     loader = ConcurrentDataLoader(
         ds,
         batch_size=batch_size,
@@ -48,6 +56,7 @@ def test_image_folder_items_match_their_files(server_data: ServerData, server_en
     ds = ImageFolder(server_data.image_url, image_size=32)
     assert ds.classes == sorted({cls for _, cls, _ in server_data.images})
     assert sorted(ds.keys) == sorted(key for key, _, _ in server_data.images)
+    join_executor_threads()
     loader = ConcurrentDataLoader(
         ds,
         batch_size=5,

@@ -1,4 +1,5 @@
-"""LocalS3Server against the real ``weed mini``: auth, round trips, lifecycle, cleanup."""
+"""LocalS3Server against the real ``weed mini`` and MotoS3Server against moto: auth, session
+tokens, round trips, lifecycle, cleanup."""
 
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ import pytest
 from botocore import UNSIGNED
 from botocore.config import Config
 
-from concurrent_loader.testing import LocalS3Server
+from concurrent_loader.testing import LocalS3Server, MotoS3Server, S3ServerProcess
 
 
-def _client(server: LocalS3Server, access_key: str, secret_key: str) -> Any:
+def _client(server: S3ServerProcess, access_key: str, secret_key: str) -> Any:
     return boto3.session.Session().client(
         "s3",
         endpoint_url=server.endpoint_url,
@@ -37,6 +38,14 @@ def _anonymous(server: LocalS3Server) -> Any:
         region_name=server.region,
         config=Config(signature_version=UNSIGNED, s3={"addressing_style": "path"}),
     )
+
+
+_REFUSED_CREDENTIALS = {
+    "InvalidToken",
+    "InvalidAccessKeyId",
+    "AccessDenied",
+    "SignatureDoesNotMatch",
+}
 
 
 def _assert_gone(pid: int) -> None:
@@ -196,3 +205,73 @@ def test_side_by_side_stop_cleanup_and_persistence(
         assert again.get_object("side", "after-restart") == b"new"
         assert again.get_object("side-2", "k") == b"other bucket"
         assert again.get_object("side", "who") == kept.endpoint_url.encode()
+
+
+# -- moto's server, and what both servers share ---------------------------------------------
+
+
+def test_moto_round_trip_and_enforced_authentication(moto_server: MotoS3Server) -> None:
+    moto_server.create_bucket("moto-auth")
+    moto_server.put_object("moto-auth", "a b/ü+%.bin", b"moto bytes")
+    assert moto_server.get_object("moto-auth", "a b/ü+%.bin") == b"moto bytes"
+    assert moto_server.access_key.startswith("AKIA")  # issued by moto's IAM
+    assert moto_server.env()["AWS_ENDPOINT_URL"] == f"http://127.0.0.1:{moto_server.port}"
+    for access_key, code in [
+        (moto_server.access_key, "SignatureDoesNotMatch"),
+        ("AKIANOSUCHKEY0000000", "InvalidAccessKeyId"),
+    ]:
+        client = _client(moto_server, access_key, "wrong-secret-key")
+        with pytest.raises(botocore.exceptions.ClientError) as info:
+            client.get_object(Bucket="moto-auth", Key="a b/ü+%.bin")
+        client.close()
+        assert info.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+        assert info.value.response["Error"]["Code"] == code
+
+
+@pytest.mark.parametrize("server_fixture", ["s3_server", "moto_server"])
+def test_temporary_credentials_need_their_token(
+    request: pytest.FixtureRequest, server_fixture: str
+) -> None:
+    server: S3ServerProcess = request.getfixturevalue(server_fixture)
+    server.create_bucket("sessions")
+    server.put_object("sessions", "k", b"for the session")
+    session = server.temporary_credentials()
+    assert session.access_key != server.access_key
+    assert session.secret_key not in repr(session) and session.session_token not in repr(session)
+    assert set(session.env()) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"}
+
+    def client(token: str | None) -> Any:
+        return boto3.session.Session().client(
+            "s3",
+            endpoint_url=server.endpoint_url,
+            aws_access_key_id=session.access_key,
+            aws_secret_access_key=session.secret_key,
+            aws_session_token=token,
+            region_name=server.region,
+            config=Config(s3={"addressing_style": "path"}, retries={"total_max_attempts": 1}),
+        )
+
+    good = client(session.session_token)
+    assert good.get_object(Bucket="sessions", Key="k")["Body"].read() == b"for the session"
+    good.close()
+    for token in (None, session.session_token[:-8] + "AAAAAAAA"):
+        bad = client(token)
+        with pytest.raises(botocore.exceptions.ClientError) as info:
+            bad.get_object(Bucket="sessions", Key="k")
+        bad.close()
+        # S3 answers a bad token 400 InvalidToken (moto does), or 403.
+        assert info.value.response["ResponseMetadata"]["HTTPStatusCode"] in (400, 403)
+        assert info.value.response["Error"]["Code"] in _REFUSED_CREDENTIALS
+
+
+def test_moto_lifecycle() -> None:
+    server = MotoS3Server()
+    with pytest.raises(RuntimeError, match="only once it started"):
+        server.env()
+    with server:
+        pid = server.pid
+        assert server.endpoint_url.startswith("http://127.0.0.1:")
+    _assert_gone(pid)
+    server.stop()  # idempotent
+    with pytest.raises(RuntimeError, match="only once"):
+        server.start()
