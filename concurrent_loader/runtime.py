@@ -10,6 +10,24 @@ back (:meth:`Runtime.release`); when the last lease is returned the loop's resou
 (readers, sockets) are closed and the thread joined, so a finished or abandoned iteration
 leaves no thread, loop or socket behind. Objects that belong to the loop (readers) are
 cached on the runtime and closed with it.
+
+Fork safety. A process that forks (DataLoader workers under the ``fork`` start method)
+copies every lock in its C libraries in the state it is in at that instant, and a lock
+held by another thread stays held in the child forever. OpenSSL 3 takes global locks
+whenever a thread makes an ``SSLContext``, draws random bytes or ends (its per-thread
+cleanup). So the runtime guarantees that none of its threads is inside a C library when
+its process forks:
+
+- a runtime's threads (the loop's and its executor's) have ended *at the OS level* when
+  the last lease returns. ``Thread.join()`` is not enough: it returns once the thread's
+  interpreter state is gone, before the OS thread runs its thread-local destructors, and
+  OpenSSL's destructor holds OpenSSL's thread registry lock (the one the next
+  ``SSLContext`` of a new thread takes) for the time it frees the thread's state. A worker
+  forked in that window hung in ``SSLContext.__new__`` on its first client;
+- while a runtime is live, a fork first parks its loop thread in a callback between two
+  turns of the loop and waits for the jobs running on its executor threads (new ones wait
+  at the start), so neither is in the middle of a TLS handshake, an ``SSLContext`` or a
+  credential refresh at the fork; both go on in the parent after it.
 """
 
 from __future__ import annotations
@@ -20,7 +38,8 @@ import concurrent.futures
 import logging
 import os
 import threading
-from collections.abc import Awaitable, Callable, Coroutine, Hashable
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Hashable, Iterable
 from typing import Any, Protocol, TypeVar
 
 __all__ = ["AsyncCloseable", "Runtime", "acquire_runtime"]
@@ -29,6 +48,9 @@ log = logging.getLogger(__name__)
 
 #: seconds a closing runtime waits for its loop to cancel tasks and close clients
 CLOSE_TIMEOUT_S = 10.0
+#: seconds a fork waits for the loop and executor threads to reach a safe point, and a
+#: closing runtime for its threads to end at the OS level, before going on with a warning
+QUIESCE_TIMEOUT_S = 5.0
 T = TypeVar("T")
 
 
@@ -44,6 +66,85 @@ def _new_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
+class _ForkGate:
+    """Where a runtime's threads stop while their process forks.
+
+    The loop thread parks in :meth:`park` (a loop callback); executor jobs pass through
+    :meth:`job`. :meth:`hold` (before a fork) waits until the loop thread is parked (or has
+    ended) and no job runs; :meth:`open` (after it, in the parent) lets both go on.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._forking = False
+        self._parked = False
+        self._loop_ended = False
+        self._jobs = 0
+        self._in_job = threading.local()
+
+    def park(self) -> None:
+        with self._cond:
+            if not self._forking:
+                return
+            self._parked = True
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: not self._forking)
+            self._parked = False
+
+    def loop_ended(self) -> None:
+        with self._cond:
+            self._loop_ended = True
+            self._cond.notify_all()
+
+    def job(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._forking)
+            self._jobs += 1
+        self._in_job.active = True
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self._in_job.active = False
+            with self._cond:
+                self._jobs -= 1
+                self._cond.notify_all()
+
+    def hold(self, wake_loop: Callable[[], bool], timeout: float) -> bool:
+        """Stop the loop and the executor; True once both are at rest (False on timeout)."""
+        # A fork from inside a job waits for the other jobs only.
+        own = 1 if getattr(self._in_job, "active", False) else 0
+        with self._cond:
+            self._forking = True
+            if not (self._loop_ended or wake_loop()):
+                self._loop_ended = True  # the loop is closed: only its thread's end is left
+            return self._cond.wait_for(
+                lambda: (self._parked or self._loop_ended) and self._jobs == own, timeout
+            )
+
+    def open(self) -> None:
+        with self._cond:
+            self._forking = False
+            self._cond.notify_all()
+
+
+class _GatedExecutor(concurrent.futures.ThreadPoolExecutor):
+    """The loop's default executor (``run_in_executor``, ``asyncio.to_thread``): every job
+    passes through the runtime's fork gate, and its threads are known, to be waited for."""
+
+    def __init__(self, gate: _ForkGate) -> None:
+        self.threads: list[threading.Thread] = []
+        super().__init__(
+            thread_name_prefix="concurrent-loader-io-pool",
+            initializer=lambda: self.threads.append(threading.current_thread()),
+        )
+        self._gate = gate
+
+    def submit(
+        self, fn: Callable[..., T], /, *args: Any, **kwargs: Any
+    ) -> concurrent.futures.Future[T]:
+        return super().submit(self._gate.job, fn, *args, **kwargs)
+
+
 class Runtime:
     """An event loop running on a daemon thread, plus the loop-bound objects made on it."""
 
@@ -53,12 +154,16 @@ class Runtime:
         self._leases = 0
         self._closed = False
         self._resources: dict[Hashable, AsyncCloseable] = {}
+        self._gate = _ForkGate()
+        self._executor = _GatedExecutor(self._gate)
+        self.loop.set_default_executor(self._executor)
         started = threading.Event()
         self._thread = threading.Thread(
             target=self._run, args=(started,), name="concurrent-loader-io", daemon=True
         )
         self._thread.start()
         started.wait()
+        _live.add(self)
 
     def _run(self, started: threading.Event) -> None:
         asyncio.set_event_loop(self.loop)
@@ -66,8 +171,42 @@ class Runtime:
         try:
             self.loop.run_forever()
         finally:
-            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
-            self.loop.close()
+            try:
+                self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+                self.loop.close()
+            finally:
+                self._gate.loop_ended()
+
+    # ------------------------------------------------------------------ fork safety
+
+    def _quiesce_for_fork(self) -> None:
+        """Before a fork: park the loop thread and the executor (see the module docstring)."""
+        if threading.current_thread() is self._thread:
+            return  # a fork from a loop callback: the loop is between two calls already
+
+        def wake_loop() -> bool:
+            try:
+                self.loop.call_soon_threadsafe(self._gate.park)
+            except RuntimeError:  # closed: its thread is on its way out
+                return False
+            return True
+
+        deadline = time.monotonic() + QUIESCE_TIMEOUT_S
+        at_rest = self._gate.hold(wake_loop, QUIESCE_TIMEOUT_S)
+        if at_rest:
+            # Threads that ended in Python (a loop closed from another thread) may still
+            # be in their thread-local destructors.
+            at_rest = _wait_until_ended([self._thread, *self._executor.threads], deadline)
+        if not at_rest:
+            log.warning(
+                "the concurrent-loader event loop or one of its executor threads did not "
+                "reach a safe point within %.0f s; forking anyway (a child may hang in a C "
+                "library lock)",
+                QUIESCE_TIMEOUT_S,
+            )
+
+    def _resume_after_fork(self) -> None:
+        self._gate.open()
 
     @property
     def closed(self) -> bool:
@@ -131,10 +270,25 @@ class Runtime:
                 "the concurrent-loader event loop did not close within %.0f s; leaving it",
                 CLOSE_TIMEOUT_S,
             )
+            _live.discard(self)  # a stuck thread cannot be quiesced: forks stop trying
             return
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        deadline = time.monotonic() + QUIESCE_TIMEOUT_S
+        threads = [self._thread, *self._executor.threads]
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        # join() returned once the threads' interpreter states were gone; their OS threads
+        # may still be in OpenSSL's per-thread cleanup, holding its locks. A fork right after
+        # this returns (the next loader's workers) must not copy those locks held.
+        if any(thread.is_alive() for thread in threads) or not _wait_until_ended(threads, deadline):
+            log.warning(
+                "the concurrent-loader threads did not end within %.0f s of their loop",
+                QUIESCE_TIMEOUT_S,
+            )
+        _live.discard(self)
 
     async def _close_resources(self) -> None:
         # Tasks still running belong to users that did not close (e.g. at interpreter exit):
@@ -154,8 +308,34 @@ class Runtime:
         await asyncio.sleep(0)
 
 
+def _wait_until_ended(threads: Iterable[threading.Thread], deadline: float) -> bool:
+    """Wait until the OS threads of ``threads`` (already joined, or ended in Python) exist
+    no more; False if one is still there at ``deadline`` (``time.monotonic()``).
+
+    The OS gives no event for that, so this looks at ``/proc/self/task`` at growing
+    intervals (the thread is normally gone within a millisecond). Where there is no
+    ``/proc`` (macOS, whose default start method is spawn) it returns at once.
+    """
+    if not os.path.isdir("/proc/self/task"):
+        return True
+    delay = 0.0002
+    for thread in threads:
+        tid = thread.native_id
+        if tid is None or thread.is_alive():
+            continue  # never started, or still running Python: not ours to wait for here
+        path = f"/proc/self/task/{tid}"
+        while os.path.exists(path):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(delay)
+            delay = min(delay * 2, 0.01)
+    return True
+
+
 _lock = threading.Lock()
 _current: Runtime | None = None
+# Runtimes of this process whose threads may still run: the ones a fork must quiesce.
+_live: set[Runtime] = set()
 # Runtimes inherited through fork: their thread does not exist in the child and their
 # objects must not be touched or finalised there, so the child keeps them unreachable.
 _orphans: list[Runtime] = []
@@ -174,12 +354,30 @@ def acquire_runtime() -> Runtime:
         return runtime
 
 
+def _before_fork() -> None:
+    # Not under _lock: the forking thread may hold it (a runtime starting), and the set
+    # only changes under it in this process's own threads, which are being quiesced.
+    pid = os.getpid()
+    for runtime in list(_live):
+        if runtime.pid == pid:
+            runtime._quiesce_for_fork()
+
+
+def _after_fork_in_parent() -> None:
+    pid = os.getpid()
+    for runtime in list(_live):
+        if runtime.pid == pid:
+            runtime._resume_after_fork()
+
+
 def _after_fork_in_child() -> None:
     global _current, _lock
     _lock = threading.Lock()
     if _current is not None:
         _orphans.append(_current)
         _current = None
+    _orphans.extend(_live)
+    _live.clear()
 
 
 def _close_at_exit() -> None:
@@ -189,5 +387,9 @@ def _close_at_exit() -> None:
             runtime._close_locked()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(
+    before=_before_fork,
+    after_in_parent=_after_fork_in_parent,
+    after_in_child=_after_fork_in_child,
+)
 atexit.register(_close_at_exit)

@@ -1,16 +1,27 @@
-"""AWS credentials: resolved per process through botocore's standard chain, never printed.
+"""AWS credentials: resolved once in the main process through botocore's chain, never printed.
 
 :class:`CredentialSource` is what travels to worker processes: the profile name, the
-``anonymous`` flag and, only when the user passed keys explicitly, those keys (which the
-workers need to sign). Its ``repr`` hides them. Each process resolves the chain itself
-(env vars, shared config/credentials files, SSO, container and instance roles), so nothing
-resolved in the parent is reused after a fork. Refreshable credentials are re-read through
-botocore at most once a second on the hot path.
+``anonymous`` flag, the keys the user passed explicitly, and a :class:`CredentialSnapshot`
+of what botocore's chain (env vars, shared config/credentials files, SSO, container and
+instance roles, assumed roles) gave the main process when the dataset was made. Its
+``repr`` hides them all.
+
+A worker signs with the snapshot and builds no botocore session at all, so starting one
+costs no botocore import, no credential resolver and no ``SSLContext`` (botocore's
+resolver makes two for its container and instance-metadata fetchers). Credentials that
+expire (instance roles, SSO, assumed roles) are refreshed in the worker, once their
+snapshot comes within botocore's advisory refresh window of its expiry, by that worker's
+own botocore chain, made then (after the worker started) and re-read at most once a second
+on the hot path. A snapshot reaches a worker by inheritance (fork) or in the process start
+(spawn, forkserver); any other pickle of a dataset leaves it out, and the process that
+unpickles it resolves its own.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import os
 import re
 import time
@@ -20,7 +31,11 @@ from typing import Any
 from ...errors import AccessDenied, Reason
 from .sigv4 import Credentials
 
-__all__ = ["CredentialCache", "CredentialSource", "redact_botocore_logs"]
+__all__ = ["CredentialCache", "CredentialSnapshot", "CredentialSource", "redact_botocore_logs"]
+
+#: seconds before expiry when a snapshot is no longer used: botocore's advisory refresh
+#: window, so a worker's own chain refreshes before botocore itself would insist
+REFRESH_BEFORE_EXPIRY_S = 15 * 60
 
 # botocore logs the canonical request and the request headers at DEBUG, session token
 # included. The secret key is never logged; the token is, so it is redacted on the way.
@@ -50,16 +65,88 @@ def redact_botocore_logs() -> None:
 
 
 @dataclass(frozen=True)
+class CredentialSnapshot:
+    """Credentials botocore's chain gave the main process, for workers to sign with."""
+
+    access_key: str = field(repr=False)
+    secret_key: str = field(repr=False)
+    token: str | None = field(repr=False)
+    #: when they expire (seconds since the epoch); None for keys that do not
+    expires_at: float | None = None
+
+    @property
+    def usable_until(self) -> float:
+        """Until when (seconds since the epoch) to sign with them rather than refresh."""
+        if self.expires_at is None:
+            return math.inf
+        return self.expires_at - REFRESH_BEFORE_EXPIRY_S
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Only a worker process being started receives the keys; a user's pickle of the
+        # dataset (to disk, say) leaves them out, and whoever loads it resolves their own.
+        from multiprocessing.context import get_spawning_popen
+
+        if get_spawning_popen() is None:
+            return (_left_out, ())
+        return (CredentialSnapshot, (self.access_key, self.secret_key, self.token, self.expires_at))
+
+
+def _left_out() -> None:
+    return None
+
+
+@dataclass(frozen=True)
 class CredentialSource:
     profile: str | None = None
     anonymous: bool = False
     access_key: str | None = field(default=None, repr=False)
     secret_key: str | None = field(default=None, repr=False)
     session_token: str | None = field(default=None, repr=False)
+    #: what the main process resolved (:meth:`resolved`); not part of the identity
+    snapshot: CredentialSnapshot | None = field(default=None, repr=False, compare=False)
 
     def __repr__(self) -> str:
         explicit = ", explicit keys" if self.access_key else ""
-        return f"CredentialSource(profile={self.profile!r}, anonymous={self.anonymous}{explicit})"
+        resolved = ", resolved" if self.snapshot is not None else ""
+        return (
+            f"CredentialSource(profile={self.profile!r}, anonymous={self.anonymous}"
+            f"{explicit}{resolved})"
+        )
+
+    @property
+    def explicit(self) -> bool:
+        return bool(self.access_key and self.secret_key)
+
+    @property
+    def needs_resolving(self) -> bool:
+        return not (self.anonymous or self.explicit or self.snapshot is not None)
+
+    def resolved(self, session: Any = None) -> CredentialSource:
+        """This source with a snapshot of what botocore's chain gives this process now.
+
+        Unchanged when there is nothing to resolve (anonymous, explicit keys), when the
+        chain finds nothing (the process that signs reports it, as before) or when
+        refreshable credentials do not say when they expire.
+        """
+        if not self.needs_resolving:
+            return self
+        from botocore.credentials import RefreshableCredentials
+
+        found = (session or self.botocore_session()).get_credentials()
+        if found is None:
+            return self
+        frozen = found.get_frozen_credentials()
+        expires_at: float | None = None
+        if isinstance(found, RefreshableCredentials):
+            # botocore keeps the expiry private; without it a snapshot's age is unknown
+            expiry = getattr(found, "_expiry_time", None)
+            if expiry is None:
+                return self
+            expires_at = expiry.timestamp()
+        snapshot = CredentialSnapshot(
+            frozen.access_key, frozen.secret_key, frozen.token, expires_at
+        )
+        return dataclasses.replace(self, snapshot=snapshot)
 
     def botocore_session(self) -> Any:
         import botocore.session
@@ -88,31 +175,49 @@ class CredentialSource:
 
 
 class CredentialCache:
-    """Frozen credentials for signing, refreshed from botocore at most once a second."""
+    """Credentials for signing: explicit keys, else the main process's snapshot while it is
+    usable, else this process's own botocore chain, made on first need and re-read at most
+    once a second (botocore refreshes what expires)."""
 
     def __init__(self, source: CredentialSource, url: str, session: Any = None) -> None:
+        self._source = source
         self._url = url
-        self._botocore = (session or source.botocore_session()).get_credentials()
-        if self._botocore is None:
-            raise AccessDenied(
-                "no AWS credentials found (env vars, profile, instance role); pass "
-                "anonymous=True to read a public bucket",
-                url=url,
-                stage="fetch",
-                cause=Reason.NO_CREDENTIALS,
-            )
-        self._frozen = self._read()
-        self._checked = time.monotonic()
+        self._session = session
+        self._botocore: Any = None
+        self._checked = 0.0
+        snapshot = source.snapshot
+        if source.access_key and source.secret_key:
+            self._frozen = Credentials(source.access_key, source.secret_key, source.session_token)
+            self._until = math.inf
+        elif snapshot is not None:
+            self._frozen = Credentials(snapshot.access_key, snapshot.secret_key, snapshot.token)
+            self._until = snapshot.usable_until
+        else:
+            self._until = -math.inf
+            self._frozen = self._refresh()
 
-    def _read(self) -> Credentials:
+    def _refresh(self) -> Credentials:
+        if self._botocore is None:
+            session = self._session or self._source.botocore_session()
+            self._session = None  # used once: the chain below is what this cache keeps
+            self._botocore = session.get_credentials()
+            if self._botocore is None:
+                raise AccessDenied(
+                    "no AWS credentials found (env vars, profile, instance role); pass "
+                    "anonymous=True to read a public bucket",
+                    url=self._url,
+                    stage="fetch",
+                    cause=Reason.NO_CREDENTIALS,
+                )
         frozen = self._botocore.get_frozen_credentials()
+        self._checked = time.monotonic()
         return Credentials(frozen.access_key, frozen.secret_key, frozen.token)
 
     def get(self) -> Credentials:
-        now = time.monotonic()
-        if now - self._checked >= 1.0:
-            self._frozen = self._read()
-            self._checked = now
+        if time.time() < self._until:
+            return self._frozen
+        if self._botocore is None or time.monotonic() - self._checked >= 1.0:
+            self._frozen = self._refresh()
         return self._frozen
 
     def __repr__(self) -> str:

@@ -6,7 +6,10 @@ The hot path (one GET per object or range) signs with the lean
 (endpoint, addressing style, region, proxy, trust store; :mod:`.route`) is what a botocore
 client of the same configuration would use, resolved once when the dataset is made, and
 aiobotocore serves the control plane (listing) from the same configuration, so the two can
-never disagree. Credentials are resolved per process by botocore's chain.
+never disagree. Credentials are resolved by botocore's chain when the dataset is made, and
+workers sign with that snapshot (:mod:`.credentials`): a worker opening its store builds no
+botocore session unless its route was not resolved or its credentials need refreshing, and
+no ``SSLContext`` for a plain-http endpoint.
 
 A bucket in another region answers ``301 PermanentRedirect`` naming its region in
 ``x-amz-bucket-region``: the store re-resolves its route for that region once, remembers it
@@ -125,10 +128,16 @@ class S3Config:
         return f"s3://{self.bucket}/{self.prefix}{key}"
 
     def resolved(self) -> S3Config:
-        """This config with its route resolved (once, here, so workers need not)."""
-        if self.route is not None:
+        """This config with its route and credentials resolved (once, here, in the main
+        process, so workers need not)."""
+        if self.route is not None and not self.credentials.needs_resolving:
             return self
-        return dataclasses.replace(self, route=self.resolve_route())
+        session = self.credentials.botocore_session()
+        return dataclasses.replace(
+            self,
+            route=self.route or self.resolve_route(session=session),
+            credentials=self.credentials.resolved(session),
+        )
 
     def resolve_route(self, region: str | None = None, session: Any = None) -> S3Route:
         return resolve_route(
@@ -157,7 +166,11 @@ class S3Store:
         self.config = config
         self._fetch = fetch
         source = config.credentials
-        session = source.botocore_session()
+        # A botocore session only for what the main process did not resolve (a config
+        # opened directly): workers of a dataset make none (see the module docstring).
+        session = None
+        if config.route is None:
+            session = source.botocore_session()
         self._route = config.route or config.resolve_route(session=session)
         self._redirect: asyncio.Future[None] | None = None
         self._signer = SigV4Signer(self._route.region)
@@ -167,11 +180,14 @@ class S3Store:
         self._transport: Transport = self._make_transport(self._route)
 
     def _make_transport(self, route: S3Route) -> Transport:
+        # Plain http (a local or in-cluster endpoint, through an http proxy or not) never
+        # does TLS: no trust store to load.
+        tls = route.origin.scheme == "https"
         return make_transport(
             self.config.transport,
             max_connections=self._fetch.max_connections,
             timeouts=self._fetch.timeouts,
-            ssl_context=ssl_context_for(self._fetch, route.ca_bundle),
+            ssl_context=ssl_context_for(self._fetch, route.ca_bundle) if tls else None,
             proxy=route.proxy,
         )
 
