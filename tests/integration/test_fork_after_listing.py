@@ -12,19 +12,9 @@ from __future__ import annotations
 
 import threading
 
-import pytest
-
 from concurrent_loader.runtime import acquire_runtime
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Runtime closes its loop without shutting down the loop's default executor "
-    "(runtime.py Runtime._run: shutdown_asyncgens() then close(), no "
-    "shutdown_default_executor(); uvloop's close() calls executor.shutdown(wait=False)), "
-    "so its threads outlive release(); one still inside OpenSSL when workers fork "
-    "deadlocks a worker in ssl.create_default_context()",
-)
 def test_runtime_joins_its_executor_threads():
     runtime = acquire_runtime()
     started, finish = threading.Event(), threading.Event()

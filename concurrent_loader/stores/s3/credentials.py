@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -155,23 +154,6 @@ class CredentialSource:
         if self.access_key and self.secret_key:
             session.set_credentials(self.access_key, self.secret_key, self.session_token)
         return session
-
-    def default_region(self, session: Any = None) -> str | None:
-        session = session or self.botocore_session()
-        region = session.get_config_variable("region")
-        return region if isinstance(region, str) and region else None
-
-    def default_endpoint(self, session: Any = None) -> str | None:
-        session = session or self.botocore_session()
-        # AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL and the profile's endpoint_url (botocore >= 1.31)
-        for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
-            if os.environ.get(name):
-                return os.environ[name]
-        try:
-            value = session.get_config_variable("endpoint_url")
-        except Exception:
-            value = None
-        return value if isinstance(value, str) and value else None
 
 
 class CredentialCache:
