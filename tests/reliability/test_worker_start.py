@@ -237,9 +237,11 @@ class _Sequences:
 
 
 def expected_batches_from(generator: torch.Generator) -> list[list[int]]:
-    """The batches a shuffled loader draws next from ``generator`` (left as it is)."""
+    """The batches a shuffled loader draws next from ``generator`` (left as it is): as torch,
+    the workers' base seed first, then the permutation."""
     copy = torch.Generator()
     copy.set_state(generator.get_state())
+    torch.empty((), dtype=torch.int64).random_(generator=copy)
     permutation = torch.randperm(COUNT, generator=copy).tolist()
     return [permutation[i : i + BATCH] for i in range(0, COUNT, BATCH)]
 
