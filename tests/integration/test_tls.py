@@ -82,13 +82,6 @@ def test_untrusted_certificate_is_refused_when_listing(server_data: ServerData, 
     assert tls_front.handshakes == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="S3Store.list retries a refused certificate: aiobotocore's standard retry mode "
-    "takes botocore's SSLError for a transient connection error, and "
-    "retries={'max_attempts': RetryConfig.max_attempts} counts retries, not attempts, so "
-    "listing makes max_attempts + 1 TLS handshakes (4 by default) before CertificateRefused",
-)
 def test_untrusted_certificate_is_not_retried_when_listing(server_data: ServerData, tls_front):
     with pytest.raises(CertificateRefused) as info:
         ObjectDataset(server_data.odd_url)

@@ -26,7 +26,7 @@ from ...errors import (
 )
 from ..status import error_class_for_status, error_for_status
 
-__all__ = ["error_for_code", "error_for_exception", "error_for_response"]
+__all__ = ["error_for_code", "error_for_exception", "error_for_response", "refused_certificate"]
 
 _CODE_RE = re.compile(rb"<Code>([^<]{1,64})</Code>")
 
@@ -92,7 +92,7 @@ def error_for_exception(exc: BaseException, url: str, *, stage: str = "list") ->
             cause=Reason.NO_CREDENTIALS,
         )
     # botocore's SSLError wraps the ssl module's; a refused certificate is not transient.
-    if isinstance(exc, SSLError) and _refused_certificate(exc):
+    if isinstance(exc, SSLError) and refused_certificate(exc):
         return CertificateRefused(
             f"{exc}; pass ca_bundle= (or set AWS_CA_BUNDLE) to trust a private CA",
             url=url,
@@ -113,7 +113,7 @@ def error_for_exception(exc: BaseException, url: str, *, stage: str = "list") ->
     return FetchError(repr(exc), url=url, stage=stage, cause=Reason.UNKNOWN)
 
 
-def _refused_certificate(exc: BaseException) -> bool:
+def refused_certificate(exc: BaseException) -> bool:
     """Whether ``exc`` (botocore's ``SSLError``) wraps a refused certificate, found by type
     along what it wraps: ``kwargs["error"]``, ``__cause__``, aiohttp's ``certificate_error``."""
     seen: set[int] = set()

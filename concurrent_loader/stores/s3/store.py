@@ -33,7 +33,7 @@ from ...transport import Transport, make_transport
 from ..base import Body, ByteRange, Capabilities, ObjectInfo
 from ..tls import ssl_context_for
 from .credentials import CredentialCache, CredentialSource, redact_botocore_logs
-from .errors import error_for_exception, error_for_response
+from .errors import error_for_exception, error_for_response, refused_certificate
 from .route import S3Route, resolve_route
 from .sigv4 import EMPTY_SHA256, SigV4Signer, encode_s3_key
 
@@ -270,7 +270,8 @@ class S3Store:
             s3={"addressing_style": config.addressing_style} if config.addressing_style else None,
             connect_timeout=fetch.timeouts.connect,
             read_timeout=fetch.timeouts.read,
-            retries={"max_attempts": fetch.retry.max_attempts, "mode": "standard"},
+            # total_max_attempts counts the first attempt, as RetryConfig.max_attempts does.
+            retries={"total_max_attempts": fetch.retry.max_attempts, "mode": "standard"},
         )
         prefix = config.prefix
         try:
@@ -282,6 +283,7 @@ class S3Store:
                 "verify": (self._route.ca_bundle or None) if fetch.verify_tls else False,
             }
             async with session.create_client("s3", **client_args) as client:
+                client.meta.events.register_first("needs-retry.s3", _no_retry_of_certificates)
                 paginator = client.get_paginator("list_objects_v2")
                 async for page in paginator.paginate(Bucket=config.bucket, Prefix=prefix):
                     for item in page.get("Contents", ()):
@@ -293,3 +295,13 @@ class S3Store:
 
     async def close(self) -> None:
         await self._transport.close()
+
+
+def _no_retry_of_certificates(caught_exception: BaseException | None = None, **_: Any) -> None:
+    """A botocore ``needs-retry`` handler, run before the retry handler: a refused
+    certificate ends the listing at once (botocore's standard mode would retry it as a
+    connection error; the same certificate fails the same way)."""
+    from botocore.exceptions import SSLError
+
+    if isinstance(caught_exception, SSLError) and refused_certificate(caught_exception):
+        raise caught_exception
