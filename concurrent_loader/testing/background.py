@@ -17,15 +17,16 @@ from __future__ import annotations
 import abc
 import asyncio
 import threading
-from types import TracebackType
 from typing import Any, Self
+
+from ..closing import Started
 
 __all__ = ["BackgroundServer", "pipe"]
 
 _STOP_TIMEOUT_S = 10.0
 
 
-class BackgroundServer(abc.ABC):
+class BackgroundServer(Started, abc.ABC):
     """An asyncio TCP server on ``127.0.0.1`` on a thread of its own."""
 
     def __init__(self) -> None:
@@ -128,17 +129,6 @@ class BackgroundServer(abc.ABC):
             await asyncio.gather(*tasks, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

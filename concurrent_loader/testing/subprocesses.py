@@ -14,8 +14,9 @@ import logging
 import os
 import subprocess
 from collections.abc import Iterable
-from types import TracebackType
 from typing import IO, Any, Self
+
+from ..closing import Started
 
 __all__ = [
     "ChildProcess",
@@ -83,7 +84,7 @@ def tail_of(file: IO[bytes], max_bytes: int = 4000) -> str:
     return file.read().decode("utf-8", "replace")
 
 
-class ChildProcess(abc.ABC):
+class ChildProcess(Started, abc.ABC):
     """A helper that runs as a child process: ``with`` starts it and stops it."""
 
     @abc.abstractmethod
@@ -98,17 +99,6 @@ class ChildProcess(abc.ABC):
     @abc.abstractmethod
     def pid(self) -> int:
         """The child's process id; RuntimeError before it was started."""
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def cpu_seconds(self) -> float:
         """User + system CPU time the child has used so far."""

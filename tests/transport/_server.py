@@ -20,6 +20,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
+from concurrent_loader.testing.background import pipe
 from concurrent_loader.transport import Origin
 
 #: a well-formed response no request asked for: a client that read it as the answer to its
@@ -386,20 +387,9 @@ class ForwardProxy:
                 writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
             else:
                 up_writer.write(head)
-            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
             writer.close()
             self.tasks.discard(task)
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-    except ConnectionError:
-        pass
-    finally:
-        writer.close()
