@@ -21,7 +21,8 @@ from __future__ import annotations
 from .forward import ForwardProxy
 from .moto_server import MotoS3Server
 from .proxy import FAULT_NAMES, FaultPlan, LatencyModel, ProxyProcess
-from .server import LocalS3Server, S3ServerProcess, TemporaryCredentials, find_weed
+from .s3process import S3ServerProcess, TemporaryCredentials
+from .server import LocalS3Server, find_weed
 from .subprocesses import process_cpu_seconds
 from .tls import ServerCertificate, TlsFront, make_private_ca
 

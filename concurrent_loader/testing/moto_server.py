@@ -21,7 +21,8 @@ import os
 import sys
 import urllib.request
 
-from .server import S3ServerProcess, TemporaryCredentials, _release_ports, free_port
+from .ports import free_port, release_ports
+from .s3process import S3ServerProcess, TemporaryCredentials
 
 __all__ = ["MotoS3Server"]
 
@@ -126,4 +127,4 @@ class MotoS3Server(S3ServerProcess):
         )
 
     def _cleanup(self) -> None:
-        _release_ports([self._port])
+        release_ports([self._port])
