@@ -244,7 +244,10 @@ class BatchPipeline:
         if self._closed:
             return
         if isinstance(self._source, CoalescingSource):
-            self._start_merged_fetches(slot, self._source)
+            try:
+                self._start_merged_fetches(slot, self._source)
+            except Exception as exc:  # a bug in planning must fail the batch, not hang it
+                slot.fail(exc)
             return
         loop = asyncio.get_running_loop()
         for position, index in enumerate(slot.indices):

@@ -162,6 +162,8 @@ def read_members(
             return
         data_offset = offset + BLOCK
         if header.kind in (b"x", b"L", b"g"):
+            if data_offset + header.size > end:
+                return  # the member it describes is past what is walked
             data = bytes(read(data_offset, header.size))
             if len(data) < header.size:
                 raise ShardError(

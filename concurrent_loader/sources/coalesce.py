@@ -2,7 +2,8 @@
 
 Pure functions, no I/O. As arrow-rs ``object_store::coalesce_ranges`` does, the ranges of
 one key are sorted by start and a range joins the previous merged range when it starts at
-most ``max_gap`` bytes after that one's end (overlapping and adjacent ranges always join);
+most ``max_gap`` bytes after that one's end (overlapping and adjacent ranges always join
+unless coalescing is off);
 unlike it, a merged range also stops growing at ``max_bytes`` (a single read larger than
 that stays whole), so one merged GET never holds more than that against the byte budget.
 Each merged read carries its parts: which read it serves and where that read's bytes lie
@@ -34,7 +35,8 @@ DEFAULT_MAX_BYTES = 16 << 20
 class Coalescing:
     """When two ranged reads of one object become one GET: the gap between them is at most
     ``max_gap`` bytes and the merged read stays within ``max_bytes``. ``max_gap=0`` merges
-    only adjacent or overlapping ranges; ``enabled=False`` turns merging off."""
+    only adjacent or overlapping ranges; ``enabled=False`` turns merging off (one GET per
+    read, overlapping or not)."""
 
     max_gap: int = DEFAULT_MAX_GAP
     max_bytes: int = DEFAULT_MAX_BYTES
@@ -80,10 +82,10 @@ def coalesce_ranges(ranges: Sequence[ByteRange], coalescing: Coalescing) -> list
 
 
 def _joins(current: ByteRange, nxt: ByteRange, coalescing: Coalescing) -> bool:
-    if nxt.start <= current.end:
-        return True  # overlapping or adjacent: joining costs no extra byte
     if not coalescing.enabled:
         return False
+    if nxt.start <= current.end:
+        return True  # overlapping or adjacent: joining costs no extra byte
     return (
         nxt.start - current.end <= coalescing.max_gap
         and max(current.end, nxt.end) - current.start <= coalescing.max_bytes
@@ -102,13 +104,16 @@ def plan_reads(reads: Sequence[tuple[Tag, Read]], coalescing: Coalescing) -> lis
             by_key.setdefault(read.key, []).append((order, tag, read.byte_range))
     for key, ranged in by_key.items():
         ranged.sort(key=lambda item: (item[2].start, item[2].end))
-        # Both sorted by start: each span takes the next reads that start inside it.
-        taken = 0
-        for span in coalesce_ranges([r for _, _, r in ranged], coalescing):
-            members = []
-            while taken < len(ranged) and ranged[taken][2].start < span.end:
-                members.append(ranged[taken])
-                taken += 1
+        groups: list[tuple[ByteRange, list[tuple[int, Tag, ByteRange]]]] = []
+        for item in ranged:
+            r = item[2]
+            if groups and _joins(groups[-1][0], r, coalescing):
+                span, members = groups[-1]
+                members.append(item)
+                groups[-1] = (ByteRange(span.start, max(span.end, r.end)), members)
+            else:
+                groups.append((r, [item]))
+        for span, members in groups:
             parts = tuple(
                 Part(tag, r.start - span.start, r.end - span.start) for _, tag, r in members
             )

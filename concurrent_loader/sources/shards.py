@@ -23,7 +23,15 @@ import numpy as np
 from ..config import FetchConfig
 from ..errors import DecodeError, LoaderError, Reason, ShardError
 from ..shards.index import ShardIndex
-from ..shards.tar import group_samples, is_sample_member, read_members, split_name
+from ..shards.tar import (
+    BLOCK,
+    Member,
+    group_samples,
+    is_sample_member,
+    padded,
+    read_members,
+    split_name,
+)
 from ..stores.base import ByteRange, StoreConfig
 from .base import Read
 from .coalesce import Coalescing
@@ -58,6 +66,7 @@ class ShardSource:
         self.shards = list(shards)
         self.listed_sizes = list(listed_sizes)
         self.shard_lengths: list[int] = []
+        self._index_sizes = [index.size for index in indexes]
         keys: list[str] = []
         names: list[str] = []
         header_offsets: list[int] = []
@@ -94,11 +103,24 @@ class ShardSource:
     def _members(self, index: int) -> range:
         return range(int(self._first_member[index]), int(self._first_member[index + 1]))
 
+    def _end(self, index: int) -> int:
+        """The end of the sample's last member's data."""
+        last = self._members(index)[-1]
+        return int(self._offsets[last] + self._sizes[last])
+
     def _span(self, index: int) -> ByteRange:
+        """What is read of sample ``index``: from its first header to the header block that
+        follows its last member (when the shard has one), so that a member of the sample
+        left out of the index, between or right after its members, is seen."""
         members = self._members(index)
-        last = members[-1]
+        end = padded(self._end(index)) + BLOCK
+        shard = self.shard_of(index)
+        listed = self.listed_sizes[shard]
+        limit = (
+            self._index_sizes[shard] if listed is None else min(listed, self._index_sizes[shard])
+        )
         return ByteRange(
-            int(self._header_offsets[members[0]]), int(self._offsets[last] + self._sizes[last])
+            int(self._header_offsets[members[0]]), max(self._end(index), min(end, limit))
         )
 
     def url_for(self, index: int) -> str:
@@ -117,7 +139,7 @@ class ShardSource:
     def reads(self, index: int) -> Sequence[Read]:
         span = self._span(index)
         listed = self.listed_sizes[self.shard_of(index)]
-        if listed is not None and span.end > listed:
+        if listed is not None and self._end(index) > listed:
             member = next(
                 j for j in self._members(index) if self._offsets[j] + self._sizes[j] > listed
             )
@@ -166,39 +188,10 @@ class ShardSource:
             return view[offset - span.start : offset - span.start + length]
 
         try:
-            found = [
-                m for m in read_members(read, span.start, span.end, url) if is_sample_member(m.name)
-            ]
+            found = list(read_members(read, span.start, span.end, url))
         except ShardError as exc:
             raise self._about(index, exc) from exc
-        for position, j in enumerate(members):
-            expected = (self._names[j], int(self._offsets[j]), int(self._sizes[j]))
-            if position >= len(found):
-                raise ShardError(
-                    f"{self.where(index, j)}: not in the shard (the index does not match it)",
-                    url=url,
-                    stage="decode",
-                    cause=Reason.INDEX_MISMATCH,
-                )
-            got = found[position]
-            if (got.name, got.offset, got.size) != expected:
-                raise ShardError(
-                    f"{self.where(index, j)}: the index says {expected[0]!r} ({expected[2]} "
-                    f"bytes at {expected[1]}), the shard has {got.name!r} ({got.size} bytes at "
-                    f"{got.offset})",
-                    url=url,
-                    stage="decode",
-                    cause=Reason.INDEX_MISMATCH,
-                )
-        if len(found) > len(members):
-            extra = found[len(members)]
-            raise ShardError(
-                f"sample {self.sample_keys[index]!r}: member {extra.name!r} at offset "
-                f"{extra.header_offset} is in the shard but not in its index",
-                url=url,
-                stage="decode",
-                cause=Reason.MISSING_MEMBER,
-            )
+        self._check(index, found)
         sample: dict[str, Any] = {"__key__": self.sample_keys[index], "__url__": url}
         for j in members:
             split = split_name(self._names[j])
@@ -206,6 +199,53 @@ class ShardSource:
             start = int(self._offsets[j]) - span.start
             sample[split[1]] = bytes(view[start : start + int(self._sizes[j])])
         return sample
+
+    def _check(self, index: int, found: list[Member]) -> None:
+        """The members walked in the sample's span are exactly those its index lists; the
+        span's last header, after the sample, may only start another sample."""
+        url = self.url_for(index)
+        key = self.sample_keys[index]
+        members = self._members(index)
+        expected = {
+            (self._names[j], int(self._offsets[j]), int(self._sizes[j])): j for j in members
+        }
+        last_end = self._end(index)
+        seen = set()
+        for member in found:
+            if not is_sample_member(member.name):
+                continue
+            place = (member.name, member.offset, member.size)
+            if place in expected:
+                seen.add(place)
+                continue
+            split = split_name(member.name)
+            if split is not None and split[0] == key:
+                raise ShardError(
+                    f"sample {key!r}: member {member.name!r} at offset {member.header_offset} "
+                    "is in the shard but not in its index",
+                    url=url,
+                    stage="decode",
+                    cause=Reason.MISSING_MEMBER,
+                )
+            if member.header_offset >= last_end:
+                break  # the next sample
+            j = next(j for place, j in expected.items() if place not in seen)
+            raise ShardError(
+                f"{self.where(index, j)}: the index says {self._names[j]!r} "
+                f"({int(self._sizes[j])} bytes at {int(self._offsets[j])}), the shard has "
+                f"{member.name!r} ({member.size} bytes at {member.offset})",
+                url=url,
+                stage="decode",
+                cause=Reason.INDEX_MISMATCH,
+            )
+        for place, j in expected.items():
+            if place not in seen:
+                raise ShardError(
+                    f"{self.where(index, j)}: not in the shard (the index does not match it)",
+                    url=url,
+                    stage="decode",
+                    cause=Reason.INDEX_MISMATCH,
+                )
 
     # ------------------------------------------------------------------ CoalescingSource
 

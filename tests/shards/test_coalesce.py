@@ -38,11 +38,15 @@ def test_coalesce_ranges(ranges, gap, max_bytes, expected):
     assert coalesce_ranges(spans(*ranges), coalescing) == spans(*expected)
 
 
-def test_disabled_coalescing_merges_only_overlaps():
+def test_disabled_coalescing_merges_nothing():
     coalescing = Coalescing(enabled=False)
-    assert coalesce_ranges(spans((0, 10), (11, 20), (15, 25)), coalescing) == spans(
-        (0, 10), (11, 25)
-    )
+    ranges = spans((0, 10), (10, 20), (15, 25))
+    assert coalesce_ranges(ranges, coalescing) == ranges
+    reads = [(i, Read("k", r)) for i, r in enumerate(ranges)]
+    plan = plan_reads(reads, coalescing)
+    assert [(m.read.byte_range, [p.tag for p in m.parts]) for m in plan] == [
+        (r, [i]) for i, r in enumerate(ranges)
+    ]
 
 
 @pytest.mark.parametrize("bad", [{"max_gap": -1}, {"max_bytes": 0}])

@@ -88,9 +88,7 @@ def test_loader_batches_are_the_samplers_batches(packed, s3_env, num_workers):
         generator=torch.Generator().manual_seed(4),
     )
     batches = list(loader)
-    assert [keys_of(b) for b in batches] == [
-        [packed.order[i] for i in b.tolist()] for b in stock
-    ]
+    assert [keys_of(b) for b in batches] == [[packed.order[i] for i in b.tolist()] for b in stock]
     for batch in batches:
         for key, data in zip(batch["__key__"], batch["bin"], strict=True):
             assert data == packed.expected[key]["bin"]
