@@ -1,0 +1,251 @@
+"""Random access over tar shards: S3 at +50 ms against the same shards on local disk.
+
+``python -m benchmarks.shards_random`` generates the benchmark JPEGs (:mod:`benchmarks.data`,
+cached under ``--data-dir``), packs them with ``concurrent_loader``'s packer
+(``--image-folder``: an image and a ``.cls`` member per sample) into shards of
+``--shard-size``, uploads the shards and their indexes to a local S3 server, and reads one
+shuffled epoch of :class:`~concurrent_loader.ShardDataset` (decode: JPEG -> uint8 CHW at
+``--image-size``) through :class:`~concurrent_loader.ConcurrentDataLoader` in each run:
+
+- ``ours-local``: the shard files on local disk;
+- ``ours-s3``: S3 through a proxy adding ``--latency-ms`` to every GET, batch reads of one
+  shard coalesced (the default gap, 1 MiB);
+- ``ours-s3 gap=X``: the same with another gap threshold (``--gaps``), ``off`` for one GET
+  per sample.
+
+Runs alternate (local, s3, ... then again, ``--repeats`` times) so that both see the same
+machine load; the report gives each run's median images/s, its ratio to ``ours-local``
+(medians of this run), the GETs per sample the proxy counted and the bytes it sent per
+byte of sample data. Every run checks that each batch holds the sampler's samples, in
+order, with the label of the sample's class folder (the benchmark fails otherwise).
+
+``--smoke`` runs a tiny version for tests: it proves the harness works and its figures are
+finite, nothing about speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+BUCKET = "shards-random"
+PREFIX = "shards/"
+
+
+class KeyedImage:
+    """``decode=``: (image, label, sample key), so a run can check every sample's identity."""
+
+    def __init__(self, image_size: int) -> None:
+        from concurrent_loader import ImageSample
+
+        self.image = ImageSample(image_size)
+
+    def __call__(self, sample: dict[str, Any]) -> tuple[Any, int, str]:
+        image, label = self.image(sample)
+        return image, label, sample["__key__"]
+
+
+def _gap(text: str) -> Any:
+    from concurrent_loader import Coalescing
+    from concurrent_loader.shards.pack import parse_size
+
+    return Coalescing(enabled=False) if text == "off" else Coalescing(max_gap=parse_size(text))
+
+
+def _epoch(ds: Any, *, batch_size: int, workers: int, seed: int) -> dict[str, float]:
+    """One shuffled epoch; checks every sample; returns images/s."""
+    import torch
+
+    from concurrent_loader import ConcurrentDataLoader
+
+    order = torch.randperm(len(ds), generator=torch.Generator().manual_seed(seed)).tolist()
+    loader = ConcurrentDataLoader(ds, batch_size=batch_size, sampler=order, num_workers=workers)
+    classes = sorted({key.split("/", 1)[0] for key in ds.source.sample_keys})
+    started = time.perf_counter()
+    seen = 0
+    for b, (images, labels, keys) in enumerate(loader):
+        want = [ds.source.sample_keys[i] for i in order[b * batch_size : (b + 1) * batch_size]]
+        if list(keys) != want:
+            raise AssertionError(f"batch {b} does not hold the sampler's samples in order")
+        if labels.tolist() != [classes.index(k.split("/", 1)[0]) for k in keys]:
+            raise AssertionError(f"batch {b} has a wrong label")
+        if images.shape[0] != len(keys):
+            raise AssertionError(f"batch {b} has {images.shape[0]} images for {len(keys)} keys")
+        seen += len(keys)
+    seconds = time.perf_counter() - started
+    if seen != len(ds):
+        raise AssertionError(f"{seen} samples for a dataset of {len(ds)}")
+    return {"epoch_s": seconds, "images_per_s": seen / seconds}
+
+
+def run(
+    *,
+    images: int = 2000,
+    shard_size: str = "64MB",
+    workers: int = 2,
+    batch_size: int = 64,
+    image_size: int = 224,
+    latency_ms: float = 50.0,
+    gaps: Sequence[str] = ("off",),
+    repeats: int = 3,
+    seed: int = 0,
+    data_dir: Path = REPO_ROOT / ".bench/data",
+    smoke: bool = False,
+) -> dict[str, Any]:
+    """Every run's figures (see the module)."""
+    from benchmarks.data import DatasetSpec, ensure_local
+    from concurrent_loader import Coalescing, ShardDataset
+    from concurrent_loader.shards.pack import pack, parse_size
+    from concurrent_loader.testing import LocalS3Server, ProxyProcess
+
+    if smoke:
+        images, shard_size, batch_size, image_size, repeats = 96, "1MB", 16, 32, 1
+        workers = min(workers, 1)
+    local, _ = ensure_local(DatasetSpec(images=images), data_dir)
+    decode = KeyedImage(image_size)
+    runs: dict[str, list[dict[str, float]]] = {}
+    traffic: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="shards-bench-") as tmp:
+        shards_dir = Path(tmp) / "shards"
+        packed = pack(
+            str(local.train_dir),
+            str(shards_dir),
+            shard_size=parse_size(shard_size),
+            image_folder=True,
+        )
+        with LocalS3Server() as server, ProxyProcess(
+            server.endpoint_url, latency_ms=latency_ms
+        ) as proxy:
+            server.create_bucket(BUCKET)
+            server.upload_dir(shards_dir, BUCKET, prefix=PREFIX)
+            credentials = {
+                "endpoint_url": proxy.endpoint_url,
+                "region": server.region,
+                "aws_access_key_id": server.access_key,
+                "aws_secret_access_key": server.secret_key,
+            }
+            datasets = {"ours-local": ShardDataset(shards_dir, decode=decode)}
+            datasets["ours-s3"] = ShardDataset(
+                f"s3://{BUCKET}/{PREFIX}", decode=decode, coalescing=Coalescing(), **credentials
+            )
+            for gap in gaps:
+                datasets[f"ours-s3 gap={gap}"] = ShardDataset(
+                    f"s3://{BUCKET}/{PREFIX}", decode=decode, coalescing=_gap(gap), **credentials
+                )
+            s3 = datasets["ours-s3"].source
+            # What the samples' reads ask for (their members and the headers between them).
+            sample_bytes = sum(s3.reads(i)[0].size or 0 for i in range(len(s3)))
+            for repeat in range(repeats):
+                for name, ds in datasets.items():
+                    proxy.reset_stats()
+                    figures = _epoch(
+                        ds, batch_size=batch_size, workers=workers, seed=seed + repeat
+                    )
+                    runs.setdefault(name, []).append(figures)
+                    if name != "ours-local":
+                        stats = proxy.stats()
+                        traffic[name] = {
+                            "gets_per_sample": stats["requests_by_method"].get("GET", 0)
+                            / len(ds),
+                            "bytes_sent_per_sample_byte": stats["bytes_sent"] / sample_bytes,
+                        }
+            for ds in datasets.values():
+                ds.close()
+    medians = {
+        name: statistics.median(r["images_per_s"] for r in results)
+        for name, results in runs.items()
+    }
+    return {
+        "images": images,
+        "shards": len(packed.shards),
+        "shard_size": shard_size,
+        "shard_bytes": packed.bytes,
+        "workers": workers,
+        "batch_size": batch_size,
+        "image_size": image_size,
+        "latency_ms": latency_ms,
+        "repeats": repeats,
+        "runs": {
+            name: {
+                "images_per_s": medians[name],
+                "images_per_s_all": [r["images_per_s"] for r in runs[name]],
+                "x_local": medians[name] / medians["ours-local"],
+                **traffic.get(name, {}),
+            }
+            for name in runs
+        },
+    }
+
+
+def format_report(report: dict[str, Any]) -> str:
+    head = (
+        f"{report['images']} JPEGs in {report['shards']} shards of <= {report['shard_size']} "
+        f"({report['shard_bytes'] / 1e6:.0f} MB), {report['workers']} workers, batch "
+        f"{report['batch_size']}, decode to {report['image_size']} px, S3 at "
+        f"+{report['latency_ms']:g} ms, median of {report['repeats']}"
+    )
+    lines = [
+        head,
+        "| run | img/s median (all) | x ours-local | GETs per sample | bytes sent / sample byte |",
+        "|---|---|---|---|---|",
+    ]
+    for name, r in report["runs"].items():
+        every = ", ".join(f"{v:.0f}" for v in r["images_per_s_all"])
+        gets = f"{r['gets_per_sample']:.3f}" if "gets_per_sample" in r else "-"
+        sent = f"{r['bytes_sent_per_sample_byte']:.2f}" if "gets_per_sample" in r else "-"
+        lines.append(
+            f"| {name} | {r['images_per_s']:.1f} ({every}) | {r['x_local']:.2f} | {gets} | {sent} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.shards_random",
+        description="Random access over tar shards: S3 with latency vs local disk.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--images", type=int, default=2000)
+    parser.add_argument("--shard-size", default="64MB")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--latency-ms", type=float, default=50.0)
+    parser.add_argument(
+        "--gaps", default="off", help="more gap thresholds to run, comma-separated (off, 8MiB)"
+    )
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--data-dir", type=Path, default=REPO_ROOT / ".bench/data")
+    parser.add_argument("--smoke", action="store_true", help="a tiny run, for tests")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = parser.parse_args(argv)
+    report = run(
+        images=args.images,
+        shard_size=args.shard_size,
+        workers=args.workers,
+        batch_size=args.batch_size,
+        image_size=args.image_size,
+        latency_ms=args.latency_ms,
+        gaps=[g for g in args.gaps.split(",") if g],
+        repeats=args.repeats,
+        seed=args.seed,
+        data_dir=args.data_dir,
+        smoke=args.smoke,
+    )
+    print(format_report(report))
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
