@@ -2,16 +2,16 @@
 
 Pure functions, no I/O. As arrow-rs ``object_store::coalesce_ranges`` does, the ranges of
 one key are sorted by start and a range joins the previous merged range when it starts at
-most ``max_gap`` bytes after that one's end (overlapping and adjacent ranges always join
-unless coalescing is off);
+most ``max_gap`` bytes after that one's end (overlapping and adjacent ranges included);
 unlike it, a merged range also stops growing at ``max_bytes`` (a single read larger than
 that stays whole), so one merged GET never holds more than that against the byte budget.
 Each merged read carries its parts: which read it serves and where that read's bytes lie
 inside the merged body.
 
 Guarantees: every read given is served by exactly one merged read; a part's slice of its
-merged body is exactly the bytes its read asked for; merged reads of one key never
-overlap; reads without a byte range (whole objects) are never merged.
+merged body is exactly the bytes its read asked for; no merged read is larger than
+``max_bytes`` unless it is one read; merged reads of one key overlap only where the reads
+they serve overlap; reads without a byte range (whole objects) are never merged.
 """
 
 from __future__ import annotations
@@ -84,12 +84,9 @@ def coalesce_ranges(ranges: Sequence[ByteRange], coalescing: Coalescing) -> list
 def _joins(current: ByteRange, nxt: ByteRange, coalescing: Coalescing) -> bool:
     if not coalescing.enabled:
         return False
-    if nxt.start <= current.end:
-        return True  # overlapping or adjacent: joining costs no extra byte
-    return (
-        nxt.start - current.end <= coalescing.max_gap
-        and max(current.end, nxt.end) - current.start <= coalescing.max_bytes
-    )
+    if max(current.end, nxt.end) - current.start > coalescing.max_bytes:
+        return False  # even an overlapping read: the merged GET is reserved whole
+    return nxt.start - current.end <= coalescing.max_gap
 
 
 def plan_reads(reads: Sequence[tuple[Tag, Read]], coalescing: Coalescing) -> list[MergedRead[Tag]]:

@@ -91,3 +91,9 @@ def test_plan_serves_every_read_exactly_once_with_its_own_bytes():
     assert len(plan) == 5
     # GETs start in the order of the first read each serves
     assert [m.parts[0].tag for m in plan][:2] == ["r0", "r1"]
+
+
+def test_overlapping_reads_do_not_grow_a_merged_read_past_max_bytes():
+    coalescing = Coalescing(max_gap=0, max_bytes=100)
+    ranges = spans((0, 60), (50, 110), (100, 160))
+    assert coalesce_ranges(ranges, coalescing) == spans((0, 60), (50, 110), (100, 160))
