@@ -16,7 +16,7 @@ shuffled epoch of :class:`~concurrent_loader.ShardDataset` (decode: JPEG -> uint
 Runs alternate (local, s3, ... then again, ``--repeats`` times) so that both see the same
 machine load; the report gives each run's median images/s, its ratio to ``ours-local``
 (medians of this run), the GETs per sample the proxy counted and the bytes it sent per
-byte of sample data. Every run checks that each batch holds the sampler's samples, in
+byte of sample data (both from the last repeat). Every run checks that each batch holds the sampler's samples, in
 order, with the label of the sample's class folder (the benchmark fails otherwise).
 
 ``--smoke`` runs a tiny version for tests: it proves the harness works and its figures are
@@ -121,9 +121,10 @@ def run(
             shard_size=parse_size(shard_size),
             image_folder=True,
         )
-        with LocalS3Server() as server, ProxyProcess(
-            server.endpoint_url, latency_ms=latency_ms
-        ) as proxy:
+        with (
+            LocalS3Server() as server,
+            ProxyProcess(server.endpoint_url, latency_ms=latency_ms) as proxy,
+        ):
             server.create_bucket(BUCKET)
             server.upload_dir(shards_dir, BUCKET, prefix=PREFIX)
             credentials = {
@@ -146,15 +147,12 @@ def run(
             for repeat in range(repeats):
                 for name, ds in datasets.items():
                     proxy.reset_stats()
-                    figures = _epoch(
-                        ds, batch_size=batch_size, workers=workers, seed=seed + repeat
-                    )
+                    figures = _epoch(ds, batch_size=batch_size, workers=workers, seed=seed + repeat)
                     runs.setdefault(name, []).append(figures)
                     if name != "ours-local":
                         stats = proxy.stats()
                         traffic[name] = {
-                            "gets_per_sample": stats["requests_by_method"].get("GET", 0)
-                            / len(ds),
+                            "gets_per_sample": stats["requests_by_method"].get("GET", 0) / len(ds),
                             "bytes_sent_per_sample_byte": stats["bytes_sent"] / sample_bytes,
                         }
             for ds in datasets.values():
