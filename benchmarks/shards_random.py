@@ -16,8 +16,9 @@ shuffled epoch of :class:`~concurrent_loader.ShardDataset` (decode: JPEG -> uint
 Runs alternate (local, s3, ... then again, ``--repeats`` times) so that both see the same
 machine load; the report gives each run's median images/s, its ratio to ``ours-local``
 (medians of this run), the GETs per sample the proxy counted and the bytes it sent per
-byte of sample data (both from the last repeat). Every run checks that each batch holds the sampler's samples, in
-order, with the label of the sample's class folder (the benchmark fails otherwise).
+byte of sample data (both from the last repeat). Every run checks that each batch holds
+the sampler's samples, in order, with the label of the sample's class folder (the
+benchmark fails otherwise).
 
 ``--smoke`` runs a tiny version for tests: it proves the harness works and its figures are
 finite, nothing about speed.
