@@ -71,8 +71,21 @@ def test_a_shard_without_index_is_scanned_to_the_same_samples(packed, s3_server,
     ]
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_loader_batches_are_the_samplers_batches(packed, s3_env, num_workers):
+def test_the_dataset_pickles_without_anything_open(packed, s3_env):
+    ds = ShardDataset(packed.s3_url)
+    first = ds[0]  # leases this process's runtime: not part of the pickle
+    copy = pickle.loads(pickle.dumps(ds))
+    assert copy.shards == ds.shards and copy.shard_lengths == ds.shard_lengths
+    assert copy[0] == first
+    copy.close()
+    ds.close()
+
+
+@pytest.mark.parametrize(
+    "num_workers,context",
+    [(0, None), (2, "fork"), pytest.param(2, "spawn", marks=pytest.mark.slow)],
+)
+def test_loader_batches_are_the_samplers_batches(packed, s3_env, num_workers, context):
     ds = ShardDataset(packed.s3_url)
     loader = ConcurrentDataLoader(
         ds,
@@ -80,6 +93,7 @@ def test_loader_batches_are_the_samplers_batches(packed, s3_env, num_workers):
         shuffle=True,
         generator=torch.Generator().manual_seed(4),
         num_workers=num_workers,
+        multiprocessing_context=context,
     )
     stock = DataLoader(
         range(len(ds)),  # type: ignore[arg-type]
