@@ -15,12 +15,14 @@ small file per shard keeps shards independent: a shard and its index are copied,
 and replaced together.
 
 A shard without an index is indexed once by scanning it with ranged GETs
-(:func:`index_shards`), a window at a time, stepping over members larger than the window.
+(:func:`index_shards`), 4 MiB at a time, stepping over members larger than that, up to 8
+shards at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 from collections.abc import Callable, Sequence
@@ -38,6 +40,8 @@ __all__ = ["INDEX_FORMAT", "INDEX_SUFFIX", "ShardIndex", "index_shards"]
 INDEX_FORMAT = "concurrent-loader/tar-index"
 INDEX_VERSION = 1
 INDEX_SUFFIX = ".idx"
+_SCANS_IN_PARALLEL = 8
+_SCAN_WINDOW = 4 << 20  # bytes per ranged GET of a scan
 
 
 @dataclass(frozen=True)
@@ -130,18 +134,31 @@ def index_shards(
         client = await client_for(loop_runtime, store, config)
         return bytes(await client.get(key, ByteRange(offset, offset + length)))
 
-    indexes = []
-    for key, size, document in zip(shards, sizes, loop_runtime.run(fetch_indexes()), strict=True):
-        if document is not None:
-            indexes.append(ShardIndex.from_json(document, store.url_for(key + INDEX_SUFFIX)))
-            continue
-
-        # Scanned from this thread, one window per ranged GET on the runtime's loop.
-        def read(offset: int, length: int, key: str = key) -> bytes:
+    def scan(key: str, size: int | None) -> ShardIndex:
+        # On a thread of ours, one window per ranged GET on the runtime's loop.
+        def read(offset: int, length: int) -> bytes:
             return loop_runtime.run(read_range(key, offset, length))
 
-        indexes.append(_scan(store, key, size, read))
-    return indexes
+        return _scan(store, key, size, read)
+
+    documents = loop_runtime.run(fetch_indexes())
+    missing = [i for i, document in enumerate(documents) if document is None]
+    scanned: dict[int, ShardIndex] = {}
+    if missing:
+        # Shards without an index are scanned a few at a time: each scan is a chain of
+        # dependent GETs, so concurrency across shards is what hides the latency.
+        with concurrent.futures.ThreadPoolExecutor(
+            max_workers=min(_SCANS_IN_PARALLEL, len(missing)),
+            thread_name_prefix="concurrent-loader-scan",
+        ) as pool:
+            futures = {i: pool.submit(scan, shards[i], sizes[i]) for i in missing}
+            scanned = {i: future.result() for i, future in futures.items()}
+    return [
+        scanned[i]
+        if document is None
+        else ShardIndex.from_json(document, store.url_for(shards[i] + INDEX_SUFFIX))
+        for i, document in enumerate(documents)
+    ]
 
 
 def _scan(
@@ -155,4 +172,4 @@ def _scan(
             stage="index",
             cause=Reason.INDEX_MISMATCH,
         )
-    return ShardIndex.of_members(scan_members(read, size, url), size)
+    return ShardIndex.of_members(scan_members(read, size, url, _SCAN_WINDOW), size)
