@@ -13,7 +13,10 @@ shuffled epoch of :class:`~concurrent_loader.ShardDataset` (decode: JPEG -> uint
 - ``ours-s3 gap=X``: the same with another gap threshold (``--gaps``), ``off`` for one GET
   per sample.
 
-Runs alternate (local, s3, ... then again, ``--repeats`` times) so that both see the same
+As the main benchmark does, the S3 server and the proxy run on ``--storage-cpus`` and the
+loader (this process and its workers) on ``--client-cpus``, with ``--workers`` 1, and
+images/s is the steady state after ``--warmup`` batches (to the end of the epoch). Runs
+alternate (local, s3, ... then again, ``--repeats`` times) so that both see the same
 machine load; the report gives each run's median images/s, its ratio to ``ours-local``
 (medians of this run), the GETs per sample the proxy counted and the bytes it sent per
 byte of sample data (both from the last repeat). Every run checks that each batch holds
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -61,8 +65,9 @@ def _gap(text: str) -> Any:
     return Coalescing(enabled=False) if text == "off" else Coalescing(max_gap=parse_size(text))
 
 
-def _epoch(ds: Any, *, batch_size: int, workers: int, seed: int) -> dict[str, float]:
-    """One shuffled epoch; checks every sample; returns images/s."""
+def _epoch(ds: Any, *, batch_size: int, workers: int, seed: int, warmup: int) -> dict[str, float]:
+    """One shuffled epoch; checks every sample; returns images/s after ``warmup`` batches
+    (the steady state: worker start-up and the first GETs left out) and the epoch's time."""
     import torch
 
     from concurrent_loader import ConcurrentDataLoader
@@ -71,7 +76,7 @@ def _epoch(ds: Any, *, batch_size: int, workers: int, seed: int) -> dict[str, fl
     loader = ConcurrentDataLoader(ds, batch_size=batch_size, sampler=order, num_workers=workers)
     classes = sorted({key.split("/", 1)[0] for key in ds.source.sample_keys})
     started = time.perf_counter()
-    seen = 0
+    warm_at, warm_seen, seen = started, 0, 0
     for b, (images, labels, keys) in enumerate(loader):
         want = [ds.source.sample_keys[i] for i in order[b * batch_size : (b + 1) * batch_size]]
         if list(keys) != want:
@@ -81,23 +86,28 @@ def _epoch(ds: Any, *, batch_size: int, workers: int, seed: int) -> dict[str, fl
         if images.shape[0] != len(keys):
             raise AssertionError(f"batch {b} has {images.shape[0]} images for {len(keys)} keys")
         seen += len(keys)
-    seconds = time.perf_counter() - started
+        if b + 1 == warmup:
+            warm_at, warm_seen = time.perf_counter(), seen
+    ended = time.perf_counter()
     if seen != len(ds):
         raise AssertionError(f"{seen} samples for a dataset of {len(ds)}")
-    return {"epoch_s": seconds, "images_per_s": seen / seconds}
+    return {"epoch_s": ended - started, "images_per_s": (seen - warm_seen) / (ended - warm_at)}
 
 
 def run(
     *,
     images: int = 2000,
     shard_size: str = "64MB",
-    workers: int = 2,
+    workers: int = 1,
     batch_size: int = 64,
     image_size: int = 224,
     latency_ms: float = 50.0,
     gaps: Sequence[str] = ("off",),
     repeats: int = 3,
     seed: int = 0,
+    warmup: int = 2,
+    storage_cpus: Sequence[int] | None = (1,),
+    client_cpus: Sequence[int] | None = (0,),
     data_dir: Path = REPO_ROOT / ".bench/data",
     smoke: bool = False,
 ) -> dict[str, Any]:
@@ -110,6 +120,9 @@ def run(
     if smoke:
         images, shard_size, batch_size, image_size, repeats = 96, "1MB", 16, 32, 1
         workers = min(workers, 1)
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+    if len(cpus) < 2 or not storage_cpus or not client_cpus:
+        storage_cpus = client_cpus = None  # one CPU: nothing to split
     local, _ = ensure_local(DatasetSpec(images=images), data_dir)
     decode = KeyedImage(image_size)
     runs: dict[str, list[dict[str, float]]] = {}
@@ -122,42 +135,62 @@ def run(
             shard_size=parse_size(shard_size),
             image_folder=True,
         )
-        with (
-            LocalS3Server() as server,
-            ProxyProcess(server.endpoint_url, latency_ms=latency_ms) as proxy,
-        ):
-            server.create_bucket(BUCKET)
-            server.upload_dir(shards_dir, BUCKET, prefix=PREFIX)
-            credentials = {
-                "endpoint_url": proxy.endpoint_url,
-                "region": server.region,
-                "aws_access_key_id": server.access_key,
-                "aws_secret_access_key": server.secret_key,
-            }
-            datasets = {"ours-local": ShardDataset(shards_dir, decode=decode)}
-            datasets["ours-s3"] = ShardDataset(
-                f"s3://{BUCKET}/{PREFIX}", decode=decode, coalescing=Coalescing(), **credentials
-            )
-            for gap in gaps:
-                datasets[f"ours-s3 gap={gap}"] = ShardDataset(
-                    f"s3://{BUCKET}/{PREFIX}", decode=decode, coalescing=_gap(gap), **credentials
+        storage = set(storage_cpus) if storage_cpus else None
+        try:
+            with (
+                LocalS3Server(cpus=storage) as server,
+                ProxyProcess(server.endpoint_url, latency_ms=latency_ms, cpus=storage) as proxy,
+            ):
+                if client_cpus:
+                    # The loader (this process and its workers) apart from the server and proxy,
+                    # as the main benchmark runs it: local disk has no server to pay for. Given
+                    # back at the end (a test may run this in its own process).
+                    os.sched_setaffinity(0, set(client_cpus))
+                server.create_bucket(BUCKET)
+                server.upload_dir(shards_dir, BUCKET, prefix=PREFIX)
+                credentials = {
+                    "endpoint_url": proxy.endpoint_url,
+                    "region": server.region,
+                    "aws_access_key_id": server.access_key,
+                    "aws_secret_access_key": server.secret_key,
+                }
+                datasets = {"ours-local": ShardDataset(shards_dir, decode=decode)}
+                datasets["ours-s3"] = ShardDataset(
+                    f"s3://{BUCKET}/{PREFIX}", decode=decode, coalescing=Coalescing(), **credentials
                 )
-            s3 = datasets["ours-s3"].source
-            # What the samples' reads ask for (their members and the headers between them).
-            sample_bytes = sum(s3.reads(i)[0].size or 0 for i in range(len(s3)))
-            for repeat in range(repeats):
-                for name, ds in datasets.items():
-                    proxy.reset_stats()
-                    figures = _epoch(ds, batch_size=batch_size, workers=workers, seed=seed + repeat)
-                    runs.setdefault(name, []).append(figures)
-                    if name != "ours-local":
-                        stats = proxy.stats()
-                        traffic[name] = {
-                            "gets_per_sample": stats["requests_by_method"].get("GET", 0) / len(ds),
-                            "bytes_sent_per_sample_byte": stats["bytes_sent"] / sample_bytes,
-                        }
-            for ds in datasets.values():
-                ds.close()
+                for gap in gaps:
+                    datasets[f"ours-s3 gap={gap}"] = ShardDataset(
+                        f"s3://{BUCKET}/{PREFIX}",
+                        decode=decode,
+                        coalescing=_gap(gap),
+                        **credentials,
+                    )
+                s3 = datasets["ours-s3"].source
+                # What the samples' reads ask for (their members and the headers between them).
+                sample_bytes = sum(s3.reads(i)[0].size or 0 for i in range(len(s3)))
+                for repeat in range(repeats):
+                    for name, ds in datasets.items():
+                        proxy.reset_stats()
+                        figures = _epoch(
+                            ds,
+                            batch_size=batch_size,
+                            workers=workers,
+                            seed=seed + repeat,
+                            warmup=warmup,
+                        )
+                        runs.setdefault(name, []).append(figures)
+                        if name != "ours-local":
+                            stats = proxy.stats()
+                            traffic[name] = {
+                                "gets_per_sample": stats["requests_by_method"].get("GET", 0)
+                                / len(ds),
+                                "bytes_sent_per_sample_byte": stats["bytes_sent"] / sample_bytes,
+                            }
+                for ds in datasets.values():
+                    ds.close()
+        finally:
+            if client_cpus:
+                os.sched_setaffinity(0, cpus)
     medians = {
         name: statistics.median(r["images_per_s"] for r in results)
         for name, results in runs.items()
@@ -172,6 +205,9 @@ def run(
         "image_size": image_size,
         "latency_ms": latency_ms,
         "repeats": repeats,
+        "warmup_batches": warmup,
+        "storage_cpus": sorted(storage_cpus) if storage_cpus else None,
+        "client_cpus": sorted(client_cpus) if client_cpus else None,
         "runs": {
             name: {
                 "images_per_s": medians[name],
@@ -189,7 +225,9 @@ def format_report(report: dict[str, Any]) -> str:
         f"{report['images']} JPEGs in {report['shards']} shards of <= {report['shard_size']} "
         f"({report['shard_bytes'] / 1e6:.0f} MB), {report['workers']} workers, batch "
         f"{report['batch_size']}, decode to {report['image_size']} px, S3 at "
-        f"+{report['latency_ms']:g} ms, median of {report['repeats']}"
+        f"+{report['latency_ms']:g} ms, median of {report['repeats']} epochs, images/s after "
+        f"{report['warmup_batches']} warm-up batches; server+proxy on CPUs "
+        f"{report['storage_cpus']}, loader on CPUs {report['client_cpus']}"
     )
     lines = [
         head,
@@ -214,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--images", type=int, default=2000)
     parser.add_argument("--shard-size", default="64MB")
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--latency-ms", type=float, default=50.0)
@@ -223,6 +261,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--warmup", type=int, default=2, help="batches before the timed part")
+    parser.add_argument("--storage-cpus", default="1", help="CPUs of the server and proxy")
+    parser.add_argument("--client-cpus", default="0", help="CPUs of the loader ('' for all)")
     parser.add_argument("--data-dir", type=Path, default=REPO_ROOT / ".bench/data")
     parser.add_argument("--smoke", action="store_true", help="a tiny run, for tests")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
@@ -237,6 +278,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         gaps=[g for g in args.gaps.split(",") if g],
         repeats=args.repeats,
         seed=args.seed,
+        warmup=args.warmup,
+        storage_cpus=[int(c) for c in args.storage_cpus.split(",") if c],
+        client_cpus=[int(c) for c in args.client_cpus.split(",") if c],
         data_dir=args.data_dir,
         smoke=args.smoke,
     )
