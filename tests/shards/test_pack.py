@@ -97,3 +97,12 @@ def test_shard_sizes_parse(text, size):
 def test_bad_shard_sizes_are_refused(text):
     with pytest.raises(ConfigError, match="bad size"):
         parse_size(text)
+
+
+def test_packing_an_s3_prefix_gives_the_bytes_of_packing_the_same_files_locally(
+    tmp_path, image_dataset, s3_env
+):
+    from_s3 = pack(image_dataset.s3_url, str(tmp_path / "s3"), image_folder=True)
+    local = pack(str(image_dataset.local_root), str(tmp_path / "local"), image_folder=True)
+    assert from_s3 == local
+    assert digest_tree(tmp_path / "s3") == digest_tree(tmp_path / "local")
