@@ -106,3 +106,14 @@ def test_packing_an_s3_prefix_gives_the_bytes_of_packing_the_same_files_locally(
     local = pack(str(image_dataset.local_root), str(tmp_path / "local"), image_folder=True)
     assert from_s3 == local
     assert digest_tree(tmp_path / "s3") == digest_tree(tmp_path / "local")
+
+
+def test_the_pack_command_reports_a_bad_size_in_one_line(tmp_path, capsys, packed):
+    code = main(["pack", str(packed.source), str(tmp_path / "out"), "--shard-size", "12XB"])
+    assert code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "concurrent-loader: error: InvalidArgument - bad size '12XB': expected a "
+        "positive number of bytes like 256MB or 64MiB"
+    ]
+    assert not (tmp_path / "out").exists()
