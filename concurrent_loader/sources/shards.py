@@ -22,6 +22,7 @@ import numpy as np
 
 from ..config import FetchConfig
 from ..errors import DecodeError, LoaderError, Reason, ShardError
+from ..keys import KeyTable
 from ..shards.index import ShardIndex
 from ..shards.tar import (
     BLOCK,
@@ -85,8 +86,9 @@ class ShardSource:
                     offsets.append(member.offset)
                     sizes.append(member.size)
         first_member.append(len(names))
-        self.sample_keys = keys
-        self._names = names
+        # Compact and fork-friendly, as an ObjectDataset's keys (one blob, no str objects).
+        self.sample_keys: Sequence[str] = KeyTable(keys)
+        self._names = KeyTable(names)
         self._header_offsets = np.asarray(header_offsets, dtype=np.int64)
         self._offsets = np.asarray(offsets, dtype=np.int64)
         self._sizes = np.asarray(sizes, dtype=np.int64)
