@@ -11,7 +11,9 @@ shuffled epoch of :class:`~concurrent_loader.ShardDataset` (decode: JPEG -> uint
 - ``ours-s3``: S3 through a proxy adding ``--latency-ms`` to every GET, batch reads of one
   shard coalesced (the default gap, 1 MiB);
 - ``ours-s3 gap=X``: the same with another gap threshold (``--gaps``), ``off`` for one GET
-  per sample.
+  per sample;
+- with ``--objects``, ``objects-local`` and ``objects-s3``: the same JPEGs one object each
+  (:class:`~concurrent_loader.ImageFolder`), for the per-object path's ratio in this run.
 
 As the main benchmark does, the S3 server and the proxy run on ``--storage-cpus`` and the
 loader (this process and its workers) on ``--client-cpus``, with ``--workers`` 1, and
@@ -65,6 +67,15 @@ def _gap(text: str) -> Any:
     return Coalescing(enabled=False) if text == "off" else Coalescing(max_gap=parse_size(text))
 
 
+def _labels_and_keys(ds: Any) -> tuple[list[int], list[str] | None]:
+    """Each sample's label and, for shards, its key: what every batch is checked against."""
+    if hasattr(ds, "shards"):
+        keys = list(ds.source.sample_keys)
+        classes = sorted({key.split("/", 1)[0] for key in keys})
+        return [classes.index(key.split("/", 1)[0]) for key in keys], keys
+    return ds.targets.tolist(), None  # an ImageFolder
+
+
 def _epoch(ds: Any, *, batch_size: int, workers: int, seed: int, warmup: int) -> dict[str, float]:
     """One shuffled epoch; checks every sample; returns images/s after ``warmup`` batches
     (the steady state: worker start-up and the first GETs left out) and the epoch's time."""
@@ -74,18 +85,19 @@ def _epoch(ds: Any, *, batch_size: int, workers: int, seed: int, warmup: int) ->
 
     order = torch.randperm(len(ds), generator=torch.Generator().manual_seed(seed)).tolist()
     loader = ConcurrentDataLoader(ds, batch_size=batch_size, sampler=order, num_workers=workers)
-    classes = sorted({key.split("/", 1)[0] for key in ds.source.sample_keys})
+    labels_of, keys_of = _labels_and_keys(ds)
     started = time.perf_counter()
     warm_at, warm_seen, seen = started, 0, 0
-    for b, (images, labels, keys) in enumerate(loader):
-        want = [ds.source.sample_keys[i] for i in order[b * batch_size : (b + 1) * batch_size]]
-        if list(keys) != want:
+    for b, batch in enumerate(loader):
+        indices = order[b * batch_size : (b + 1) * batch_size]
+        images, labels = batch[0], batch[1]
+        if keys_of is not None and list(batch[2]) != [keys_of[i] for i in indices]:
             raise AssertionError(f"batch {b} does not hold the sampler's samples in order")
-        if labels.tolist() != [classes.index(k.split("/", 1)[0]) for k in keys]:
+        if labels.tolist() != [labels_of[i] for i in indices]:
             raise AssertionError(f"batch {b} has a wrong label")
-        if images.shape[0] != len(keys):
-            raise AssertionError(f"batch {b} has {images.shape[0]} images for {len(keys)} keys")
-        seen += len(keys)
+        if images.shape[0] != len(indices):
+            raise AssertionError(f"batch {b} has {images.shape[0]} images for {len(indices)}")
+        seen += len(indices)
         if b + 1 == warmup:
             warm_at, warm_seen = time.perf_counter(), seen
     ended = time.perf_counter()
@@ -103,6 +115,7 @@ def run(
     image_size: int = 224,
     latency_ms: float = 50.0,
     gaps: Sequence[str] = ("off",),
+    objects: bool = False,
     repeats: int = 3,
     seed: int = 0,
     warmup: int = 2,
@@ -113,7 +126,7 @@ def run(
 ) -> dict[str, Any]:
     """Every run's figures (see the module)."""
     from benchmarks.data import DatasetSpec, ensure_local
-    from concurrent_loader import Coalescing, ShardDataset
+    from concurrent_loader import Coalescing, ImageFolder, ShardDataset
     from concurrent_loader.shards.pack import pack, parse_size
     from concurrent_loader.testing import LocalS3Server, ProxyProcess
 
@@ -165,6 +178,14 @@ def run(
                         coalescing=_gap(gap),
                         **credentials,
                     )
+                if objects:
+                    # The same JPEGs one object each (ImageFolder): the per-object path's
+                    # S3-vs-local ratio under the same machine load, for reference.
+                    server.upload_dir(local.train_dir, BUCKET, prefix="objects/")
+                    datasets["objects-local"] = ImageFolder(local.train_dir, image_size=image_size)
+                    datasets["objects-s3"] = ImageFolder(
+                        f"s3://{BUCKET}/objects/", image_size=image_size, **credentials
+                    )
                 s3 = datasets["ours-s3"].source
                 # What the samples' reads ask for (their members and the headers between them).
                 sample_bytes = sum(s3.reads(i)[0].size or 0 for i in range(len(s3)))
@@ -179,7 +200,7 @@ def run(
                             warmup=warmup,
                         )
                         runs.setdefault(name, []).append(figures)
-                        if name != "ours-local":
+                        if name.startswith("ours-s3"):
                             stats = proxy.stats()
                             traffic[name] = {
                                 "gets_per_sample": stats["requests_by_method"].get("GET", 0)
@@ -241,6 +262,10 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(
             f"| {name} | {r['images_per_s']:.1f} ({every}) | {r['x_local']:.2f} | {gets} | {sent} |"
         )
+    runs = report["runs"]
+    if "objects-s3" in runs:
+        ratio = runs["objects-s3"]["images_per_s"] / runs["objects-local"]["images_per_s"]
+        lines.append(f"objects-s3 / objects-local: {ratio:.2f}")
     return "\n".join(lines)
 
 
@@ -259,6 +284,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--gaps", default="off", help="more gap thresholds to run, comma-separated (off, 8MiB)"
     )
+    parser.add_argument(
+        "--objects",
+        action="store_true",
+        help="also read the same JPEGs one object each (ImageFolder), local and S3, for reference",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--warmup", type=int, default=2, help="batches before the timed part")
@@ -276,6 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         image_size=args.image_size,
         latency_ms=args.latency_ms,
         gaps=[g for g in args.gaps.split(",") if g],
+        objects=args.objects,
         repeats=args.repeats,
         seed=args.seed,
         warmup=args.warmup,

@@ -13,8 +13,14 @@ from benchmarks import shards_random
 
 @pytest.mark.slow
 def test_the_shards_benchmark_smoke_run_reports_every_figure(tmp_path):
-    report = shards_random.run(smoke=True, data_dir=tmp_path / "data")
-    assert set(report["runs"]) == {"ours-local", "ours-s3", "ours-s3 gap=off"}
+    report = shards_random.run(smoke=True, objects=True, data_dir=tmp_path / "data")
+    assert set(report["runs"]) == {
+        "ours-local",
+        "ours-s3",
+        "ours-s3 gap=off",
+        "objects-local",
+        "objects-s3",
+    }
     assert report["shards"] > 1
     for name, figures in report["runs"].items():
         for key, value in figures.items():
@@ -23,4 +29,5 @@ def test_the_shards_benchmark_smoke_run_reports_every_figure(tmp_path):
     runs = report["runs"]
     assert runs["ours-s3 gap=off"]["gets_per_sample"] >= 1.0
     assert runs["ours-s3"]["gets_per_sample"] < runs["ours-s3 gap=off"]["gets_per_sample"]
-    assert "| ours-s3 |" in shards_random.format_report(report)
+    text = shards_random.format_report(report)
+    assert "| ours-s3 |" in text and "objects-s3 / objects-local" in text
