@@ -161,10 +161,15 @@ class ImageSample:
 
     def __call__(self, sample: dict[str, Any]) -> tuple[Any, int]:
         image = next((sample[ext] for ext in IMAGE_EXTENSIONS if ext in sample), None)
-        for needed, value in (("an image", image), (f"a .{self.label}", sample.get(self.label))):
+        missing = (
+            ("an image member (.jpg, .png, ...)", image),
+            (f"a .{self.label} member", sample.get(self.label)),
+        )
+        for needed, value in missing:
             if value is None:
+                present = sorted(k for k in sample if not k.startswith("__"))
                 raise ShardError(
-                    f"has no {needed} member (it has {sorted(k for k in sample if k[:2] != '__')})",
+                    f"the sample has no {needed}; it has {present}",
                     stage="decode",
                     cause=Reason.MISSING_MEMBER,
                 )
