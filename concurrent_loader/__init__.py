@@ -30,12 +30,15 @@ from .errors import (
     ObjectTooLarge,
     Reason,
     ServerError,
+    ShardError,
     SkipBudgetExceeded,
     Throttled,
     WorkerError,
 )
 from .loader import ConcurrentDataLoader, PartialBatch, PartialDict, PartialList, is_partial
 from .pipeline import SkippedSample
+from .shards.dataset import ImageSample, ShardDataset
+from .sources.coalesce import Coalescing
 
 __version__ = "0.1.0"
 
@@ -45,6 +48,7 @@ __all__ = [
     "BadRequest",
     "BucketNotFound",
     "CertificateRefused",
+    "Coalescing",
     "ConcurrentDataLoader",
     "ConfigError",
     "ConnectionFailed",
@@ -54,6 +58,7 @@ __all__ = [
     "FetchTimeout",
     "HedgeConfig",
     "ImageFolder",
+    "ImageSample",
     "IncompleteBody",
     "LoaderError",
     "LoaderStalled",
@@ -66,6 +71,8 @@ __all__ = [
     "Reason",
     "RetryConfig",
     "ServerError",
+    "ShardDataset",
+    "ShardError",
     "SkipBudgetExceeded",
     "SkippedSample",
     "Throttled",

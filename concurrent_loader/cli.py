@@ -4,6 +4,7 @@ Commands::
 
     concurrent-loader manifest ROOT -o FILE [--endpoint-url URL] [--anonymous] ...
     concurrent-loader inspect  ROOT [--image-folder] [--json] [--endpoint-url URL] ...
+    concurrent-loader pack     SRC DEST [--shard-size 256MB] [--image-folder] ...
 
 ``manifest`` lists ``ROOT`` once (paginated) and writes one key per line, relative to
 ``ROOT``, sorted, so that ``ObjectDataset.from_manifest(FILE, root=ROOT)`` (or
@@ -13,6 +14,11 @@ on stderr while listing when ``tqdm`` is installed (``--no-progress`` turns it o
 ``inspect`` prints the number of objects and their total size under ``ROOT``; with
 ``--image-folder`` also the classes of the ``ROOT/<class>/<file>`` layout and how many
 images each holds, counted exactly as :class:`~concurrent_loader.ImageFolder` counts them.
+
+``pack`` writes the objects under ``SRC`` into tar shards (``shard-000000.tar``...) with
+their indexes (``shard-000000.tar.idx``) under ``DEST`` (a local directory or an ``s3://``
+prefix), deterministically, readable by ``ShardDataset`` and the ``webdataset`` library;
+``--image-folder`` adds a ``.cls`` label member per image (:mod:`concurrent_loader.shards.pack`).
 
 ``ROOT`` is ``s3://bucket/prefix`` or a local directory. Credentials and the endpoint
 follow the standard AWS chain (``AWS_ENDPOINT_URL`` included) unless given as options.
@@ -144,6 +150,30 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pack(args: argparse.Namespace) -> int:
+    from .shards.pack import pack, parse_size
+
+    shard_size = parse_size(args.shard_size)
+    with progress(args.progress, "packing") as tick:
+        result = pack(
+            args.root,
+            args.dest,
+            shard_size=shard_size,
+            image_folder=args.image_folder,
+            on_sample=tick,
+            endpoint_url=args.endpoint_url,
+            region=args.region,
+            profile=args.profile,
+            anonymous=args.anonymous,
+        )
+    print(
+        f"wrote {result.samples} samples in {len(result.shards)} shards "
+        f"({_human_bytes(result.bytes)}) to {args.dest}",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def _print_report(report: dict[str, Any], out: IO[str]) -> None:
     print(f"root:    {report['root']}", file=out)
     print(f"objects: {report['objects']}", file=out)
@@ -215,6 +245,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inspect.add_argument("--json", action="store_true", help="print a JSON object instead")
     inspect.set_defaults(run=cmd_inspect)
+
+    pack = commands.add_parser(
+        "pack", help="pack the objects under SRC into tar shards and their indexes under DEST"
+    )
+    common(pack)
+    pack.add_argument("dest", help="a local directory or s3://bucket/prefix for the shards")
+    pack.add_argument(
+        "--shard-size",
+        default="256MB",
+        help="close a shard before a sample that would take it past this (default 256MB; "
+        "MB/GB are powers of 1000, MiB/GiB of 1024)",
+    )
+    pack.add_argument(
+        "--image-folder",
+        action="store_true",
+        help="SRC is ROOT/<class>/<image>: add a .cls member (the class index) per image",
+    )
+    pack.set_defaults(run=cmd_pack)
     return parser
 
 

@@ -18,6 +18,7 @@
     │   └── FetchTimeout (TimeoutError) connect / first byte / read stall / attempt (retried);
     │                                    the object's whole time budget spent (final)
     ├── DecodeError                  the bytes arrived but are not a valid sample
+    │   └── ShardError               a tar shard, its index or a member is not as expected
     ├── SkipBudgetExceeded           ``on_error="skip"`` went over ``max_skipped``
     ├── LoaderStalled (TimeoutError) no batch for ``stall_timeout_s``; says what waited on what
     └── WorkerError                  a worker process died without raising
@@ -59,6 +60,7 @@ __all__ = [
     "ObjectTooLarge",
     "Reason",
     "ServerError",
+    "ShardError",
     "SkipBudgetExceeded",
     "Throttled",
     "WorkerError",
@@ -103,6 +105,11 @@ class Reason(StrEnum):
     EMPTY_OBJECT = "EmptyObject"
     UNDECODABLE = "Undecodable"
     DECOMPRESSION_BOMB = "DecompressionBomb"
+    # tar shards
+    NOT_A_TAR = "NotATar"
+    TRUNCATED_SHARD = "TruncatedShard"
+    MISSING_MEMBER = "MissingMember"
+    INDEX_MISMATCH = "IndexMismatch"
     # the configuration
     INVALID_ARGUMENT = "InvalidArgument"
     EMPTY_PREFIX = "EmptyPrefix"
@@ -258,6 +265,14 @@ class FetchTimeout(FetchError, TimeoutError):
 
 class DecodeError(LoaderError):
     """The bytes arrived but could not be decoded into a sample."""
+
+
+class ShardError(DecodeError):
+    """A tar shard is not what its index says: not a tar (``NotATar``), shorter than its
+    index (``TruncatedShard``), a member the sample needs is absent or a member is not in
+    the index (``MissingMember``), or the member found at an offset is not the one indexed
+    (``IndexMismatch``). ``url`` is the shard; the message names the member and its offset.
+    """
 
 
 class SkipBudgetExceeded(LoaderError):

@@ -54,6 +54,8 @@ from ..fetch import ByteBudget, FetchClient, client_for
 from ..metrics import StageStats
 from ..runtime import CLOSE_TIMEOUT_S, Runtime, acquire_runtime
 from ..sources import Read, SampleSource
+from ..sources.base import CoalescingSource
+from ..sources.coalesce import MergedRead, plan_reads
 from ..stores.base import BlockingStore
 from .options import PipelineOptions
 from .slot import Failure, SkippedSample, Slot
@@ -237,8 +239,15 @@ class BatchPipeline:
     # ------------------------------------------------------------------ remote: on the loop
 
     def _start_fetches(self, slot: Slot) -> None:
-        """One task per sample, created in sampler order."""
+        """One task per sample, created in sampler order (per merged read, for a source
+        whose reads of one object coalesce)."""
         if self._closed:
+            return
+        if isinstance(self._source, CoalescingSource):
+            try:
+                self._start_merged_fetches(slot, self._source)
+            except Exception as exc:  # a bug in planning must fail the batch, not hang it
+                slot.fail(exc)
             return
         loop = asyncio.get_running_loop()
         for position, index in enumerate(slot.indices):
@@ -248,6 +257,60 @@ class BatchPipeline:
             task = loop.create_task(self._fetch(slot, position, index))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    def _start_merged_fetches(self, slot: Slot, source: CoalescingSource) -> None:
+        """Plan the batch's reads (:mod:`~concurrent_loader.sources.coalesce`), then one task
+        per merged read; a sample whose reads cannot be planned fails (or is skipped) alone."""
+        loop = asyncio.get_running_loop()
+        planned: list[tuple[tuple[int, int], Read]] = []
+        for position, index in enumerate(slot.indices):
+            if not _is_position(index):
+                self._pool.submit(self._getitem, slot, position, index)
+                continue
+            try:
+                reads = source.reads(index)
+            except Exception as exc:
+                self._failed(slot, position, index, exc)
+                continue
+            if len(reads) == 1:
+                planned.append(((position, index), reads[0]))
+            else:
+                self._track(loop.create_task(self._fetch(slot, position, index)))
+        assert self._budget is not None
+        # A merged read is reserved whole: keep it within the budget.
+        coalescing = source.coalescing
+        if coalescing.max_bytes > self._budget.max_bytes:
+            coalescing = dataclasses.replace(coalescing, max_bytes=self._budget.max_bytes)
+        for merged in plan_reads(planned, coalescing):
+            self._track(loop.create_task(self._fetch_merged(slot, source, merged)))
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _fetch_merged(
+        self, slot: Slot, source: CoalescingSource, merged: MergedRead[tuple[int, int]]
+    ) -> None:
+        """One GET for several samples; a failure fails (or skips) exactly those samples."""
+        if slot.failed:
+            return
+        try:
+            body = await self._read(merged.read)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            for part in merged.parts:
+                position, index = part.tag
+                self._failed(slot, position, index, source.read_failed(index, exc))
+            return
+        pieces = [(part.tag, part.of(body)) for part in merged.parts]
+        # Each sample's bytes are held until it is decoded; the gaps between them are not.
+        self._release(len(body) - sum(len(piece) for _, piece in pieces))
+        for (position, index), piece in pieces:
+            try:
+                self._pool.submit(self._decode, slot, position, index, [piece], len(piece))
+            except RuntimeError:  # the pool is shut down: we are closing
+                self._release(len(piece))
 
     async def _read(self, read: Read) -> bytes | bytearray:
         """One read within the byte budget; its bytes stay held until released."""

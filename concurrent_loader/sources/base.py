@@ -14,12 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..config import FetchConfig
 from ..stores.base import ByteRange, StoreConfig
 
-__all__ = ["Read", "SampleSource"]
+if TYPE_CHECKING:
+    from .coalesce import Coalescing
+
+__all__ = ["CoalescingSource", "Read", "SampleSource"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,4 +53,18 @@ class SampleSource(Protocol):
 
     def url_for(self, index: int) -> str:
         """The name of sample ``index`` in messages."""
+        ...
+
+
+@runtime_checkable
+class CoalescingSource(SampleSource, Protocol):
+    """A source whose samples are one ranged read each, inside few large objects (tar
+    shards): the pipeline merges a batch's reads of one object per ``coalescing``
+    (:mod:`~concurrent_loader.sources.coalesce`) and slices each sample's bytes back out."""
+
+    coalescing: Coalescing
+
+    def read_failed(self, index: int, exc: BaseException) -> BaseException:
+        """The error for sample ``index`` when the (merged) read carrying it failed with
+        ``exc``: the same kind of error, naming the sample's object, member and offset."""
         ...

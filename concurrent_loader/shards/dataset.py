@@ -1,0 +1,177 @@
+"""``ShardDataset``: a map-style dataset over WebDataset tar shards, random access by index.
+
+Sample ``i`` enumerates samples shard by shard in shard order (shard 0's samples first, in
+tar order); :attr:`ShardDataset.shard_lengths` (samples per shard) and
+:attr:`ShardDataset.shards` (their keys) state that order, so a sampler can draw indices
+shard by shard. Because it is map-style, everything ``ConcurrentDataLoader`` promises holds
+unchanged: batch ``i`` is the sampler's batch ``i``, DDP sharding, exact resume, the skip
+policy. Its :attr:`~ShardDataset.source` (:class:`~concurrent_loader.sources.shards.ShardSource`)
+reads a sample as one byte range of its shard; the pipeline merges a batch's ranges of one
+shard into fewer GETs (``coalescing``).
+
+Like :class:`~concurrent_loader.ObjectDataset`, it holds configuration and nothing open,
+so it pickles to ``spawn`` workers; ``ds[i]`` and ``__getitems__`` work without our loader.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+from ..config import FetchConfig
+from ..dataset import ObjectDataset
+from ..decode import ImageDecoder
+from ..errors import ConfigError, ObjectNotFound, Reason, ShardError
+from ..listing import list_store
+from ..listing import progress as progress_bar
+from ..runtime import Runtime
+from ..sources.coalesce import Coalescing
+from ..sources.shards import SampleDecoder, ShardSource
+from ..stores import StoreConfig, store_config_for
+from .index import index_shards
+
+__all__ = ["ImageSample", "ShardDataset"]
+
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "ppm", "bmp", "tif", "tiff")
+
+
+class ShardDataset(ObjectDataset):
+    """Samples of the tar shards under ``root`` (every ``*.tar`` key, sorted) or of the
+    shard keys given in ``shards`` (in that order), each ``decode(sample)`` or the sample
+    dict itself (``{"__key__", "__url__", extension: bytes}``, as ``webdataset``'s).
+
+    Each shard's index is read from ``<shard>.idx`` (written by ``concurrent-loader
+    pack``), or built once by scanning the shard with ranged GETs. ``coalescing`` says
+    when two samples of one shard in a batch are read with one GET. Store options
+    (``endpoint_url``, ``region``, credentials, ``transport``...) are as for
+    :class:`~concurrent_loader.ObjectDataset`.
+    """
+
+    source: ShardSource  # type: ignore[assignment]  # a different source, same protocol
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str] | StoreConfig,
+        shards: Iterable[str] | None = None,
+        *,
+        decode: SampleDecoder | None = None,
+        coalescing: Coalescing | None = None,
+        fetch_config: FetchConfig | None = None,
+        progress: bool = False,
+        **store_options: Any,
+    ) -> None:
+        self.store: StoreConfig = store_config_for(root, **store_options).resolved()
+        self.fetch_config = fetch_config or FetchConfig()
+        self.decode = decode
+        self._runtime: Runtime | None = None
+        self._runtime_lock = threading.Lock()
+        listed: dict[str, int] = {}
+        if self.store.capabilities.listing:
+            with progress_bar(progress, f"listing {self.store}") as tick:
+                listed = {
+                    info.key: info.size
+                    for info in list_store(self.store, self.fetch_config, on_object=tick)
+                }
+        if shards is None:
+            keys = [key for key in listed if key.endswith(".tar")]
+            if not keys:
+                raise ConfigError(
+                    f"no tar shards (*.tar) under {self.store}",
+                    url=self.store.url_for(""),
+                    cause=Reason.EMPTY_PREFIX,
+                )
+        else:
+            keys = list(shards)
+            if not keys:
+                raise ConfigError("shards is empty", cause=Reason.INVALID_ARGUMENT)
+            for key in keys:
+                if listed and key not in listed:
+                    raise ObjectNotFound(
+                        "the shard is not under the root",
+                        url=self.store.url_for(key),
+                        stage="list",
+                        cause=Reason.NOT_FOUND,
+                    )
+        sizes = [listed.get(key) for key in keys]
+        with progress_bar(progress, "reading shard indexes") as tick:
+            indexes = index_shards(
+                self.store, self.fetch_config, keys, sizes, self._acquire, on_shard=tick
+            )
+        self.source = ShardSource(
+            self.store, keys, indexes, sizes, self.fetch_config, decode, coalescing
+        )
+        if len(self.source) == 0:
+            raise ConfigError(
+                f"the {len(keys)} shards under {self.store} hold no samples",
+                url=self.store.url_for(keys[0]),
+                cause=Reason.EMPTY_PREFIX,
+            )
+
+    @property
+    def shards(self) -> list[str]:
+        """The shard keys, in the order their samples are numbered."""
+        return self.source.shards
+
+    @property
+    def shard_lengths(self) -> list[int]:
+        """Samples per shard, in the order of :attr:`shards`."""
+        return self.source.shard_lengths
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def _check_index(self, index: int) -> int:
+        n = len(self.source)
+        if not isinstance(index, int | np.integer):
+            raise TypeError(f"dataset indices must be integers, got {type(index).__name__}")
+        index = int(index)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(f"index {index} out of range for a dataset of {n} samples")
+        return index
+
+    def __repr__(self) -> str:
+        source = getattr(self, "source", None)
+        if source is None:
+            return f"ShardDataset({getattr(self, 'store', '?')}, not indexed)"
+        return f"ShardDataset({self.store}, {len(source.shards)} shards, {len(source)} samples)"
+
+
+class ImageSample:
+    """``decode=`` for image classification shards: ``(image, label)`` from a sample with
+    one image member (``.jpg``, ``.png``...) and a ``.cls`` member (the class index as
+    text), as ``concurrent-loader pack --image-folder`` writes them. ``image_size`` and
+    ``transform`` are as for :class:`~concurrent_loader.ImageFolder`; a sample without
+    either member is a ``ShardError`` (``MissingMember``)."""
+
+    def __init__(
+        self,
+        image_size: int | tuple[int, int] | None = None,
+        *,
+        transform: Callable[[Any], Any] | None = None,
+        label: str = "cls",
+    ) -> None:
+        self.decoder = ImageDecoder(image_size, transform=transform)
+        self.label = label
+
+    def __call__(self, sample: dict[str, Any]) -> tuple[Any, int]:
+        image = next((sample[ext] for ext in IMAGE_EXTENSIONS if ext in sample), None)
+        missing = (
+            ("an image member (.jpg, .png, ...)", image),
+            (f"a .{self.label} member", sample.get(self.label)),
+        )
+        for needed, value in missing:
+            if value is None:
+                present = sorted(k for k in sample if not k.startswith("__"))
+                raise ShardError(
+                    f"the sample has no {needed}; it has {present}",
+                    stage="decode",
+                    cause=Reason.MISSING_MEMBER,
+                )
+        label = int(sample[self.label].decode("ascii").strip())
+        return self.decoder(image, sample["__url__"]), label  # type: ignore[arg-type]

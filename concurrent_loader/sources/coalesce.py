@@ -1,0 +1,120 @@
+"""Coalescing: the ranged reads of one batch that fall in the same object become fewer GETs.
+
+Pure functions, no I/O. As arrow-rs ``object_store::coalesce_ranges`` does, the ranges of
+one key are sorted by start and a range joins the previous merged range when it starts at
+most ``max_gap`` bytes after that one's end (overlapping and adjacent ranges included);
+unlike it, a merged range also stops growing at ``max_bytes`` (a single read larger than
+that stays whole), so one merged GET never holds more than that against the byte budget.
+Each merged read carries its parts: which read it serves and where that read's bytes lie
+inside the merged body.
+
+Guarantees: every read given is served by exactly one merged read; a part's slice of its
+merged body is exactly the bytes its read asked for; no merged read is larger than
+``max_bytes`` unless it is one read; merged reads of one key overlap only where the reads
+they serve overlap; reads without a byte range (whole objects) are never merged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from ..stores.base import ByteRange
+from .base import Read
+
+__all__ = ["Coalescing", "MergedRead", "Part", "coalesce_ranges", "plan_reads"]
+
+Tag = TypeVar("Tag", bound=Hashable)
+
+DEFAULT_MAX_GAP = 1 << 20  # as object_store's OBJECT_STORE_COALESCE_DEFAULT
+DEFAULT_MAX_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class Coalescing:
+    """When two ranged reads of one object become one GET: the gap between them is at most
+    ``max_gap`` bytes and the merged read stays within ``max_bytes``. ``max_gap=0`` merges
+    only adjacent or overlapping ranges; ``enabled=False`` turns merging off (one GET per
+    read, overlapping or not)."""
+
+    max_gap: int = DEFAULT_MAX_GAP
+    max_bytes: int = DEFAULT_MAX_BYTES
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_gap < 0:
+            raise ValueError(f"max_gap must be >= 0, got {self.max_gap}")
+        if self.max_bytes < 1:
+            raise ValueError(f"max_bytes must be >= 1, got {self.max_bytes}")
+
+
+@dataclass(frozen=True, slots=True)
+class Part(Generic[Tag]):
+    """Read ``tag`` is bytes ``start:end`` of its merged body (``end`` None: all of it)."""
+
+    tag: Tag
+    start: int
+    end: int | None
+
+    def of(self, body: bytes | bytearray) -> bytes:
+        return bytes(memoryview(body)[self.start : self.end])
+
+
+@dataclass(frozen=True, slots=True)
+class MergedRead(Generic[Tag]):
+    """One GET (``read``) and the reads it serves."""
+
+    read: Read
+    parts: tuple[Part[Tag], ...]
+
+
+def coalesce_ranges(ranges: Sequence[ByteRange], coalescing: Coalescing) -> list[ByteRange]:
+    """The merged ranges covering ``ranges``, sorted by start."""
+    merged: list[ByteRange] = []
+    for r in sorted(ranges, key=lambda r: (r.start, r.end)):
+        if merged and _joins(merged[-1], r, coalescing):
+            last = merged[-1]
+            merged[-1] = ByteRange(last.start, max(last.end, r.end))
+        else:
+            merged.append(r)
+    return merged
+
+
+def _joins(current: ByteRange, nxt: ByteRange, coalescing: Coalescing) -> bool:
+    if not coalescing.enabled:
+        return False
+    if max(current.end, nxt.end) - current.start > coalescing.max_bytes:
+        return False  # even an overlapping read: the merged GET is reserved whole
+    return nxt.start - current.end <= coalescing.max_gap
+
+
+def plan_reads(reads: Sequence[tuple[Tag, Read]], coalescing: Coalescing) -> list[MergedRead[Tag]]:
+    """The GETs that serve ``reads`` (``(tag, read)`` pairs), in the order of the first read
+    each serves, so the batch's first samples are asked for first."""
+    by_key: dict[str, list[tuple[int, Tag, ByteRange]]] = {}
+    planned: list[tuple[int, MergedRead[Tag]]] = []
+    for order, (tag, read) in enumerate(reads):
+        if read.byte_range is None:
+            planned.append((order, MergedRead(read, (Part(tag, 0, None),))))
+        else:
+            by_key.setdefault(read.key, []).append((order, tag, read.byte_range))
+    for key, ranged in by_key.items():
+        ranged.sort(key=lambda item: (item[2].start, item[2].end))
+        groups: list[tuple[ByteRange, list[tuple[int, Tag, ByteRange]]]] = []
+        for item in ranged:
+            r = item[2]
+            if groups and _joins(groups[-1][0], r, coalescing):
+                span, members = groups[-1]
+                members.append(item)
+                groups[-1] = (ByteRange(span.start, max(span.end, r.end)), members)
+            else:
+                groups.append((r, [item]))
+        for span, members in groups:
+            parts = tuple(
+                Part(tag, r.start - span.start, r.end - span.start) for _, tag, r in members
+            )
+            first = min(order for order, _, _ in members)
+            planned.append((first, MergedRead(Read(key, span, span.length), parts)))
+    planned.sort(key=lambda item: item[0])
+    return [merged for _, merged in planned]

@@ -1,0 +1,119 @@
+"""Tar headers, members and samples from bytes, checked against Python's ``tarfile`` and
+the ``webdataset`` library's own splitting and grouping rules."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import pytest
+
+from concurrent_loader.errors import Reason, ShardError
+from concurrent_loader.shards.tar import group_samples, is_sample_member, scan_members, split_name
+
+webdataset = pytest.importorskip("webdataset", reason="webdataset is in requirements-dev.txt")
+from webdataset.tariterators import base_plus_ext  # noqa: E402
+
+
+def make_tar(members: list[tuple[str, bytes]], fmt: int = tarfile.PAX_FORMAT) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=fmt) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def reader(data: bytes):
+    def read(offset: int, length: int) -> bytes:
+        return data[offset : offset + length]
+
+    return read
+
+
+NAMES = [
+    "a.jpg",
+    "dir/b.seg.png",
+    "dir.x/c.JPG",
+    "no_extension",
+    "dir/.hidden",
+    "x/y/z.tar.gz",
+    "weird..txt",
+    "trailing.",
+]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_names_split_as_webdataset_splits_them(name):
+    key, ext = base_plus_ext(name)
+    expected = None if key is None else (key, ext.lower())
+    assert split_name(name) == expected
+
+
+@pytest.mark.parametrize(
+    "name,member",
+    [("__meta__", False), ("__x__/a.jpg", False), ("a/__b__.jpg", True), ("k.cls", True)],
+)
+def test_metadata_names_are_not_sample_members(name, member):
+    assert is_sample_member(name) is member
+
+
+@pytest.mark.parametrize("fmt", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT])
+def test_scan_finds_every_member_where_tarfile_does(fmt):
+    long_dir = "d" * 120 if fmt != tarfile.USTAR_FORMAT else "d" * 60
+    members = [
+        ("a.jpg", b"x" * 1000),
+        (f"{long_dir}/b.jpg", b"y" * 512),
+        ("c.txt", b""),
+        ("é/ü.bin", b"z" * 3),
+    ]
+    if fmt == tarfile.USTAR_FORMAT:
+        members = members[:3]
+    data = make_tar(members, fmt)
+    found = scan_members(reader(data), len(data), "s3://b/t.tar", window=700)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        infos = tar.getmembers()
+    assert [(m.name, m.offset, m.size) for m in found] == [
+        (i.name, i.offset_data, i.size) for i in infos
+    ]
+    assert [m.header_offset for m in found] == [i.offset for i in infos]
+
+
+def test_samples_group_consecutive_members_with_one_key():
+    data = make_tar([("a.jpg", b"1"), ("a.CLS", b"2"), ("b.jpg", b"3"), ("a.txt", b"4")])
+    samples = group_samples(scan_members(reader(data), len(data), "u"), "u")
+    assert [(key, [ext for ext, _ in parts]) for key, parts in samples] == [
+        ("a", ["jpg", "cls"]),
+        ("b", ["jpg"]),
+        ("a", ["txt"]),
+    ]
+
+
+def test_a_repeated_extension_in_one_sample_is_refused():
+    data = make_tar([("a.jpg", b"1"), ("a.jpg", b"2")])
+    with pytest.raises(ShardError, match="already has a 'jpg' member") as raised:
+        group_samples(scan_members(reader(data), len(data), "s3://b/t.tar"), "s3://b/t.tar")
+    assert raised.value.url == "s3://b/t.tar"
+
+
+def test_a_non_tar_object_is_refused_with_its_offset():
+    data = b"\xff\xd8 this is a JPEG, not a tar" * 40
+    with pytest.raises(ShardError, match="no tar header at offset 0") as raised:
+        scan_members(reader(data), len(data), "s3://b/not.tar")
+    assert raised.value.cause == Reason.NOT_A_TAR
+    assert raised.value.url == "s3://b/not.tar"
+
+
+def test_an_empty_object_is_not_a_tar():
+    with pytest.raises(ShardError) as raised:
+        scan_members(reader(b""), 0, "s3://b/empty.tar")
+    assert raised.value.cause == Reason.NOT_A_TAR
+
+
+def test_a_truncated_shard_keeps_the_member_it_cut():
+    data = make_tar([("a.jpg", b"1" * 600), ("b.jpg", b"2" * 2000)])
+    cut = data[: 512 * 4 + 100]  # inside b.jpg's data
+    found = scan_members(reader(cut), len(cut), "u")
+    assert [m.name for m in found] == ["a.jpg", "b.jpg"]
+    assert found[1].end > len(cut)
