@@ -40,14 +40,14 @@ def shard_permutation(num_shards: int, *, shuffle: bool, seed: int, epoch: int) 
     return order
 
 
-def assign_shards(
-    lengths: Sequence[int], order: Sequence[int], world_size: int
-) -> list[list[int]]:
+def assign_shards(lengths: Sequence[int], order: Sequence[int], world_size: int) -> list[list[int]]:
     """Shards per rank: in ``order``, each shard goes to the rank with the fewest samples so
     far (the lowest rank on a tie). Every shard goes to exactly one rank, each rank reads its
     shards in ``order``, and the ranks' sample counts differ by at most the longest shard."""
     if world_size < 1:
-        raise ConfigError(f"world_size must be >= 1, got {world_size}", cause=Reason.INVALID_ARGUMENT)
+        raise ConfigError(
+            f"world_size must be >= 1, got {world_size}", cause=Reason.INVALID_ARGUMENT
+        )
     nonempty = sum(1 for s in order if lengths[s] > 0)
     if nonempty < world_size:
         raise ConfigError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections import Counter
@@ -64,7 +65,7 @@ def test_shards_are_shuffled_per_epoch_and_samples_mixed():
         order = list(sampler)
         firsts.add(shard_of(EQUAL)[order[0]])
         # Mixed: far from the sorted order within each shard.
-        assert sum(1 for a, b in zip(order, order[1:], strict=False) if b == a + 1) < len(order) / 3
+        assert sum(1 for a, b in itertools.pairwise(order) if b == a + 1) < len(order) / 3
     assert len(firsts) > 1
 
 
