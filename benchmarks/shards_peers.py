@@ -49,7 +49,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
 import torch
 from torch.utils.data import DataLoader, Dataset
 
@@ -382,11 +381,6 @@ def check_same_samples(setup: Setup) -> int:
     return len(ours)
 
 
-def _cpu_seconds(pid: int) -> float:
-    times = psutil.Process(pid).cpu_times()
-    return float(times.user + times.system)
-
-
 def run_peers(setup: Setup, spec: DatasetSpec, train_root: Path, work: Path) -> dict[str, Any]:
     """Each loader for one epoch, ``--rounds`` times, interleaved (a load on the shared
     machine then hits every loader alike); the median round and every round's figure."""
@@ -414,7 +408,7 @@ def run_peers(setup: Setup, spec: DatasetSpec, train_root: Path, work: Path) -> 
     for _ in range(args.rounds):
         for name in names:
             loader = builders[name](setup, decode)
-            proxy_cpu = _cpu_seconds(setup.proxy.pid)
+            proxy_cpu, server_cpu = setup.proxy.cpu_seconds(), setup.s3.cpu_seconds()
             setup.proxy.reset_stats()
             figures, labels = epoch(loader)
             # Correctness, not speed: every sample once (labels as a multiset).
@@ -422,13 +416,14 @@ def run_peers(setup: Setup, spec: DatasetSpec, train_root: Path, work: Path) -> 
                 raise AssertionError(f"{name} did not yield every sample exactly once")
             # Every request through the proxy also costs its CPU on this shared machine.
             figures["gets_per_sample"] = setup.proxy.stats()["requests"] / len(setup.members)
-            figures["proxy_cpu_s"] = _cpu_seconds(setup.proxy.pid) - proxy_cpu
+            figures["proxy_cpu_s"] = setup.proxy.cpu_seconds() - proxy_cpu
+            figures["server_cpu_s"] = setup.s3.cpu_seconds() - server_cpu
             rounds[name].append(figures)
             print(
                 f"{name:12s} {figures['images_per_s']:8.1f} img/s, "
                 f"first batch {figures['first_batch_s']:.2f} s, "
                 f"{figures['gets_per_sample']:.3f} GETs/sample, "
-                f"proxy CPU {figures['proxy_cpu_s']:.1f} s",
+                f"CPU s: proxy {figures['proxy_cpu_s']:.1f}, server {figures['server_cpu_s']:.1f}",
                 flush=True,
             )
             del loader
