@@ -17,7 +17,14 @@ import pytest
 
 from concurrent_loader import ObjectDataset
 from concurrent_loader.config import FetchConfig, HedgeConfig, RetryConfig
-from concurrent_loader.errors import AccessDenied, ConfigError, IncompleteBody, Reason, ServerError
+from concurrent_loader.errors import (
+    AccessDenied,
+    BadRequest,
+    ConfigError,
+    IncompleteBody,
+    Reason,
+    ServerError,
+)
 from concurrent_loader.fetch import FetchClient
 from concurrent_loader.fetch.parts import PartsConfig, read_in_parts, split
 from concurrent_loader.pipeline import BatchPipeline, PipelineOptions
@@ -228,3 +235,25 @@ def test_against_the_real_server_through_faults(large_objects, s3_bucket, s3_env
     assert statuses.get("206", 0) >= 9
     assert statuses.get("416") == 1  # the growth check: no byte past the listed size
     assert sum(stats["faults"].values()) > 0  # the premise: faults were injected and retried
+
+
+def test_an_object_rewritten_after_listing_is_read_as_it_is_now(s3_server, s3_bucket, s3_env):
+    """Sizes come from the listing; an object rewritten since is never returned cut short
+    or padded: a larger one is read again whole, a smaller one fails naming the bytes."""
+    s3_server.put_object(s3_bucket, "rewritten/grows.bin", payload(600_000, seed=1))
+    s3_server.put_object(s3_bucket, "rewritten/shrinks.bin", payload(600_000, seed=2))
+    dataset = ObjectDataset(f"s3://{s3_bucket}/rewritten/", fetch_config=CONFIG)
+    grown = payload(700_000, seed=3)
+    s3_server.put_object(s3_bucket, "rewritten/grows.bin", grown)
+    # Cut at a part boundary, so exactly one part (the last) is missing: a 416.
+    s3_server.put_object(s3_bucket, "rewritten/shrinks.bin", payload(4 * 128 * 1024, seed=4))
+    options = PipelineOptions(parts=PartsConfig(128 * 1024, 4))
+    keys = [dataset.source.keys[i] for i in range(2)]
+    grows, shrinks = keys.index("grows.bin"), keys.index("shrinks.bin")
+    [batch] = list(BatchPipeline(dataset, [[grows]], collate_fn=list, options=options))
+    assert bytes(batch[0]) == grown
+    with pytest.raises(BadRequest) as caught:
+        list(BatchPipeline(dataset, [[shrinks]], collate_fn=list, options=options))
+    assert f"s3://{s3_bucket}/rewritten/shrinks.bin" in str(caught.value)
+    assert caught.value.status == 416
+    assert "bytes 524288-599999 (part 5 of 5 of the read of bytes 0-599999)" in str(caught.value)
