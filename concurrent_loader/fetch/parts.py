@@ -160,8 +160,9 @@ async def _grew_past(client: FetchClient, key: str, size: int, observer: FetchOb
     (a store that slices answers nothing)."""
     try:
         data = await client.get(key, ByteRange(size, size + 1), observer=observer)
-    except BadRequest as exc:
-        if exc.status == 416:
+    except FetchError as exc:
+        if isinstance(exc, BadRequest) and exc.status == 416:
             return False
+        exc.add_note(f"while checking for a byte past the listed size, {size} bytes")
         raise
     return len(data) > 0
