@@ -20,8 +20,9 @@ Guarantees:
   past that size checks, alongside the parts, that the object has not grown since: if it
   has, the object is read again with one plain GET. (One that shrank fails its last part.)
 
-The caller reserves the read's size in the byte budget before calling; parts in flight
-hold at most ``parts_in_flight * part_size`` more until each is copied into place.
+The caller reserves :meth:`PartsConfig.reservation` in the byte budget before calling: the
+read's size plus the parts in flight (at most ``parts_in_flight * part_size``), which hold
+their bytes until each is copied into place; the budget settles at the read's size.
 """
 
 from __future__ import annotations
@@ -63,6 +64,12 @@ class PartsConfig:
     def applies(self, size: int | None) -> bool:
         """Whether a read of ``size`` expected bytes goes in parts."""
         return self.enabled and size is not None and size > self.part_size
+
+    def reservation(self, size: int) -> int:
+        """The bytes a read of ``size`` in parts holds at most: its buffer, plus the parts in
+        flight until each is copied into it."""
+        parts = -(-size // self.part_size)
+        return size + min(self.parts_in_flight, parts) * self.part_size
 
 
 def split(span: ByteRange, part_size: int) -> list[ByteRange]:

@@ -255,11 +255,14 @@ class BatchPipeline:
         """One read within the byte budget; its bytes stay held until released."""
         budget, client, source = self._budget, self._client, self._source
         assert budget is not None and client is not None and source is not None
-        reserved = await budget.reserve(read.size)
+        # A large read goes as ranged GETs in flight, so one object can fill the link; the
+        # parts in flight hold their bytes until copied into place, so they are reserved too.
+        expected = read.byte_range.length if read.byte_range is not None else read.size
+        in_parts = self._parts.applies(expected) and source.store.capabilities.ranges
+        size_hint = self._parts.reservation(expected) if in_parts and expected else read.size
+        reserved = await budget.reserve(size_hint)
         try:
-            # A large read goes as ranged GETs in flight, so one object can fill the link.
-            expected = read.byte_range.length if read.byte_range is not None else read.size
-            if self._parts.applies(expected) and source.store.capabilities.ranges:
+            if in_parts:
                 assert expected is not None
                 data: bytes | bytearray = await read_in_parts(
                     client, read.key, read.byte_range, expected, self._parts, observer=self.stats

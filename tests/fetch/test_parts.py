@@ -197,6 +197,21 @@ def test_the_pipeline_reads_a_large_listed_object_in_parts(parts, gets):
     assert config.stats.gets["small.bin"] == 1
 
 
+def test_the_parts_in_flight_count_against_the_byte_budget():
+    """Two objects of 1000 bytes in parts of 100, 3 in flight: each reserves 1000 + 300. A
+    budget of 2200 would admit both reads at once on their sizes alone; with the parts
+    counted, one waits for the other, so at most 3 parts (+ the growth check) are in flight."""
+    objects = {"a.bin": payload(1000, seed=1), "b.bin": payload(1000, seed=2)}
+    config = MemoryConfig(objects, latency_s=0.002)
+    parts = PartsConfig(100, 3)
+    assert parts.reservation(1000) == 1300
+    dataset = ObjectDataset(config, fetch_config=CONFIG)
+    options = PipelineOptions(parts=parts, max_inflight_bytes=2200)
+    [batch] = list(BatchPipeline(dataset, [[0, 1]], collate_fn=list, options=options))
+    assert sorted(bytes(b) for b in batch) == sorted(objects.values())
+    assert config.stats.max_in_flight <= 3 + 1
+
+
 # ---------------------------------------------------------------- against the real S3 server
 
 
