@@ -21,9 +21,10 @@ Two parts, each printed as a table and written to ``--out``/``shards_peers.json`
    Before timing, the samples ours reads are checked against the ``webdataset`` library's own
    reading of the same shards: the same keys, labels and bytes.
 
-   Until ``concurrent_loader.shards.ShardDataset`` lands, ours reads through
-   :class:`ShardStandIn` (a map-style dataset over the tar index, the same numbering:
-   shard by shard, tar order); switching is the one line in :func:`ours_dataset`.
+   Ours reads through ``concurrent_loader.ShardDataset`` where the library has it, else
+   through :class:`ShardStandIn` (a map-style dataset over the tar index, the same
+   numbering: shard by shard, tar order; one ranged GET per sample): see
+   :func:`ours_dataset`; the JSON names which one (``ours_dataset``).
 
 2. **One large object at link speed** (:mod:`benchmarks.parts_bandwidth`): one
    ``--big-mb`` object through a proxy capping the bandwidth in total and per connection,
@@ -187,13 +188,31 @@ class Setup:
     work: Path
 
 
-def ours_dataset(setup: Setup, decode: Callable[[Any], Any]) -> ShardStandIn:
-    """Ours over the shards. With the shard dataset merged, this is one line:
-    ``return ShardDataset(f"s3://{BUCKET}/shards/", endpoint_url=..., decode=decode)``."""
-    objects = ObjectDataset(
-        f"s3://{BUCKET}/shards/", keys=setup.shards, endpoint_url=setup.endpoint_url
+class PairOf:
+    """``ShardDataset``'s ``decode``: a sample dict -> ``(decode(jpg), label)``."""
+
+    def __init__(self, decode: Callable[[Any], Any]) -> None:
+        self.decode = decode
+
+    def __call__(self, sample: dict[str, Any]) -> tuple[Any, int]:
+        return self.decode(sample["jpg"]), int(bytes(sample["cls"]))
+
+
+def ours_dataset(setup: Setup, decode: Callable[[Any], Any]) -> Any:
+    """Ours over the shards: ``concurrent_loader.ShardDataset`` (its index built by scanning
+    the shards, its batch reads coalesced) where this version of the library has it, else
+    :class:`ShardStandIn` (one ranged GET per sample). Both number samples shard by shard in
+    tar order, which :func:`check_same_samples` checks."""
+    try:
+        from concurrent_loader import ShardDataset  # type: ignore[attr-defined]
+    except ImportError:
+        objects = ObjectDataset(
+            f"s3://{BUCKET}/shards/", keys=setup.shards, endpoint_url=setup.endpoint_url
+        )
+        return ShardStandIn(objects, setup.members, decode)
+    return ShardDataset(
+        f"s3://{BUCKET}/shards/", decode=PairOf(decode), endpoint_url=setup.endpoint_url
     )
-    return ShardStandIn(objects, setup.members, decode)
 
 
 def build_ours(setup: Setup, decode: Callable[[Any], Any]) -> DataLoader[Any]:
@@ -348,9 +367,10 @@ def epoch(loader: Any) -> tuple[dict[str, float], torch.Tensor]:
     }, torch.cat(labels)
 
 
-def check_same_samples(setup: Setup) -> int:
+def check_same_samples(setup: Setup) -> tuple[int, str]:
     """Ours (raw bytes) against the ``webdataset`` library's reading of the same shards, in
-    shard order: the same keys, labels and bytes. Returns the samples compared."""
+    shard order: the same keys, labels and bytes. Returns the samples compared and the
+    class ours read them through."""
     import webdataset as wds
 
     theirs = {
@@ -378,7 +398,7 @@ def check_same_samples(setup: Setup) -> int:
             f"ours and webdataset differ: {len(ours)} vs {len(theirs)} samples, "
             f"{sum(1 for k in ours if ours[k] != theirs.get(k))} differing"
         )
-    return len(ours)
+    return len(ours), type(dataset).__name__
 
 
 def run_peers(setup: Setup, spec: DatasetSpec, train_root: Path, work: Path) -> dict[str, Any]:
@@ -387,7 +407,8 @@ def run_peers(setup: Setup, spec: DatasetSpec, train_root: Path, work: Path) -> 
     args = setup.args
     decode = make_decoder(args.image_size)
     results: dict[str, Any] = {"not_run": {}, "rows": {}}
-    results["checked_samples"] = check_same_samples(setup)
+    results["checked_samples"], results["ours_dataset"] = check_same_samples(setup)
+    print(f"ours reads through {results['ours_dataset']}", flush=True)
     builders: dict[str, Callable[[Setup, Callable[[Any], Any]], Any]] = {
         "ours-stream": build_ours,
         "webdataset": build_webdataset,
