@@ -14,6 +14,9 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install -q "$(grep -E '^torch==' requirements-dev.txt)"
   .venv/bin/python -m pip install -q -r requirements-dev.txt
   .venv/bin/python -m pip install -q --no-deps -e .
+  # LitData for the shard benchmark's peers, without its torchvision (a CUDA build that
+  # does not load against the CPU torch); what it needs at run time is installed above.
+  .venv/bin/python -m pip install -q --no-deps litdata==0.2.76
   # The rest (moto[server] and its many dependencies above all) must not have moved torch.
   .venv/bin/python - "$(grep -E '^torch==' requirements-dev.txt | cut -d= -f3)" <<'PY'
 import sys

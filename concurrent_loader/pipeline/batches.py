@@ -51,6 +51,7 @@ from torch.utils.data import Dataset, get_worker_info
 
 from ..errors import LoaderError, LoaderStalled
 from ..fetch import ByteBudget, FetchClient, client_for
+from ..fetch.parts import read_in_parts
 from ..metrics import StageStats
 from ..runtime import CLOSE_TIMEOUT_S, Runtime, acquire_runtime
 from ..sources import Read, SampleSource
@@ -103,6 +104,7 @@ class BatchPipeline:
         self.broken: BaseException | None = None
         self._collate = collate_fn
         self._prefetch = options.prefetch_batches
+        self._parts = options.parts
         self._slots: dict[int, Slot] = {}
         self._next_to_start = 0
         self._closed = False
@@ -314,11 +316,22 @@ class BatchPipeline:
 
     async def _read(self, read: Read) -> bytes | bytearray:
         """One read within the byte budget; its bytes stay held until released."""
-        budget, client = self._budget, self._client
-        assert budget is not None and client is not None
-        reserved = await budget.reserve(read.size)
+        budget, client, source = self._budget, self._client, self._source
+        assert budget is not None and client is not None and source is not None
+        # A large read goes as ranged GETs in flight, so one object can fill the link; the
+        # parts in flight hold their bytes until copied into place, so they are reserved too.
+        expected = read.byte_range.length if read.byte_range is not None else read.size
+        in_parts = self._parts.applies(expected) and source.store.capabilities.ranges
+        size_hint = self._parts.reservation(expected) if in_parts and expected else read.size
+        reserved = await budget.reserve(size_hint)
         try:
-            data = await client.get(read.key, read.byte_range, observer=self.stats)
+            if in_parts:
+                assert expected is not None
+                data: bytes | bytearray = await read_in_parts(
+                    client, read.key, read.byte_range, expected, self._parts, observer=self.stats
+                )
+            else:
+                data = await client.get(read.key, read.byte_range, observer=self.stats)
         except BaseException:
             budget.cancel(reserved)
             raise

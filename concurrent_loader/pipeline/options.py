@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import ConfigError, Reason
+from ..fetch.parts import PartsConfig
 
 __all__ = ["PipelineOptions", "available_cpus"]
 
@@ -21,7 +22,9 @@ class PipelineOptions:
     - ``prefetch_batches``: batches in progress ahead of the consumer;
     - ``on_error``: ``"raise"`` or ``"skip"``;
     - ``stall_timeout_s``: seconds without progress before ``LoaderStalled`` (None: never),
-      with a WARNING every fifth of it (at most every minute) before.
+      with a WARNING every fifth of it (at most every minute) before;
+    - ``parts``: how a read larger than ``parts.part_size`` is split into ranged GETs in
+      flight (:mod:`concurrent_loader.fetch.parts`).
     """
 
     max_inflight_requests: int | None = None
@@ -31,6 +34,7 @@ class PipelineOptions:
     prefetch_batches: int = 2
     on_error: str = "raise"
     stall_timeout_s: float | None = 300.0
+    parts: PartsConfig = field(default_factory=PartsConfig)
 
     def __post_init__(self) -> None:
         if self.stall_timeout_s is not None and not self.stall_timeout_s > 0:
@@ -50,6 +54,11 @@ class PipelineOptions:
                 raise ConfigError(
                     f"{name} must be >= 1, got {value}", cause=Reason.INVALID_ARGUMENT
                 )
+        if not isinstance(self.parts, PartsConfig):
+            raise ConfigError(
+                f"parts must be a PartsConfig, got {type(self.parts).__name__}",
+                cause=Reason.INVALID_ARGUMENT,
+            )
         if self.on_error not in ("raise", "skip"):
             raise ConfigError(
                 f"on_error must be 'raise' or 'skip', got {self.on_error!r}",
@@ -70,6 +79,7 @@ class PipelineOptions:
         prefetch_batches: int | None = None,
         on_error: str = "raise",
         stall_timeout_s: float | None = 300.0,
+        parts: PartsConfig | None = None,
     ) -> PipelineOptions:
         """Fill what the user left out: decode threads = this process's share of the CPUs
         (at most 8); batches in progress = enough to keep the GETs in flight busy, plus one
@@ -91,6 +101,7 @@ class PipelineOptions:
             prefetch_batches=prefetch_batches,
             on_error=on_error,
             stall_timeout_s=stall_timeout_s,
+            parts=parts if parts is not None else PartsConfig(),
         )
 
 

@@ -1,0 +1,175 @@
+"""One large object (or a large byte range) read as several ranged GETs in flight.
+
+A single GET of a shard of hundreds of MB runs at one connection's speed, which is often a
+fraction of the link (per-connection throughput limits of object stores, TCP windows over
+a long round trip). :func:`read_in_parts` splits the read into parts of ``part_size``
+bytes, keeps ``parts_in_flight`` of them in flight, and assembles them, in order, into one
+buffer of the read's size.
+
+Guarantees:
+
+- the result is exactly the bytes a single GET of the same object (or range) returns: each
+  part must come back with exactly its length, and is copied to its own offset;
+- each part is an ordinary GET of the fetch client, so it is retried, limited by
+  ``max_inflight_requests`` and timed like any other (a part that fails transiently is
+  fetched again, alone); parts start in byte order;
+- a part that fails for good fails the whole read, at once: the other parts are cancelled
+  and awaited, and the error keeps its type and names the object and the part's bytes
+  (``bytes 8388608-16777215 (part 2 of 32 of the read of bytes 0-268435455)``);
+- a whole object read in parts is read to the size its listing gave. A one-byte GET just
+  past that size checks, alongside the parts, that the object has not grown since: if it
+  has, the object is read again with one plain GET. (One that shrank fails its last part.)
+
+The caller reserves :meth:`PartsConfig.reservation` in the byte budget before calling: the
+read's size plus the parts in flight (at most ``parts_in_flight * part_size``), which hold
+their bytes until each is copied into place; the budget settles at the read's size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import BadRequest, ConfigError, FetchError, IncompleteBody, Reason
+from ..stores.base import ByteRange
+from .client import FetchClient
+from .hooks import NO_OBSERVER, FetchObserver
+
+__all__ = ["DEFAULT_PART_SIZE", "PartsConfig", "read_in_parts"]
+
+DEFAULT_PART_SIZE = 8 * 1024 * 1024
+DEFAULT_PARTS_IN_FLIGHT = 8
+
+
+@dataclass(frozen=True)
+class PartsConfig:
+    """Reads larger than ``part_size`` bytes go as ranged GETs of ``part_size`` bytes,
+    ``parts_in_flight`` at a time (when the store supports ranges); ``enabled=False`` reads
+    every object with one GET."""
+
+    part_size: int = DEFAULT_PART_SIZE
+    parts_in_flight: int = DEFAULT_PARTS_IN_FLIGHT
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("part_size", "parts_in_flight"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(
+                    f"{name} must be an int >= 1, got {value!r}", cause=Reason.INVALID_ARGUMENT
+                )
+
+    def applies(self, size: int | None) -> bool:
+        """Whether a read of ``size`` expected bytes goes in parts."""
+        return self.enabled and size is not None and size > self.part_size
+
+    def reservation(self, size: int) -> int:
+        """The bytes a read of ``size`` in parts holds at most: its buffer, plus the parts in
+        flight until each is copied into it."""
+        parts = -(-size // self.part_size)
+        return size + min(self.parts_in_flight, parts) * self.part_size
+
+
+def split(span: ByteRange, part_size: int) -> list[ByteRange]:
+    """``span`` cut into consecutive parts of ``part_size`` bytes (the last may be shorter)."""
+    return [
+        ByteRange(start, min(start + part_size, span.end))
+        for start in range(span.start, span.end, part_size)
+    ]
+
+
+def _naming_part(
+    exc: FetchError, url: str, part: ByteRange, index: int, count: int, span: ByteRange
+) -> FetchError:
+    """A copy of ``exc`` (same type, cause and code) whose message names the part's bytes."""
+    where = (
+        f"bytes {part.start}-{part.end - 1} (part {index + 1} of {count} of the read of "
+        f"bytes {span.start}-{span.end - 1})"
+    )
+    named = type(exc)(
+        f"{exc.message}; {where}" if exc.message else where,
+        url=exc.url or url,
+        stage=exc.stage,
+        cause=exc.cause,
+        status=exc.status,
+        code=exc.code,
+    )
+    for note in getattr(exc, "__notes__", ()):
+        named.add_note(note)
+    return named
+
+
+async def read_in_parts(
+    client: FetchClient,
+    key: str,
+    byte_range: ByteRange | None,
+    size: int,
+    config: PartsConfig,
+    *,
+    observer: FetchObserver = NO_OBSERVER,
+) -> bytearray:
+    """``byte_range`` of ``key`` (the whole object of ``size`` bytes when None) in parts."""
+    span = byte_range if byte_range is not None else ByteRange(0, size)
+    parts = split(span, config.part_size)
+    buffer = bytearray(span.length)
+    url = client.store.url_for(key)
+    queue: Iterator[tuple[int, ByteRange]] = iter(enumerate(parts))
+
+    async def fetch_parts() -> None:
+        # Each task takes the next part when it is free: parts start in byte order, and
+        # at most ``parts_in_flight`` are in flight.
+        for index, part in queue:
+            try:
+                data = await client.get(key, part, observer=observer)
+                if len(data) != part.length:
+                    raise IncompleteBody(
+                        f"{len(data)} bytes instead of {part.length}",
+                        url=url,
+                        stage="fetch",
+                        cause=Reason.INCOMPLETE_BODY,
+                    )
+            except FetchError as exc:
+                raise _naming_part(exc, url, part, index, len(parts), span) from exc
+            offset = part.start - span.start
+            buffer[offset : offset + part.length] = data
+
+    tasks: list[asyncio.Future[Any]] = [
+        asyncio.ensure_future(fetch_parts()) for _ in range(min(config.parts_in_flight, len(parts)))
+    ]
+    grew: asyncio.Future[bool] | None = None
+    if byte_range is None:
+        grew = asyncio.ensure_future(_grew_past(client, key, size, observer))
+        tasks.append(grew)
+    try:
+        await _all_or_first_failure(tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    if grew is not None and grew.result():
+        return bytearray(await client.get(key, observer=observer))
+    return buffer
+
+
+async def _all_or_first_failure(tasks: list[asyncio.Future[Any]]) -> None:
+    """Wait for every task; raise the first failure as soon as it happens."""
+    pending: set[asyncio.Future[Any]] = set(tasks)
+    while pending:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            task.result()
+
+
+async def _grew_past(client: FetchClient, key: str, size: int, observer: FetchObserver) -> bool:
+    """Whether the object holds a byte at offset ``size``: S3 answers 416 when it does not
+    (a store that slices answers nothing)."""
+    try:
+        data = await client.get(key, ByteRange(size, size + 1), observer=observer)
+    except FetchError as exc:
+        if isinstance(exc, BadRequest) and exc.status == 416:
+            return False
+        exc.add_note(f"while checking for a byte past the listed size, {size} bytes")
+        raise
+    return len(data) > 0

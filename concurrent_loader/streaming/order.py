@@ -1,0 +1,86 @@
+"""The shard-order stream of one epoch, as pure functions of (lengths, seed, epoch, world).
+
+A sharded dataset numbers its samples shard by shard, in shard order: shard ``s`` holds the
+global indices ``offsets[s] .. offsets[s] + lengths[s] - 1``. Streaming reads whole shards,
+one after another, so the store sees large sequential reads. This module decides, for one
+epoch:
+
+- :func:`shard_permutation`: the order of the shards (the same on every rank);
+- :func:`assign_shards`: which rank reads which shards: whole shards only, each shard to
+  exactly one rank, balanced by sample count;
+- :func:`rank_stream`: the indices of one rank's shards, shard by shard, equalised to the
+  same count on every rank (padded with the rank's own first samples, or truncated).
+
+Nothing here holds state or reads ``torch.distributed``: the sampler passes rank and world
+size in, so every result is reproducible from its arguments alone.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Iterator, Sequence
+
+from ..errors import ConfigError, Reason
+
+__all__ = ["assign_shards", "epoch_random", "rank_stream", "shard_permutation", "target_count"]
+
+
+def epoch_random(purpose: str, seed: int, epoch: int, rank: int = 0) -> random.Random:
+    """A generator for one purpose of one epoch (and rank). Seeded from a string, which
+    Python hashes with SHA-512: the same sequence on every platform and Python version."""
+    return random.Random(f"concurrent_loader.streaming:{purpose}:{seed}:{epoch}:{rank}")
+
+
+def shard_permutation(num_shards: int, *, shuffle: bool, seed: int, epoch: int) -> list[int]:
+    """The epoch's order of the shards: a seeded shuffle, or 0..n-1 without ``shuffle``."""
+    order = list(range(num_shards))
+    if shuffle:
+        epoch_random("shards", seed, epoch).shuffle(order)
+    return order
+
+
+def assign_shards(lengths: Sequence[int], order: Sequence[int], world_size: int) -> list[list[int]]:
+    """Shards per rank: in ``order``, each shard goes to the rank with the fewest samples so
+    far (the lowest rank on a tie). Every shard goes to exactly one rank, each rank reads its
+    shards in ``order``, and the ranks' sample counts differ by at most the longest shard."""
+    if world_size < 1:
+        raise ConfigError(
+            f"world_size must be >= 1, got {world_size}", cause=Reason.INVALID_ARGUMENT
+        )
+    nonempty = sum(1 for s in order if lengths[s] > 0)
+    if nonempty < world_size:
+        raise ConfigError(
+            f"{nonempty} non-empty shards cannot be split by whole shards across {world_size} "
+            "ranks: every rank needs at least one",
+            cause=Reason.INVALID_ARGUMENT,
+        )
+    shards: list[list[int]] = [[] for _ in range(world_size)]
+    loads = [0] * world_size
+    for s in order:
+        if lengths[s] == 0:
+            continue
+        rank = min(range(world_size), key=lambda r: (loads[r], r))
+        shards[rank].append(s)
+        loads[rank] += lengths[s]
+    return shards
+
+
+def target_count(loads: Sequence[int], *, drop_last: bool) -> int:
+    """Samples per rank: the most any rank has (others padded), or with ``drop_last`` the
+    fewest (others truncated), as ``DistributedSampler`` pads or drops."""
+    return min(loads) if drop_last else max(loads)
+
+
+def rank_stream(
+    lengths: Sequence[int], offsets: Sequence[int], shards: Sequence[int], count: int
+) -> Iterator[int]:
+    """The global indices of ``shards``, shard by shard and in order within a shard, cut or
+    padded to ``count``: padding starts again at the stream's beginning (the rank's first
+    shard), so it re-reads a shard it has just read, rather than another rank's."""
+
+    def once() -> Iterator[int]:
+        for s in shards:
+            yield from range(offsets[s], offsets[s] + lengths[s])
+
+    return itertools.islice(itertools.cycle(once()) if count else iter(()), count)
