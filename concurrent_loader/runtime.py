@@ -51,6 +51,9 @@ CLOSE_TIMEOUT_S = 10.0
 #: seconds a fork waits for the loop and executor threads to reach a safe point, and a
 #: closing runtime for its threads to end at the OS level, before going on with a warning
 QUIESCE_TIMEOUT_S = 5.0
+#: seconds a runtime closing at interpreter exit waits for its threads to end in Python: no
+#: fork follows, and they are daemon threads, which end with the process anyway
+EXIT_JOIN_TIMEOUT_S = 0.5
 T = TypeVar("T")
 
 
@@ -252,7 +255,7 @@ class Runtime:
                 return
             self._close_locked()
 
-    def _close_locked(self) -> None:
+    def _close_locked(self, *, at_exit: bool = False) -> None:
         global _current
         self._closed = True
         if _current is self:
@@ -274,12 +277,19 @@ class Runtime:
             return
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join()
+        deadline = time.monotonic() + (EXIT_JOIN_TIMEOUT_S if at_exit else QUIESCE_TIMEOUT_S)
+        # The loop's last turns (async generators' finalizers) may still use the executor.
+        self._thread.join(max(0.0, deadline - time.monotonic()))
         self._executor.shutdown(wait=False, cancel_futures=True)
-        deadline = time.monotonic() + QUIESCE_TIMEOUT_S
         threads = [self._thread, *self._executor.threads]
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
+        if at_exit:
+            # The OS-level wait below protects a later fork; none follows the exit, and a
+            # thread stuck in a C call (a DNS lookup, say) must not delay the exit of a
+            # script (after Ctrl-C, typically) by the whole bound.
+            _live.discard(self)
+            return
         # join() returned once the threads' interpreter states were gone; their OS threads
         # may still be in OpenSSL's per-thread cleanup, holding its locks. A fork right after
         # this returns (the next loader's workers) must not copy those locks held.
@@ -384,7 +394,7 @@ def _close_at_exit() -> None:
     with _lock:
         runtime = _current
         if runtime is not None and not runtime.closed and runtime.pid == os.getpid():
-            runtime._close_locked()
+            runtime._close_locked(at_exit=True)
 
 
 os.register_at_fork(

@@ -16,6 +16,7 @@ Every batch of a worker's share has exactly one outcome: the batch, or a
 from __future__ import annotations
 
 import os
+import signal
 import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -40,6 +41,22 @@ def _hold_runtime_for_this_process() -> None:
     global _process_lease
     if _process_lease is None or _process_lease.pid != os.getpid():
         _process_lease = acquire_runtime()
+
+
+def _leave_ctrl_c_to_the_main_process() -> None:
+    """A worker ignores SIGINT (unless ``worker_init_fn`` set its own handler).
+
+    Ctrl-C in a terminal reaches the whole process group. torch's worker loop ends on the
+    ``KeyboardInterrupt`` at once, before the main process has set its workers' done event,
+    so the worker does not cancel the join of its result queue's feeder thread: its exit
+    waits for the feeder to write batches into a pipe the interrupted main process no longer
+    reads, and the main process waits for the worker (5 s, torch's ``MP_STATUS_CHECK_INTERVAL``)
+    before terminating it. Left running, the worker is stopped by the main process's shutdown
+    of its iterator (done event set: the queue is closed without flushing), within one batch.
+    It also survives a main process that handles Ctrl-C itself and goes on.
+    """
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 _OWN = frozenset(
@@ -123,6 +140,8 @@ class PlannedBatches(IterableDataset[Any]):
         # Read now, not when the generator first runs: the main process may write the next
         # epoch's plan meanwhile.
         batches = plan.batches()
+        if info is not None:
+            _leave_ctrl_c_to_the_main_process()
         if claims is None:
             share: Iterator[list[Any]] = iter(batches[worker::num_workers])
         else:
