@@ -235,4 +235,3 @@ class Lookahead:
             outcomes.close()
         if pipeline is not None:
             pipeline.close()
-
