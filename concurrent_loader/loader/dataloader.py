@@ -32,6 +32,7 @@ import logging
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import nullcontext
 from typing import Any, TypeVar
 
 import torch
@@ -53,6 +54,7 @@ from . import state as resume
 from .iterator import EpochIterator, _drop_tracebacks
 from .lookahead import predict_next_epoch
 from .plan import EpochPlan, Lock
+from .starting import fresh_credentials, frozen_heap
 from .worker import PlannedBatches
 
 __all__ = ["ConcurrentDataLoader"]
@@ -295,7 +297,10 @@ class ConcurrentDataLoader(DataLoader[T_co]):
                 cause=Reason.INVALID_ARGUMENT,
             )
         inner = self._inner_loader(batches, skip, collate, self._predict_next_epoch())
-        with warnings.catch_warnings():
+        starts_workers = self.num_workers > 0 and new_iterator
+        if starts_workers:
+            fresh_credentials(self.dataset)
+        with warnings.catch_warnings(), frozen_heap() if starts_workers else nullcontext():
             # Said once above, as torch says it once per iterator.
             warnings.filterwarnings("ignore", message="This DataLoader will create")
             inner_batches = iter(inner)

@@ -21,14 +21,13 @@ import psutil
 import pytest
 from torch.utils.data._utils import MP_STATUS_CHECK_INTERVAL
 
-from concurrent_loader import runtime
-
 from concurrent_loader import (
     ConcurrentDataLoader,
     ConfigError,
     ObjectDataset,
     ObjectNotFound,
     WorkerError,
+    runtime,
 )
 
 from ._support import Resources, child_pids, repo_root, sha256_hex, wait_until
