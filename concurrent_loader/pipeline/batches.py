@@ -52,7 +52,7 @@ from torch.utils.data import Dataset, get_worker_info
 from ..errors import LoaderError, LoaderStalled
 from ..fetch import ByteBudget, FetchClient, client_for
 from ..metrics import StageStats
-from ..runtime import CLOSE_TIMEOUT_S, Runtime, acquire_runtime
+from ..runtime import CLOSE_TIMEOUT_S, GatedThreadPool, Runtime, acquire_runtime
 from ..sources import Read, SampleSource
 from ..stores.base import BlockingStore
 from .options import PipelineOptions
@@ -145,9 +145,8 @@ class BatchPipeline:
                 self._budget = ByteBudget(
                     options.max_inflight_bytes or config.max_inflight_bytes, runtime.call_soon
                 )
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=threads, thread_name_prefix=f"concurrent-loader-{self._mode}"
-        )
+        # Gated: a fork of this process (another loader's workers) waits for running jobs.
+        self._pool = GatedThreadPool(threads, f"concurrent-loader-{self._mode}")
 
     # ------------------------------------------------------------------ consumer side
 

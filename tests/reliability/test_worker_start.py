@@ -39,6 +39,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from concurrent_loader import ConcurrentDataLoader, LoaderStalled, ObjectDataset
+from concurrent_loader.runtime import GatedThreadPool
 from concurrent_loader.stores import CredentialSource
 from concurrent_loader.stores.s3.credentials import CredentialCache, CredentialSnapshot
 
@@ -379,3 +380,35 @@ def test_a_usable_snapshot_is_left_as_it_is(monkeypatch):
     source = CredentialSource(snapshot=snapshot)
     source.refresh_snapshot()
     assert source.snapshot is snapshot
+
+
+def test_a_fork_waits_for_the_jobs_of_a_gated_pool():
+    # A main-process pipeline's decode or __getitem__ job (user code, maybe inside OpenSSL)
+    # is not forked in the middle: the fork waits for it, and a job submitted meanwhile
+    # starts after the fork.
+    pool = GatedThreadPool(2, "concurrent-loader-test")
+    started = threading.Event()
+    ended: list[float] = []
+
+    def job(seconds: float) -> None:
+        started.set()
+        time.sleep(seconds)
+        ended.append(time.monotonic())
+
+    try:
+        first = pool.submit(job, 0.3)
+        assert started.wait(5)
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        forked = time.monotonic()
+        os.waitpid(pid, 0)
+        first.result(5)
+        assert ended and ended[0] <= forked
+    finally:
+        pool.shutdown()
+    # The pool no longer counts once shut down: a later fork does not look at it.
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
