@@ -204,6 +204,7 @@ CHILD = textwrap.dedent(
         num_workers=config["num_workers"],
         max_inflight_requests=16,
         prefetch_batches=4,
+        persistent_workers=config["mode"] == "between",
     )
 
 
@@ -221,6 +222,13 @@ CHILD = textwrap.dedent(
                     ready()
                     announced = True
                 time.sleep(0.01)
+    elif config["mode"] == "between":
+        # One epoch, then idle: the persistent workers hold the next epoch's first batches.
+        for batch in loader:
+            pass
+        ready()
+        while True:
+            time.sleep(0.01)
     elif config["mode"] == "exit":
         for batch in loader:
             ready()
@@ -308,6 +316,28 @@ def test_keyboard_interrupt(tmp_path, small_objects, s3_env, slow_proxy, num_wor
     stderr = err.decode(errors="replace")
     assert child.returncode == -signal.SIGINT, (child.returncode, stderr[-3000:])
     assert "KeyboardInterrupt" in stderr
+    assert took < INTERRUPT_S, f"exiting after Ctrl-C took {took:.1f} s"
+    assert "Exception ignored" not in stderr, stderr[-3000:]
+    _assert_gone(ready["children"])
+
+
+def test_keyboard_interrupt_between_epochs_with_persistent_workers(
+    tmp_path, small_objects, s3_env, slow_proxy
+):
+    child = _start_child(tmp_path, small_objects, slow_proxy, 2, "between")
+    try:
+        ready = _read_ready_line(child)
+        assert len(ready["children"]) == 2
+        interrupted_at = time.monotonic()
+        os.killpg(child.pid, signal.SIGINT)
+        _, err = child.communicate(timeout=30)
+        took = time.monotonic() - interrupted_at
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    stderr = err.decode(errors="replace")
+    assert child.returncode == -signal.SIGINT, (child.returncode, stderr[-3000:])
     assert took < INTERRUPT_S, f"exiting after Ctrl-C took {took:.1f} s"
     assert "Exception ignored" not in stderr, stderr[-3000:]
     _assert_gone(ready["children"])
