@@ -142,10 +142,12 @@ class Feed:
         raise StopIteration
 
     def follows(self, share: Sequence[list[Any]]) -> bool:
-        """True if the guessed batches are exactly the first batches of ``share``."""
+        """True if the guessed batches are exactly the first batches of ``share``: the same
+        indices, of the same types, in the same order."""
         guessed = self.guessed
         return len(share) >= len(guessed) and all(
-            list(real) == guess for real, guess in zip(share, guessed, strict=False)
+            len(real) == len(guess) and all(map(_same, real, guess))
+            for real, guess in zip(share, guessed, strict=False)
         )
 
     def next_epoch(self, share: Sequence[list[Any]], predicted: Sequence[list[Any]]) -> None:
@@ -153,6 +155,15 @@ class Feed:
         self._share = deque(share[len(self.guessed) :])
         self._predicted = deque(predicted)
         self.guessed = []
+
+
+def _same(real: Any, guess: Any) -> bool:
+    if type(real) is not type(guess):
+        return False  # 1 == 1.0 == True, but a dataset may tell them apart
+    try:
+        return bool(real == guess)
+    except Exception:  # no single truth value (an array): not known to be the same
+        return False
 
 
 class Lookahead:

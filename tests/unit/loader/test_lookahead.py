@@ -12,6 +12,7 @@ import random
 import time
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import (
@@ -295,3 +296,17 @@ def test_a_sequential_order_is_predicted():
         [0, 1, 2, 3],
         [4, 5, 6, 7],
     ]
+
+
+def test_a_guess_is_the_same_batch_only_with_indices_of_the_same_types():
+    feed = Feed([], [[1, 2], [3]])
+    assert next(feed) == [1, 2]
+    assert feed.follows([[1, 2], [4]])
+    assert not feed.follows([[1, 2.0]])
+    assert not feed.follows([[True, 2]])
+    assert not feed.follows([[np.int64(1), 2]])
+    assert not feed.follows([[1]])
+    assert not feed.follows([])
+    arrays = Feed([], [[np.arange(3)]])
+    next(arrays)
+    assert not arrays.follows([[np.arange(3)]])  # not known equal: fetched again
