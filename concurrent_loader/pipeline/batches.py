@@ -42,6 +42,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
@@ -56,7 +57,7 @@ from ..runtime import CLOSE_TIMEOUT_S, GatedThreadPool, Runtime, acquire_runtime
 from ..sources import Read, SampleSource
 from ..stores.base import BlockingStore
 from .options import PipelineOptions
-from .slot import Failure, SkippedSample, Slot
+from .slot import DecodeQueue, Failure, SkippedSample, Slot
 from .stall import StallWatch
 
 __all__ = ["BatchPipeline", "source_of"]
@@ -111,6 +112,7 @@ class BatchPipeline:
         self._budget: ByteBudget | None = None
         self._blocking: BlockingStore | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._decodes = DecodeQueue()
         info = get_worker_info()
         self._watch = StallWatch(
             options.stall_timeout_s,
@@ -222,7 +224,7 @@ class BatchPipeline:
             return False
         b = self._next_to_start
         self._next_to_start += 1
-        slot = Slot(indices, self._collate)
+        slot = Slot(indices, self._collate, b)
         self._slots[b] = slot
         if self._mode == "remote":
             assert self._runtime is not None
@@ -278,10 +280,13 @@ class BatchPipeline:
             self._failed(slot, position, index, exc)
             return
         size = sum(len(body) for body in bodies)
+        # Decoded earliest batch first, not in GET completion order (see DecodeQueue).
+        decode = functools.partial(self._decode, slot, position, index, bodies, size)
+        self._decodes.put(slot, position, size, decode)
         try:
-            self._pool.submit(self._decode, slot, position, index, bodies, size)
+            self._pool.submit(self._decodes.run_first)
         except RuntimeError:  # the pool is shut down: we are closing
-            self._release(size)
+            self._release(self._decodes.drop_all())
 
     async def _read_all(self, reads: Sequence[Read]) -> Bodies:
         results = await asyncio.gather(*(self._read(r) for r in reads), return_exceptions=True)
