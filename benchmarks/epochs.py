@@ -179,6 +179,8 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                     }
                     result = _run_in_subprocess(spec, where["env"], args.run_timeout)
                     found[(storage, persistent)].extend(result["epochs"])
+                    rates = ", ".join(f"{e['images_per_s']:.0f}" for e in result["epochs"])
+                    print(f"{images} {storage} persistent={persistent}: {rates} img/s", flush=True)
             for (storage, persistent), epochs in found.items():
                 rows.append(_row(images, storage, persistent, epochs))
     return rows
