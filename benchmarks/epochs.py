@@ -7,7 +7,9 @@ fetch clients, the first round trips) and the drain at its end. This one times e
 whole, from ``iter(loader)`` to its last batch, for several epochs in a row:
 
 - ``images_per_s`` of each epoch (its images over its wall-clock seconds) and their mean;
-- ``first_batch_s``: ``iter(loader)`` to the first batch, per epoch.
+- ``first_batch_s``: ``iter(loader)`` to the first batch, per epoch;
+- ``cpu_ms_per_image``: CPU (user + system) of the loader's processes, main and workers,
+  per image of the epoch: with the client CPUs saturated it bounds the throughput.
 
 Setup as in the main benchmark: the generated JPEG dataset (:mod:`benchmarks.data`),
 ``ImageFolder(..., image_size=224)``, ``shuffle=True`` with a seeded ``generator``; the
@@ -57,7 +59,7 @@ SMOKE = {
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     """One configuration's epochs, in this (pinned) process: what ``--run`` executes."""
-    from benchmarks.measure import _check_batch, pin_to
+    from benchmarks.measure import _check_batch, pin_to, process_tree_cpu_seconds
 
     affinity = pin_to(spec["client_cpus"])
     import torch
@@ -81,6 +83,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     )
     epochs = []
     for _ in range(spec["epochs"]):
+        cpu = process_tree_cpu_seconds()
         started = time.perf_counter()
         iterator = iter(loader)
         images = _check_batch(next(iterator), spec["image_size"])
@@ -88,7 +91,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         for batch in iterator:
             images += _check_batch(batch, spec["image_size"])
         ended = time.perf_counter()
+        # Workers that end with the iterator are counted once reaped (RUSAGE_CHILDREN).
         del iterator
+        cpu = process_tree_cpu_seconds() - cpu
         if images != len(dataset):
             raise RuntimeError(f"an epoch gave {images} images of {len(dataset)}")
         epochs.append(
@@ -97,6 +102,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 "seconds": ended - started,
                 "images_per_s": images / (ended - started),
                 "first_batch_s": first - started,
+                "cpu_ms_per_image": cpu / images * 1000,
             }
         )
     del loader
@@ -198,6 +204,7 @@ def _row(images: int, storage: str, persistent: bool, epochs: list[dict[str, Any
         "images_per_s": sum(e["images"] for e in epochs) / sum(e["seconds"] for e in epochs),
         "epoch_images_per_s": rates,
         "first_batch_s": firsts,
+        "cpu_ms_per_image": statistics.median(e["cpu_ms_per_image"] for e in epochs),
     }
 
 
@@ -231,15 +238,15 @@ def compare(rows: Sequence[dict[str, Any]], latency_ms: float) -> list[dict[str,
 def format_table(rows: Sequence[dict[str, Any]], comparisons: Sequence[dict[str, Any]]) -> str:
     lines = [
         "| images | storage | persistent_workers | img/s per epoch | img/s, whole run "
-        "| iter() -> first batch, s, per epoch |",
-        "|---|---|---|---|---|---|",
+        "| iter() -> first batch, s, per epoch | client CPU ms/image (median) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         per_epoch = ", ".join(f"{v:.0f}" for v in r["epoch_images_per_s"])
         firsts = ", ".join(f"{v:.3f}" for v in r["first_batch_s"])
         lines.append(
             f"| {r['images']} | {r['storage']} | {r['persistent']} | {per_epoch} "
-            f"| {r['images_per_s']:.0f} | {firsts} |"
+            f"| {r['images_per_s']:.0f} | {firsts} | {r['cpu_ms_per_image']:.2f} |"
         )
     lines += [
         "",
