@@ -11,6 +11,10 @@ Every batch of a worker's share has exactly one outcome: the batch, or a
 :class:`~concurrent_loader.pipeline.Failure` carrying the exception as the original object
 (not re-created from its message as torch would), so its type and attributes (``url``,
 ``cause``, ...) arrive intact, and the batches after it still follow.
+
+A persistent worker (a second, predicted plan given) keeps its pipeline from one epoch to
+the next through a :class:`~.lookahead.Lookahead`, which fetches the next epoch's first
+batches while this one drains. A worker leaves Ctrl-C (SIGINT) to the main process.
 """
 
 from __future__ import annotations
