@@ -27,7 +27,15 @@ its process forks:
 - while a runtime is live, a fork first parks its loop thread in a callback between two
   turns of the loop and waits for the jobs running on its executor threads (new ones wait
   at the start), so neither is in the middle of a TLS handshake, an ``SSLContext`` or a
-  credential refresh at the fork; both go on in the parent after it.
+  credential refresh at the fork; both go on in the parent after it;
+- the same for the jobs of every :class:`GatedThreadPool` of the process: the decode and
+  ``__getitem__`` threads of a pipeline in the main process (a ``num_workers=0`` loader
+  iterating while another loader forks its workers), whose user code may be inside any C
+  library (a boto3 call in a ``__getitem__``: OpenSSL).
+
+Not covered: threads the runtime does not run jobs on (libuv's ``getaddrinfo`` pool under
+uvloop, threads the user starts). A fork that waits past ``QUIESCE_TIMEOUT_S`` goes on
+with a warning rather than hang.
 """
 
 from __future__ import annotations
@@ -39,10 +47,11 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Hashable, Iterable
 from typing import Any, Protocol, TypeVar
 
-__all__ = ["AsyncCloseable", "Runtime", "acquire_runtime"]
+__all__ = ["AsyncCloseable", "GatedThreadPool", "Runtime", "acquire_runtime"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +60,9 @@ CLOSE_TIMEOUT_S = 10.0
 #: seconds a fork waits for the loop and executor threads to reach a safe point, and a
 #: closing runtime for its threads to end at the OS level, before going on with a warning
 QUIESCE_TIMEOUT_S = 5.0
+#: seconds a runtime closing at interpreter exit waits for its threads to end in Python: no
+#: fork follows, and they are daemon threads, which end with the process anyway
+EXIT_JOIN_TIMEOUT_S = 0.5
 T = TypeVar("T")
 
 
@@ -143,6 +155,29 @@ class _GatedExecutor(concurrent.futures.ThreadPoolExecutor):
         self, fn: Callable[..., T], /, *args: Any, **kwargs: Any
     ) -> concurrent.futures.Future[T]:
         return super().submit(self._gate.job, fn, *args, **kwargs)
+
+
+class GatedThreadPool(concurrent.futures.ThreadPoolExecutor):
+    """A thread pool whose jobs a fork of this process waits for (new ones wait to start):
+    no thread of it is inside a C library when the process forks."""
+
+    def __init__(self, max_workers: int, thread_name_prefix: str) -> None:
+        super().__init__(max_workers=max_workers, thread_name_prefix=thread_name_prefix)
+        self._gate = _ForkGate()
+        self._pid = os.getpid()
+        _pools.add(self)
+
+    def submit(
+        self, fn: Callable[..., T], /, *args: Any, **kwargs: Any
+    ) -> concurrent.futures.Future[T]:
+        return super().submit(self._gate.job, fn, *args, **kwargs)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        try:
+            super().shutdown(wait, cancel_futures=cancel_futures)
+        finally:
+            # Jobs still running now (stuck in user code after a stall) are not waited for.
+            _pools.discard(self)
 
 
 class Runtime:
@@ -252,7 +287,7 @@ class Runtime:
                 return
             self._close_locked()
 
-    def _close_locked(self) -> None:
+    def _close_locked(self, *, at_exit: bool = False) -> None:
         global _current
         self._closed = True
         if _current is self:
@@ -274,12 +309,19 @@ class Runtime:
             return
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join()
+        deadline = time.monotonic() + (EXIT_JOIN_TIMEOUT_S if at_exit else QUIESCE_TIMEOUT_S)
+        # The loop's last turns (async generators' finalizers) may still use the executor.
+        self._thread.join(max(0.0, deadline - time.monotonic()))
         self._executor.shutdown(wait=False, cancel_futures=True)
-        deadline = time.monotonic() + QUIESCE_TIMEOUT_S
         threads = [self._thread, *self._executor.threads]
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
+        if at_exit:
+            # The OS-level wait below protects a later fork; none follows the exit, and a
+            # thread stuck in a C call (a DNS lookup, say) must not delay the exit of a
+            # script (after Ctrl-C, typically) by the whole bound.
+            _live.discard(self)
+            return
         # join() returned once the threads' interpreter states were gone; their OS threads
         # may still be in OpenSSL's per-thread cleanup, holding its locks. A fork right after
         # this returns (the next loader's workers) must not copy those locks held.
@@ -339,6 +381,8 @@ _live: set[Runtime] = set()
 # Runtimes inherited through fork: their thread does not exist in the child and their
 # objects must not be touched or finalised there, so the child keeps them unreachable.
 _orphans: list[Runtime] = []
+# Thread pools whose jobs a fork of this process waits for.
+_pools: weakref.WeakSet[GatedThreadPool] = weakref.WeakSet()
 
 
 def acquire_runtime() -> Runtime:
@@ -361,6 +405,16 @@ def _before_fork() -> None:
     for runtime in list(_live):
         if runtime.pid == pid:
             runtime._quiesce_for_fork()
+    deadline = time.monotonic() + QUIESCE_TIMEOUT_S
+    for pool in list(_pools):
+        if pool._pid == pid and not pool._gate.hold(
+            lambda: False, max(0.0, deadline - time.monotonic())
+        ):
+            log.warning(
+                "a concurrent-loader decode or __getitem__ thread did not finish its job "
+                "within %.0f s; forking anyway (a child may hang in a C library lock)",
+                QUIESCE_TIMEOUT_S,
+            )
 
 
 def _after_fork_in_parent() -> None:
@@ -368,10 +422,17 @@ def _after_fork_in_parent() -> None:
     for runtime in list(_live):
         if runtime.pid == pid:
             runtime._resume_after_fork()
+    for pool in list(_pools):
+        if pool._pid == pid:
+            pool._gate.open()
 
 
 def _after_fork_in_child() -> None:
-    global _current, _lock
+    global _current, _lock, _pools
+    # The parent's pools have no thread here; their copies are only ever closed.
+    for pool in list(_pools):
+        pool._gate.open()
+    _pools = weakref.WeakSet()
     _lock = threading.Lock()
     if _current is not None:
         _orphans.append(_current)
@@ -384,7 +445,7 @@ def _close_at_exit() -> None:
     with _lock:
         runtime = _current
         if runtime is not None and not runtime.closed and runtime.pid == os.getpid():
-            runtime._close_locked()
+            runtime._close_locked(at_exit=True)
 
 
 os.register_at_fork(

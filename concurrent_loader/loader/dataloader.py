@@ -32,6 +32,7 @@ import logging
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import nullcontext
 from typing import Any, TypeVar
 
 import torch
@@ -51,7 +52,9 @@ from ..metrics import SharedStats, StallLedger, loader_stats
 from ..pipeline import Partial, PipelineOptions, SkippedSample, source_of
 from . import state as resume
 from .iterator import EpochIterator, _drop_tracebacks
+from .lookahead import predict_next_epoch
 from .plan import EpochPlan, Lock
+from .starting import fresh_credentials, frozen_heap
 from .worker import PlannedBatches
 
 __all__ = ["ConcurrentDataLoader"]
@@ -293,8 +296,11 @@ class ConcurrentDataLoader(DataLoader[T_co]):
                 f"the state resumes after batch {skip}, but this epoch has {len(batches)} batches",
                 cause=Reason.INVALID_ARGUMENT,
             )
-        inner = self._inner_loader(batches, skip, collate)
-        with warnings.catch_warnings():
+        inner = self._inner_loader(batches, skip, collate, self._predict_next_epoch())
+        starts_workers = self.num_workers > 0 and new_iterator
+        if starts_workers:
+            fresh_credentials(self.dataset)
+        with warnings.catch_warnings(), frozen_heap() if starts_workers else nullcontext():
             # Said once above, as torch says it once per iterator.
             warnings.filterwarnings("ignore", message="This DataLoader will create")
             inner_batches = iter(inner)
@@ -313,14 +319,38 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         )
         return EpochIterator(self, inner_batches, self._progress)
 
+    def _predict_next_epoch(self) -> list[list[Any]]:
+        """The next epoch's batches, for persistent workers to fetch ahead (see
+        :mod:`.lookahead`); empty when they do not or it cannot be predicted."""
+        if not (self.persistent_workers and self.in_order and source_of(self.dataset)):
+            return []
+        sampler = self._epoch_sampler()  # the next epoch's: the epoch number is counted
+        predicted = predict_next_epoch(
+            sampler,
+            batched=self.batch_sampler is not None,
+            users=sampler is self.sampler or sampler is self.batch_sampler,
+            generators=self._generators,
+        )
+        return predicted or []
+
     def _inner_loader(
-        self, batches: list[list[Any]], skip: int, collate: Callable[[list[Any]], Any]
+        self,
+        batches: list[list[Any]],
+        skip: int,
+        collate: Callable[[list[Any]], Any],
+        predicted: list[list[Any]],
     ) -> DataLoader[Any]:
         """The plain DataLoader over this epoch's plan: a new one each epoch, except with
-        persistent workers, which keep the one (and the shared plan) they started with."""
+        persistent workers, which keep the one (and the shared plans: this epoch's and the
+        predicted next one) they started with."""
         if self._persistent is not None:
             inner, planned = self._persistent
             planned._cl_plan.write(batches[skip:], may_grow=False, lock=planned._cl_claims)
+            if planned._cl_next is not None:
+                try:
+                    planned._cl_next.write(predicted, may_grow=False)
+                except ConfigError:  # larger than the first epoch: not fetched ahead
+                    planned._cl_next.write([], may_grow=False)
             return inner
         claims: Lock | None = None
         if self.num_workers > 0 and not self.in_order:
@@ -328,8 +358,12 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             claims = context.Lock()
         plan = EpochPlan()
         plan.write(batches[skip:], may_grow=True, room=batches if skip else ())
+        next_plan: EpochPlan | None = None
+        if self.persistent_workers and claims is None:
+            next_plan = EpochPlan()
+            next_plan.write(predicted, may_grow=True, room=batches)
         planned = PlannedBatches(
-            self.dataset, plan, collate, self.options, self._shared_stats, claims
+            self.dataset, plan, collate, self.options, self._shared_stats, claims, next_plan
         )
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="This DataLoader will create")

@@ -11,13 +11,19 @@ Every batch of a worker's share has exactly one outcome: the batch, or a
 :class:`~concurrent_loader.pipeline.Failure` carrying the exception as the original object
 (not re-created from its message as torch would), so its type and attributes (``url``,
 ``cause``, ...) arrive intact, and the batches after it still follow.
+
+A persistent worker (a second, predicted plan given) keeps its pipeline from one epoch to
+the next through a :class:`~.lookahead.Lookahead`, which fetches the next epoch's first
+batches while this one drains. A worker leaves Ctrl-C (SIGINT) to the main process.
 """
 
 from __future__ import annotations
 
+import multiprocessing.util
 import os
+import signal
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
@@ -26,6 +32,7 @@ from ..errors import LoaderError
 from ..metrics import SharedStats
 from ..pipeline import BatchPipeline, Failure, PipelineOptions, source_of
 from ..runtime import Runtime, acquire_runtime
+from .lookahead import Lookahead
 from .plan import EpochPlan, Lock
 
 __all__ = ["Failure", "PlannedBatches"]
@@ -42,9 +49,38 @@ def _hold_runtime_for_this_process() -> None:
         _process_lease = acquire_runtime()
 
 
+def _leave_ctrl_c_to_the_main_process() -> None:
+    """A worker ignores SIGINT (unless ``worker_init_fn`` set its own handler).
+
+    Ctrl-C in a terminal reaches the whole process group. torch's worker loop ends on the
+    ``KeyboardInterrupt`` at once, before the main process has set its workers' done event,
+    so the worker does not cancel the join of its result queue's feeder thread: its exit
+    waits for the feeder to write batches into a pipe the interrupted main process no longer
+    reads, and the main process waits for the worker (5 s, torch's ``MP_STATUS_CHECK_INTERVAL``)
+    before terminating it. Left running, the worker is stopped by the main process's shutdown
+    of its iterator (done event set: the queue is closed without flushing), within one batch.
+    It also survives a main process that handles Ctrl-C itself and goes on.
+    """
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 _OWN = frozenset(
-    {"_cl_dataset", "_cl_plan", "_cl_collate", "_cl_options", "_cl_stats", "_cl_claims"}
+    {"_cl_dataset", "_cl_plan", "_cl_collate", "_cl_options", "_cl_stats", "_cl_claims", "_cl_next"}
 )
+
+# This worker process's next-epoch prefetch (persistent workers), closed at the process's end.
+_ahead: tuple[int, Lookahead] | None = None
+
+
+def _lookahead() -> Lookahead:
+    global _ahead
+    if _ahead is None or _ahead[0] != os.getpid():
+        ahead = Lookahead()
+        _ahead = (os.getpid(), ahead)
+        # multiprocessing runs this as the worker process ends (atexit does not run there).
+        multiprocessing.util.Finalize(None, ahead.close, exitpriority=10)
+    return _ahead[1]
 
 
 class PlannedBatches(IterableDataset[Any]):
@@ -60,6 +96,7 @@ class PlannedBatches(IterableDataset[Any]):
         options: PipelineOptions,
         shared_stats: SharedStats,
         claims: Lock | None = None,
+        next_plan: EpochPlan | None = None,
     ) -> None:
         object.__setattr__(self, "_cl_dataset", dataset)
         object.__setattr__(self, "_cl_plan", plan)
@@ -67,6 +104,7 @@ class PlannedBatches(IterableDataset[Any]):
         object.__setattr__(self, "_cl_options", options)
         object.__setattr__(self, "_cl_stats", shared_stats)
         object.__setattr__(self, "_cl_claims", claims)
+        object.__setattr__(self, "_cl_next", next_plan)
 
     # ------------------------------------------------------------------ the user's dataset
 
@@ -111,6 +149,7 @@ class PlannedBatches(IterableDataset[Any]):
                 self._cl_options,
                 self._cl_stats,
                 self._cl_claims,
+                self._cl_next,
             ),
         )
 
@@ -119,49 +158,78 @@ class PlannedBatches(IterableDataset[Any]):
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        in_worker, row = info is not None, worker + 1 if info is not None else 0
         plan, claims = self._cl_plan, self._cl_claims
         # Read now, not when the generator first runs: the main process may write the next
         # epoch's plan meanwhile.
         batches = plan.batches()
-        if claims is None:
-            share: Iterator[list[Any]] = iter(batches[worker::num_workers])
-        else:
-            share = _claimed(batches, plan, claims, plan.generation)
-        return self._produce(share, info is not None, worker + 1 if info is not None else 0)
+        if in_worker:
+            _leave_ctrl_c_to_the_main_process()
+        if claims is not None:
+            claimed = _claimed(batches, plan, claims, plan.generation)
+            return self._produce(claimed, None, in_worker, row)
+        share = batches[worker::num_workers]
+        predicted: list[list[Any]] = []
+        if in_worker and self._cl_next is not None:
+            # Written with this epoch's plan, before the epoch started: read it now too.
+            predicted = self._cl_next.batches()[worker::num_workers]
+        return self._produce(share, predicted, in_worker, row)
 
-    def _produce(self, share: Iterator[list[Any]], in_worker: bool, row: int) -> Iterator[Any]:
-        dataset = self._cl_dataset
-        source = source_of(dataset)
+    def _start(self, feed: Iterable[list[Any]], row: int) -> BatchPipeline:
         shared = self._cl_stats
+        return BatchPipeline(
+            self._cl_dataset,
+            feed,
+            collate_fn=self._cl_collate,
+            options=self._cl_options,
+            # Counting goes on from what earlier epochs (or processes) left in the row.
+            stats=shared.read(row),
+            publish=lambda stats: shared.write(row, stats),
+        )
+
+    def _produce(
+        self,
+        share: Iterable[list[Any]],
+        predicted: list[list[Any]] | None,
+        in_worker: bool,
+        row: int,
+    ) -> Iterator[Any]:
+        """The outcomes of ``share``: a list (a fixed share, with the ``predicted`` share of the
+        next epoch to fetch ahead) or the batches claimed one by one (``predicted`` None)."""
+        source = source_of(self._cl_dataset)
         pipeline: BatchPipeline | None = None
         broken: BaseException | None = None
         try:
             if in_worker and source is not None and source.store.capabilities.remote:
                 _hold_runtime_for_this_process()
-            shared.register(row)
-            pipeline = BatchPipeline(
-                dataset,
-                share,
-                collate_fn=self._cl_collate,
-                options=self._cl_options,
-                # Counting goes on from what earlier epochs (or processes) left in the row.
-                stats=shared.read(row),
-                publish=lambda stats: shared.write(row, stats),
-            )
+            self._cl_stats.register(row)
+            if predicted is not None:
+                assert isinstance(share, list)
+                # Only our sources' batches are fetched ahead: a foreign ``__getitem__`` may
+                # have side effects (and draw random numbers) for batches never delivered.
+                ahead = Lookahead()
+                if in_worker and self._cl_next is not None and source is not None:
+                    ahead = _lookahead()
+                else:
+                    predicted = []
+                for outcome in ahead.epoch(share, predicted, lambda f: self._start(f, row)):
+                    if isinstance(outcome, Failure):
+                        _note_traceback(outcome.exc, row)
+                    yield outcome
+                return
+            pipeline = self._start(share, row)
             for outcome in pipeline.outcomes():
                 if isinstance(outcome, Failure):
                     _note_traceback(outcome.exc, row)
                 yield outcome
-            broken = pipeline.broken
         except Exception as exc:  # the pipeline could not start (or broke)
             broken = exc
         finally:
             if pipeline is not None:
                 pipeline.close()
-        if broken is not None and (pipeline is None or self._cl_claims is None):
-            # A fixed share is owed one outcome per batch (torch's round robin counts on it).
-            # A claiming worker whose pipeline broke leaves the rest to the other workers; one
-            # whose pipeline never started fails what it claims (so do all the others then).
+        if pipeline is None and broken is not None:
+            # A claiming worker whose pipeline never started fails what it claims (so do all
+            # the others then); one whose pipeline broke leaves the rest to the other workers.
             for _ in share:
                 yield Failure(broken)
 

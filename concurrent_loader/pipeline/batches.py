@@ -42,6 +42,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
@@ -53,13 +54,13 @@ from ..errors import LoaderError, LoaderStalled
 from ..fetch import ByteBudget, FetchClient, client_for
 from ..fetch.parts import read_in_parts
 from ..metrics import StageStats
-from ..runtime import CLOSE_TIMEOUT_S, Runtime, acquire_runtime
+from ..runtime import CLOSE_TIMEOUT_S, GatedThreadPool, Runtime, acquire_runtime
 from ..sources import Read, SampleSource
 from ..sources.base import CoalescingSource
 from ..sources.coalesce import MergedRead, plan_reads
 from ..stores.base import BlockingStore
 from .options import PipelineOptions
-from .slot import Failure, SkippedSample, Slot
+from .slot import DecodeQueue, Failure, SkippedSample, Slot
 from .stall import StallWatch
 
 __all__ = ["BatchPipeline", "source_of"]
@@ -115,6 +116,7 @@ class BatchPipeline:
         self._budget: ByteBudget | None = None
         self._blocking: BlockingStore | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._decodes = DecodeQueue()
         info = get_worker_info()
         self._watch = StallWatch(
             options.stall_timeout_s,
@@ -149,9 +151,8 @@ class BatchPipeline:
                 self._budget = ByteBudget(
                     options.max_inflight_bytes or config.max_inflight_bytes, runtime.call_soon
                 )
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=threads, thread_name_prefix=f"concurrent-loader-{self._mode}"
-        )
+        # Gated: a fork of this process (another loader's workers) waits for running jobs.
+        self._pool = GatedThreadPool(threads, f"concurrent-loader-{self._mode}")
 
     # ------------------------------------------------------------------ consumer side
 
@@ -227,7 +228,7 @@ class BatchPipeline:
             return False
         b = self._next_to_start
         self._next_to_start += 1
-        slot = Slot(indices, self._collate)
+        slot = Slot(indices, self._collate, b)
         self._slots[b] = slot
         if self._mode == "remote":
             assert self._runtime is not None
@@ -355,10 +356,13 @@ class BatchPipeline:
             self._failed(slot, position, index, exc)
             return
         size = sum(len(body) for body in bodies)
+        # Decoded earliest batch first, not in GET completion order (see DecodeQueue).
+        decode = functools.partial(self._decode, slot, position, index, bodies, size)
+        self._decodes.put(slot, position, size, decode)
         try:
-            self._pool.submit(self._decode, slot, position, index, bodies, size)
+            self._pool.submit(self._decodes.run_first)
         except RuntimeError:  # the pool is shut down: we are closing
-            self._release(size)
+            self._release(self._decodes.drop_all())
 
     async def _read_all(self, reads: Sequence[Read]) -> Bodies:
         results = await asyncio.gather(*(self._read(r) for r in reads), return_exceptions=True)

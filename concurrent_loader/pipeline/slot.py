@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import concurrent.futures
+import heapq
+import itertools
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -10,7 +12,7 @@ from typing import Any
 
 from ..errors import LoaderError
 
-__all__ = ["Failure", "Partial", "SkippedSample", "Slot"]
+__all__ = ["DecodeQueue", "Failure", "Partial", "SkippedSample", "Slot"]
 
 _SKIPPED = object()
 
@@ -46,12 +48,25 @@ class Slot:
     """Items land by position from any thread; the last one (or the first failure) completes
     ``future``. After completion, later puts, skips and failures are ignored."""
 
-    __slots__ = ("collate", "future", "indices", "items", "lock", "remaining", "skipped")
+    __slots__ = (
+        "collate",
+        "future",
+        "indices",
+        "items",
+        "lock",
+        "number",
+        "remaining",
+        "skipped",
+    )
 
     skipped: list[tuple[int, SkippedSample]]
 
-    def __init__(self, indices: Sequence[Any], collate: Callable[[list[Any]], Any]) -> None:
+    def __init__(
+        self, indices: Sequence[Any], collate: Callable[[list[Any]], Any], number: int = 0
+    ) -> None:
         self.indices = indices
+        #: the batch's place in its pipeline's order (0: the first batch started)
+        self.number = number
         self.items: list[Any] = [None] * len(indices)
         self.remaining = len(indices)
         self.skipped = []
@@ -110,3 +125,37 @@ class Slot:
         if self.skipped:
             return Partial(batch, [s for _, s in sorted(self.skipped)])
         return batch
+
+
+class DecodeQueue:
+    """Fetched samples waiting for a decode thread, taken earliest batch first (then by
+    position), whatever order their GETs completed in.
+
+    GETs of several batches complete interleaved; decoded in that order, the batch the
+    consumer waits for (the first one of an epoch, say) would finish only when the decode
+    threads had also worked through the samples of the batches after it. Each decode job
+    (one per sample put) runs the most urgent sample waiting, not necessarily its own.
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, int, int, Callable[[], None]]] = []
+        self._lock = threading.Lock()
+        self._order = itertools.count()
+
+    def put(self, slot: Slot, position: int, size: int, decode: Callable[[], None]) -> None:
+        with self._lock:
+            heapq.heappush(self._heap, (slot.number, position, next(self._order), size, decode))
+
+    def run_first(self) -> None:
+        """Decode the most urgent sample waiting (a pool job: one per :meth:`put`)."""
+        with self._lock:
+            if not self._heap:
+                return  # dropped at close
+            decode = heapq.heappop(self._heap)[-1]
+        decode()
+
+    def drop_all(self) -> int:
+        """Forget every sample waiting (no job will run them); their bytes in all."""
+        with self._lock:
+            dropped, self._heap = self._heap, []
+        return sum(entry[3] for entry in dropped)

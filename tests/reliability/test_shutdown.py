@@ -19,6 +19,7 @@ import time
 
 import psutil
 import pytest
+from torch.utils.data._utils import MP_STATUS_CHECK_INTERVAL
 
 from concurrent_loader import (
     ConcurrentDataLoader,
@@ -26,6 +27,7 @@ from concurrent_loader import (
     ObjectDataset,
     ObjectNotFound,
     WorkerError,
+    runtime,
 )
 
 from ._support import Resources, child_pids, repo_root, sha256_hex, wait_until
@@ -34,6 +36,10 @@ LATENCY_MS = 100
 COUNT = 256
 # "At most a couple of seconds", with some room for a loaded machine.
 SHUTDOWN_S = 2.5
+# Exiting after Ctrl-C normally takes about half a second; when it went wrong, a fallback
+# timeout ran out: torch's wait for a worker before terminating it, or the runtime's wait for
+# its threads. A bound under both fails on either, with room for a loaded 2-core machine.
+INTERRUPT_S = 0.8 * min(MP_STATUS_CHECK_INTERVAL, runtime.QUIESCE_TIMEOUT_S)
 
 
 class TrainingStepError(Exception):
@@ -198,6 +204,7 @@ CHILD = textwrap.dedent(
         num_workers=config["num_workers"],
         max_inflight_requests=16,
         prefetch_batches=4,
+        persistent_workers=config["mode"] == "between",
     )
 
 
@@ -215,6 +222,13 @@ CHILD = textwrap.dedent(
                     ready()
                     announced = True
                 time.sleep(0.01)
+    elif config["mode"] == "between":
+        # One epoch, then idle: the persistent workers hold the next epoch's first batches.
+        for batch in loader:
+            pass
+        ready()
+        while True:
+            time.sleep(0.01)
     elif config["mode"] == "exit":
         for batch in loader:
             ready()
@@ -302,7 +316,29 @@ def test_keyboard_interrupt(tmp_path, small_objects, s3_env, slow_proxy, num_wor
     stderr = err.decode(errors="replace")
     assert child.returncode == -signal.SIGINT, (child.returncode, stderr[-3000:])
     assert "KeyboardInterrupt" in stderr
-    assert took < SHUTDOWN_S, f"exiting after Ctrl-C took {took:.1f} s"
+    assert took < INTERRUPT_S, f"exiting after Ctrl-C took {took:.1f} s"
+    assert "Exception ignored" not in stderr, stderr[-3000:]
+    _assert_gone(ready["children"])
+
+
+def test_keyboard_interrupt_between_epochs_with_persistent_workers(
+    tmp_path, small_objects, s3_env, slow_proxy
+):
+    child = _start_child(tmp_path, small_objects, slow_proxy, 2, "between")
+    try:
+        ready = _read_ready_line(child)
+        assert len(ready["children"]) == 2
+        interrupted_at = time.monotonic()
+        os.killpg(child.pid, signal.SIGINT)
+        _, err = child.communicate(timeout=30)
+        took = time.monotonic() - interrupted_at
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    stderr = err.decode(errors="replace")
+    assert child.returncode == -signal.SIGINT, (child.returncode, stderr[-3000:])
+    assert took < INTERRUPT_S, f"exiting after Ctrl-C took {took:.1f} s"
     assert "Exception ignored" not in stderr, stderr[-3000:]
     _assert_gone(ready["children"])
 

@@ -21,6 +21,7 @@ on it for good.
 from __future__ import annotations
 
 import datetime
+import functools
 import multiprocessing
 import os
 import pickle
@@ -35,8 +36,10 @@ from typing import Any
 import psutil
 import pytest
 import torch
+from torch.utils.data import get_worker_info
 
 from concurrent_loader import ConcurrentDataLoader, LoaderStalled, ObjectDataset
+from concurrent_loader.runtime import GatedThreadPool
 from concurrent_loader.stores import CredentialSource
 from concurrent_loader.stores.s3.credentials import CredentialCache, CredentialSnapshot
 
@@ -336,3 +339,76 @@ def test_refreshable_credentials_are_snapshotted_with_their_expiry():
     assert snapshot is not None
     assert (snapshot.access_key, snapshot.token) == ("AKIDROLE", "roletoken")
     assert snapshot.expires_at == pytest.approx(expiry.timestamp())
+
+
+def _snapshot_key(expected: str, answer: Any, worker_id: int) -> None:
+    snapshot = get_worker_info().dataset.store.credentials.snapshot
+    answer.send(snapshot is not None and snapshot.access_key == expected)
+
+
+def test_a_snapshot_near_expiry_is_refreshed_once_before_workers_start(objects, s3_server, s3_env):
+    dataset = ObjectDataset(objects.url, objects.keys[:4])
+    credentials = dataset.store.credentials
+    # As if resolved from a role hours ago: within botocore's refresh window now.
+    stale = CredentialSnapshot("AKIDSTALE", "stale", "token", time.time() + 300)
+    object.__setattr__(credentials, "snapshot", stale)
+    receive, send = multiprocessing.Pipe(duplex=False)
+    loader = ConcurrentDataLoader(
+        dataset,
+        batch_size=2,
+        num_workers=1,
+        multiprocessing_context="fork",
+        worker_init_fn=functools.partial(_snapshot_key, s3_server.access_key, send),
+    )
+    try:
+        assert len(list(loader)) == 2
+        # The worker started with the main process's fresh snapshot (its chain never built).
+        assert receive.poll(30) and receive.recv() is True
+    finally:
+        receive.close()
+        send.close()
+    assert credentials.snapshot is not stale
+    assert credentials.snapshot.access_key == s3_server.access_key
+
+
+def test_a_usable_snapshot_is_left_as_it_is(monkeypatch):
+    def no_botocore(self: CredentialSource) -> Any:
+        raise AssertionError("resolved again")
+
+    monkeypatch.setattr(CredentialSource, "botocore_session", no_botocore)
+    snapshot = CredentialSnapshot("AKID", "secret", "token", time.time() + 3600)
+    source = CredentialSource(snapshot=snapshot)
+    source.refresh_snapshot()
+    assert source.snapshot is snapshot
+
+
+def test_a_fork_waits_for_the_jobs_of_a_gated_pool():
+    # A main-process pipeline's decode or __getitem__ job (user code, maybe inside OpenSSL)
+    # is not forked in the middle: the fork waits for it, and a job submitted meanwhile
+    # starts after the fork.
+    pool = GatedThreadPool(2, "concurrent-loader-test")
+    started = threading.Event()
+    ended: list[float] = []
+
+    def job(seconds: float) -> None:
+        started.set()
+        time.sleep(seconds)
+        ended.append(time.monotonic())
+
+    try:
+        first = pool.submit(job, 0.3)
+        assert started.wait(5)
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        forked = time.monotonic()
+        os.waitpid(pid, 0)
+        first.result(5)
+        assert ended and ended[0] <= forked
+    finally:
+        pool.shutdown()
+    # The pool no longer counts once shut down: a later fork does not look at it.
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)

@@ -147,6 +147,21 @@ class CredentialSource:
         )
         return dataclasses.replace(self, snapshot=snapshot)
 
+    def refresh_snapshot(self) -> None:
+        """Resolve the snapshot again, in place, once it is past :attr:`~CredentialSnapshot.
+        usable_until` (in the main process, before it starts workers that would otherwise
+        each refresh their own). A snapshot still usable costs one clock read."""
+        snapshot = self.snapshot
+        if snapshot is None or time.time() < snapshot.usable_until:
+            return
+        try:
+            fresh = dataclasses.replace(self, snapshot=None).resolved()
+        except Exception:  # each worker's own chain tries then, and reports what fails
+            logging.getLogger(__name__).debug("refreshing credentials failed", exc_info=True)
+            return
+        # Not part of the identity (compare=False): the source stays equal and hashable.
+        object.__setattr__(self, "snapshot", fresh.snapshot)
+
     def botocore_session(self) -> Any:
         import botocore.session
 
