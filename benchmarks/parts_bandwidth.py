@@ -14,7 +14,6 @@ CRC-32, in MiB/s and as a share of the cap. Also run by ``benchmarks.shards_peer
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -69,10 +68,8 @@ def run_bandwidth(s3: LocalS3Server, bucket: str, args: argparse.Namespace) -> d
                     fetch_config=FetchConfig(max_object_bytes=2 * size),
                 )
                 loader = ConcurrentDataLoader(
-                    dataset, batch_size=1, num_workers=1, persistent_workers=True
+                    dataset, batch_size=1, num_workers=1, persistent_workers=True, parts=parts
                 )
-                # The loader has no argument for it yet: its pipeline options carry it.
-                loader.options = dataclasses.replace(loader.options, parts=parts)
                 passes = []
                 for _ in range(2):
                     started = time.perf_counter()

@@ -35,6 +35,7 @@ from .errors import (
     Throttled,
     WorkerError,
 )
+from .fetch.parts import PartsConfig
 from .loader import ConcurrentDataLoader, PartialBatch, PartialDict, PartialList, is_partial
 from .pipeline import SkippedSample
 from .shards.dataset import ImageSample, ShardDataset
@@ -68,6 +69,7 @@ __all__ = [
     "PartialBatch",
     "PartialDict",
     "PartialList",
+    "PartsConfig",
     "Reason",
     "RetryConfig",
     "ServerError",

@@ -48,6 +48,7 @@ from torch.utils.data import (
 )
 
 from ..errors import ConfigError, Reason, SkipBudgetExceeded, WorkerError
+from ..fetch.parts import PartsConfig
 from ..metrics import SharedStats, StallLedger, loader_stats
 from ..pipeline import Partial, PipelineOptions, SkippedSample, source_of
 from . import state as resume
@@ -112,7 +113,10 @@ class ConcurrentDataLoader(DataLoader[T_co]):
     - ``log_every_s``: log :meth:`stats` as one INFO line this often (off by default);
     - ``stall_timeout_s``: a process that waits this long for a batch raises
       ``LoaderStalled`` naming what it waited on, with every thread's stack (default 300 s;
-      None: never); it logs a WARNING before.
+      None: never); it logs a WARNING before;
+    - ``parts``: how a read larger than its part size is split into ranged GETs in flight
+      (:class:`~concurrent_loader.fetch.PartsConfig`: ``part_size`` 8 MiB,
+      ``parts_in_flight`` 8), for stores that serve byte ranges.
 
     ``len(loader)`` is the number of batches. An ``IterableDataset`` is loaded as a stock
     DataLoader loads it (none of the options above apply to it).
@@ -148,6 +152,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         max_skipped: int | float = 0.01,
         log_every_s: float | None = None,
         stall_timeout_s: float | None = 300.0,
+        parts: PartsConfig | None = None,
     ) -> None:
         if isinstance(max_skipped, float) and not 0 <= max_skipped < 1:
             raise ConfigError(
@@ -170,6 +175,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             prefetch_batches=prefetch_batches,
             on_error=on_error,
             stall_timeout_s=stall_timeout_s,
+            parts=parts,
         )
         super().__init__(
             dataset,
@@ -198,6 +204,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         self.decode_threads = options.decode_threads
         self.getitem_threads = options.getitem_threads
         self.prefetch_batches = options.prefetch_batches
+        self.parts = options.parts
         self.seed = seed
         self.on_error = on_error
         self.max_skipped = max_skipped

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from concurrent_loader import ObjectDataset
+from concurrent_loader import ConcurrentDataLoader, ObjectDataset
 from concurrent_loader.config import FetchConfig, HedgeConfig, RetryConfig
 from concurrent_loader.errors import (
     AccessDenied,
@@ -195,6 +195,16 @@ def test_the_pipeline_reads_a_large_listed_object_in_parts(parts, gets):
     assert [bytes(b) for b in batch] == [objects[k] for k in keys]
     assert config.stats.gets["big.bin"] == gets
     assert config.stats.gets["small.bin"] == 1
+
+
+def test_the_loaders_parts_argument_reaches_its_pipeline():
+    objects = {"big.bin": payload(1000, seed=1)}
+    config = MemoryConfig(objects)
+    dataset = ObjectDataset(config, fetch_config=CONFIG)
+    loader = ConcurrentDataLoader(dataset, batch_size=None, parts=PartsConfig(256, 3))
+    assert loader.parts == PartsConfig(256, 3)
+    assert [bytes(b) for b in loader] == [objects["big.bin"]]
+    assert config.stats.gets["big.bin"] == 4 + 1  # four parts and the growth check
 
 
 def test_the_parts_in_flight_count_against_the_byte_budget():
