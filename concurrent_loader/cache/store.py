@@ -1,0 +1,379 @@
+"""The cache as a store wrapping a store: :class:`CachedStoreConfig` and :class:`CachedStore`.
+
+It sits at the bottom of the fetch client's layers, in place of the store (step 6 of the
+path of a key in ``ARCHITECTURE.md``): ``get(key)`` reads the entry from the cache
+directory (:mod:`.directory`) and, when there is none (or it is corrupt, or stale under
+revalidation), GETs the object from the wrapped store, returns it at once and writes the
+entry behind, on a writer thread. Guarantees:
+
+- A read is served from an entry only when the whole entry checks out (:mod:`.entry`);
+  otherwise the object is fetched again. Byte ranges are served from a cached object, but a
+  range of an object not cached is fetched as a range and not cached.
+- One GET per object across the node's processes when several miss it at once: the first
+  takes the object's fill lock; the others wait (backing off from 1 ms to 50 ms, up to half
+  of ``Timeouts.attempt``) for its entry, then read it. If the filler gives up or its
+  entry does not fit the budget, a waiter fetches the object itself.
+- A failing cache (a full disk, a permission, a deleted directory) never fails a read:
+  it logs one WARNING per process and store, then reads go to the wrapped store (a failed
+  read stops the use of the cache, a failed write stops writing).
+- Bounded: at most ``MAX_PENDING_BYTES`` wait for the writer; beyond that an object is
+  not cached. ``close()`` finishes the pending writes and joins the writer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from ..config import FetchConfig
+from ..errors import ConfigError, Reason
+from ..metrics.cache import cache_tally
+from ..stores.base import Body, ByteRange, Capabilities, ObjectInfo, Store, StoreConfig
+from .config import CacheConfig
+from .directory import CacheDirectory, name_for
+from .entry import CorruptEntry, Entry, data_checksum, footer, read_entry
+
+__all__ = ["MAX_PENDING_BYTES", "CachedStore", "CachedStoreConfig"]
+
+log = logging.getLogger(__name__)
+
+#: bytes of fetched objects waiting for the writer, at most, per store
+MAX_PENDING_BYTES = 32 * 1024 * 1024
+#: the longest wait for another process's GET of the same object
+MAX_WAIT_S = 30.0
+_FIRST_WAIT_S = 0.001
+_LONGEST_WAIT_S = 0.05
+
+
+@dataclass(frozen=True)
+class CachedStoreConfig:
+    """``inner`` (a remote store's config) read through the node-local cache ``cache``."""
+
+    inner: StoreConfig
+    cache: CacheConfig
+
+    def __post_init__(self) -> None:
+        if not self.inner.capabilities.remote:
+            raise ConfigError(
+                f"{self.inner.url_for('')} is on local disk already: it needs no cache",
+                url=self.inner.url_for(""),
+                cause=Reason.INVALID_ARGUMENT,
+            )
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.inner.capabilities
+
+    def url_for(self, key: str) -> str:
+        return self.inner.url_for(key)
+
+    def resolved(self) -> CachedStoreConfig:
+        return CachedStoreConfig(self.inner.resolved(), self.cache.resolved())
+
+    def open(self, fetch: FetchConfig) -> CachedStore:
+        return CachedStore(self, fetch)
+
+    def __str__(self) -> str:
+        return str(self.inner)
+
+
+def source_prefix(inner: StoreConfig) -> str:
+    """What tells apart two stores whose URLs read alike: the endpoint (without any user
+    info), for a store that has one."""
+    endpoint = getattr(inner, "endpoint_url", None)
+    if not endpoint:
+        return ""
+    parts = urlsplit(endpoint)
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{parts.hostname}{port}{parts.path.rstrip('/')} "
+
+
+class CachedStore:
+    """Reads through the cache; see the module docstring. Open and use it on one loop."""
+
+    def __init__(self, config: CachedStoreConfig, fetch: FetchConfig) -> None:
+        self.config = config
+        self.inner: Store = config.inner.open(fetch)
+        self.capabilities = self.inner.capabilities
+        self._revalidate = config.cache.revalidate
+        self._lru = config.cache.policy == "lru"
+        self._fill_policy = config.cache.policy == "fill"
+        self._prefix = source_prefix(config.inner)
+        self._max_wait_s = min(fetch.timeouts.attempt / 2, MAX_WAIT_S)
+        self._tally = cache_tally()
+        self._hits = self._misses = self._bytes_served = 0
+        self._warned = False
+        self._closed = False
+        self._pending = 0
+        self._pending_lock = threading.Lock()
+        self._writer = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="concurrent-loader-cache"
+        )
+        #: the directory while reads use it (None once it failed); ``_opened`` to close
+        self._dir: CacheDirectory | None = None
+        try:
+            self._dir = CacheDirectory(config.cache)
+        except OSError as exc:
+            self._fail(exc, "opening it")
+        self._opened = self._dir
+        self._writes = self._dir is not None
+
+    def url_for(self, key: str) -> str:
+        return self.inner.url_for(key)
+
+    def __repr__(self) -> str:
+        return f"CachedStore({self.inner!r}, {self.config.cache.directory})"
+
+    # ------------------------------------------------------------------ reads
+
+    async def get(self, key: str, byte_range: ByteRange | None = None) -> Body:
+        directory = self._dir
+        if directory is None:
+            return await self._uncached(key, byte_range)
+        source = self._prefix + self.inner.url_for(key)
+        name = name_for(source)
+        entry, bad = self._lookup(directory, name, source)
+        if entry is not None and self._revalidate and not await self._current(key, entry):
+            entry, bad = None, True
+        if entry is not None:
+            return await self._serve(directory, name, entry, key, byte_range)
+        if byte_range is not None:
+            return await self._uncached(key, byte_range)
+        return await self._fill(directory, key, name, source, replace=bad)
+
+    async def _uncached(self, key: str, byte_range: ByteRange | None) -> Body:
+        body = await self.inner.get(key, byte_range)
+        self._count_miss()
+        return body
+
+    def _lookup(
+        self, directory: CacheDirectory, name: str, source: str
+    ) -> tuple[Entry | None, bool]:
+        """(the intact entry or None, whether a bad one is in the way). Entries are small
+        and local: read on the loop's thread, which saves a thread hop per hit."""
+        try:
+            return read_entry(directory.path_for(name), source), False
+        except CorruptEntry as exc:
+            log.info("refetching %s: its cache entry is bad (%s)", source, exc)
+            return None, True
+        except OSError as exc:
+            self._fail(exc, "reading it")
+            return None, False
+
+    async def _current(self, key: str, entry: Entry) -> bool:
+        """Whether the store still holds the entry's version (one GET of the first byte:
+        its ETag). Without an ETag to compare, an entry is never taken as current."""
+        if entry.etag is None or not entry.data:
+            return False
+        probe = await self.inner.get(key, ByteRange(0, 1))
+        return probe.etag == entry.etag
+
+    async def _serve(
+        self,
+        directory: CacheDirectory,
+        name: str,
+        entry: Entry,
+        key: str,
+        byte_range: ByteRange | None,
+    ) -> Body:
+        data: bytes | bytearray = entry.data
+        if byte_range is not None:
+            if byte_range.end > len(data):  # the store says what is wrong with the range
+                return await self._uncached(key, byte_range)
+            data = data[byte_range.start : byte_range.end]
+        self._hits += 1
+        self._bytes_served += len(data)
+        self._tally.hit(len(data))
+        if self._lru:
+            try:
+                directory.touch(name)
+            except OSError as exc:
+                self._fail(exc, "marking a read")
+        return Body(data, None, entry.etag)
+
+    # ------------------------------------------------------------------ misses
+
+    async def _fill(
+        self, directory: CacheDirectory, key: str, name: str, source: str, *, replace: bool
+    ) -> Body:
+        """Fetch the object, holding its fill lock (or wait for the process that does)."""
+        try:
+            held = directory.try_fill_lock(name)
+        except OSError as exc:
+            self._fail(exc, "locking an object")
+            return await self._uncached(key, None)
+        if not held:
+            entry, held = await self._wait_for_filler(directory, name, source)
+            if entry is not None:
+                return await self._serve(directory, name, entry, key, None)
+        elif not replace:
+            # Another process may have put it in place since our lookup.
+            entry, _ = self._lookup(directory, name, source)
+            if entry is not None:
+                self._release(directory, name)
+                return await self._serve(directory, name, entry, key, None)
+        try:
+            body = await self._uncached(key, None)
+        except BaseException:
+            if held:
+                self._release(directory, name)
+            raise
+        self._write_later(directory, name, source, body, held=held, replace=replace)
+        return body
+
+    async def _wait_for_filler(
+        self, directory: CacheDirectory, name: str, source: str
+    ) -> tuple[Entry | None, bool]:
+        """Wait for the process holding the fill lock: (its entry, False) once in place;
+        (None, True) when the lock came free without one (we hold it now); (None, False)
+        after ``_max_wait_s``. A cross-process wake-up without a server or a thread per
+        waiter is not to be had portably, so this backs off and looks again; only
+        processes missing the same object at the same time ever wait here."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._max_wait_s
+        delay = _FIRST_WAIT_S
+        while True:
+            await asyncio.sleep(delay)
+            entry, _ = self._lookup(directory, name, source)
+            if entry is not None:
+                return entry, False
+            try:
+                if directory.try_fill_lock(name):
+                    entry, _ = self._lookup(directory, name, source)
+                    if entry is not None:
+                        self._release(directory, name)
+                        return entry, False
+                    return None, True
+            except OSError as exc:
+                self._fail(exc, "locking an object")
+                return None, False
+            if loop.time() >= deadline:
+                log.info("%s: gave up waiting for another process to fetch it", source)
+                return None, False
+            delay = min(delay * 2, _LONGEST_WAIT_S)
+
+    def _release(self, directory: CacheDirectory, name: str) -> None:
+        try:
+            directory.release_fill_lock(name)
+        except OSError as exc:
+            self._fail(exc, "unlocking an object")
+
+    def _write_later(
+        self,
+        directory: CacheDirectory,
+        name: str,
+        source: str,
+        body: Body,
+        *,
+        held: bool,
+        replace: bool,
+    ) -> None:
+        """Hand the entry to the writer; the fill lock (if held) goes when it is in place."""
+        data = body.data
+        size = len(data)
+        try:
+            skip = (
+                not self._writes
+                or self._closed
+                or (self._fill_policy and not replace and directory.looks_full(size))
+            )
+        except OSError as exc:
+            self._fail(exc, "reading its ledger", writes_only=True)
+            skip = True
+        with self._pending_lock:
+            if skip or self._pending + size > MAX_PENDING_BYTES:
+                skip = True
+            else:
+                self._pending += size
+        if skip:
+            if held:
+                self._release(directory, name)
+            return
+        # Checked now, before the caller holds the buffer: a later change to it fails the
+        # entry's check instead of being cached.
+        crc = data_checksum(data)
+        try:
+            self._writer.submit(
+                self._write, directory, name, source, data, crc, body.etag, held, replace
+            )
+        except RuntimeError:  # the writer is shut down: we are closing
+            with self._pending_lock:
+                self._pending -= size
+            if held:
+                self._release(directory, name)
+
+    def _write(
+        self,
+        directory: CacheDirectory,
+        name: str,
+        source: str,
+        data: bytes | bytearray,
+        crc: int,
+        etag: str | None,
+        held: bool,
+        replace: bool,
+    ) -> None:
+        """On the writer thread."""
+        try:
+            if self._writes:
+                directory.put(name, data, footer(len(data), crc, etag, source), replace=replace)
+        except ValueError:  # an ETag or name too long to store: not cached
+            pass
+        except OSError as exc:
+            self._fail(exc, "writing an entry", writes_only=True)
+        finally:
+            if held:
+                self._release(directory, name)
+            with self._pending_lock:
+                self._pending -= len(data)
+
+    # ------------------------------------------------------------------ failures, counts
+
+    def _fail(self, exc: OSError, doing: str, *, writes_only: bool = False) -> None:
+        """The cache failed: one warning, then no more writes (and, unless only a write
+        failed, no more reads) through it in this process."""
+        self._writes = False
+        if not writes_only:
+            self._dir = None
+        if not self._warned:
+            self._warned = True
+            what = "writes to it stop" if writes_only else "reads bypass it"
+            log.warning(
+                "the cache at %s failed while %s (%s): %s in this process; %s is read "
+                "from the store",
+                self.config.cache.directory,
+                doing,
+                exc,
+                what,
+                self.inner.url_for(""),
+            )
+
+    def _count_miss(self) -> None:
+        self._misses += 1
+        self._tally.miss()
+
+    # ------------------------------------------------------------------ the rest
+
+    def list(self) -> AsyncIterator[ObjectInfo]:
+        return self.inner.list()
+
+    async def close(self) -> None:
+        """Finish pending writes, record this store's reads in the ledger, close. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        await asyncio.to_thread(self._writer.shutdown, True)
+        directory, self._opened, self._dir = self._opened, None, None
+        try:
+            if directory is not None:
+                with contextlib.suppress(OSError):
+                    directory.record_reads(self._hits, self._misses, self._bytes_served)
+                directory.close()
+        finally:
+            await self.inner.close()
