@@ -1,0 +1,36 @@
+"""A loader reading through the cache: the second epoch reads nothing from the store, and
+``stats()`` says so."""
+
+from __future__ import annotations
+
+import pytest
+
+from concurrent_loader import ConcurrentDataLoader, ObjectDataset
+from concurrent_loader.cache import CacheConfig
+from concurrent_loader.stores import MemoryConfig
+
+from .conftest import index_of, numbered_objects
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_epoch_two_is_served_from_the_cache(cache_dir, num_workers):
+    objects = numbered_objects(40)
+    memory = MemoryConfig(objects, latency_s=0.001)
+    dataset = ObjectDataset(memory, decode=index_of, cache=CacheConfig(str(cache_dir)))
+    loader = ConcurrentDataLoader(
+        dataset,
+        batch_size=8,
+        shuffle=True,
+        num_workers=num_workers,
+        multiprocessing_context="fork" if num_workers else None,
+    )
+    first = sorted(i for batch in loader for i in batch.tolist())
+    gets_after_first = memory.stats.total if num_workers == 0 else None
+    second = sorted(i for batch in loader for i in batch.tolist())
+    assert first == second == list(range(40))
+    if gets_after_first is not None:  # the store's counters live in this process only
+        assert memory.stats.total == gets_after_first == 40
+    stats = loader.stats()
+    assert stats["cache_hits"] == 40 and stats["cache_misses"] == 40
+    assert stats["cache_bytes"] == 40 * 1000
+    assert stats["cache_hit_rate"] == pytest.approx(0.5)
