@@ -363,6 +363,11 @@ class CachedStore:
     def list(self) -> AsyncIterator[ObjectInfo]:
         return self.inner.list()
 
+    async def flush(self) -> None:
+        """Wait until the entries handed to the writer so far are written (or refused)."""
+        with contextlib.suppress(RuntimeError):  # shut down: nothing is pending
+            await asyncio.wrap_future(self._writer.submit(lambda: None))
+
     async def close(self) -> None:
         """Finish pending writes, record this store's reads in the ledger, close. Idempotent."""
         if self._closed:
