@@ -26,6 +26,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import multiprocessing.util
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -110,6 +111,7 @@ class CachedStore:
         self._hits = self._misses = self._bytes_served = 0
         self._warned = False
         self._closed = False
+        self._reads_recorded = False
         self._pending = 0
         self._pending_lock = threading.Lock()
         self._writer = concurrent.futures.ThreadPoolExecutor(
@@ -123,6 +125,9 @@ class CachedStore:
             self._fail(exc, "opening it")
         self._opened = self._dir
         self._writes = self._dir is not None
+        # A DataLoader worker keeps its runtime (so this store) open until it exits, which
+        # skips interpreter shutdown: multiprocessing's exit hook still finishes the writes.
+        self._at_exit = multiprocessing.util.Finalize(self, self._finish_writes, exitpriority=10)
 
     def url_for(self, key: str) -> str:
         return self.inner.url_for(key)
@@ -368,17 +373,25 @@ class CachedStore:
         with contextlib.suppress(RuntimeError):  # shut down: nothing is pending
             await asyncio.wrap_future(self._writer.submit(lambda: None))
 
+    def _finish_writes(self) -> None:
+        """Write what is pending and record this store's reads in the ledger (once)."""
+        self._writer.shutdown(wait=True)
+        directory = self._opened
+        if directory is not None and not self._reads_recorded:
+            self._reads_recorded = True
+            with contextlib.suppress(OSError):
+                directory.record_reads(self._hits, self._misses, self._bytes_served)
+
     async def close(self) -> None:
         """Finish pending writes, record this store's reads in the ledger, close. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        await asyncio.to_thread(self._writer.shutdown, True)
+        self._at_exit.cancel()
+        await asyncio.to_thread(self._finish_writes)
         directory, self._opened, self._dir = self._opened, None, None
         try:
             if directory is not None:
-                with contextlib.suppress(OSError):
-                    directory.record_reads(self._hits, self._misses, self._bytes_served)
                 directory.close()
         finally:
             await self.inner.close()

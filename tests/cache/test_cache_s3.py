@@ -79,6 +79,9 @@ def test_epoch_two_sends_no_get_and_reads_the_same_bytes(stored, bucket, proxy_f
     assert _gets(proxy) == 0
     stats = loader.stats()
     assert stats["cache_hits"] == 64 and stats["cache_misses"] == 64
+    # the workers, which keep their store open to the end, recorded their reads as they exited
+    info = describe_cache(str(cache_dir))
+    assert (info["entries"], info["hits"], info["misses"]) == (64, 64, 64)
 
 
 def test_half_the_budget_sends_half_the_gets_under_fill(stored, bucket, proxy_factory, cache_dir):
