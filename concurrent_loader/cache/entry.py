@@ -20,7 +20,15 @@ import struct
 import zlib
 from dataclasses import dataclass
 
-__all__ = ["MAGIC", "CorruptEntry", "Entry", "data_checksum", "footer", "read_entry"]
+__all__ = [
+    "MAGIC",
+    "CorruptEntry",
+    "Entry",
+    "TooLarge",
+    "data_checksum",
+    "footer",
+    "read_entry",
+]
 
 MAGIC = b"CLC1"
 _TAIL = struct.Struct("<QHHI4s")
@@ -57,15 +65,22 @@ def footer(data_len: int, data_crc: int, etag: str | None, source: str) -> bytes
     return meta + _TAIL.pack(data_len, len(etag_bytes), len(source_bytes), crc, MAGIC)
 
 
-def read_entry(path: str, source: str) -> Entry | None:
+class TooLarge(Exception):
+    """The entry is larger than the caller reads in place (it reads it elsewhere)."""
+
+
+def read_entry(path: str, source: str, max_bytes: int | None = None) -> Entry | None:
     """The entry at ``path`` for ``source``; None when there is no file. Raises
-    ``CorruptEntry`` for a file that does not check out, ``OSError`` for a failing disk."""
+    ``CorruptEntry`` for a file that does not check out, ``TooLarge`` (having read nothing)
+    for one over ``max_bytes``, ``OSError`` for a failing disk."""
     try:
         f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed below, on every path
     except FileNotFoundError:
         return None
     with f:
         size = os.fstat(f.fileno()).st_size
+        if max_bytes is not None and size > max_bytes:
+            raise TooLarge(path)
         buf = bytearray(size)
         got = 0
         with memoryview(buf) as view:

@@ -38,7 +38,7 @@ from ..metrics.cache import cache_tally
 from ..stores.base import Body, ByteRange, Capabilities, ObjectInfo, Store, StoreConfig
 from .config import CacheConfig
 from .directory import CacheDirectory, name_for
-from .entry import CorruptEntry, Entry, data_checksum, footer, read_entry
+from .entry import CorruptEntry, Entry, TooLarge, data_checksum, footer, read_entry
 
 __all__ = ["MAX_PENDING_BYTES", "CachedStore", "CachedStoreConfig"]
 
@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 
 #: bytes of fetched objects waiting for the writer, at most, per store
 MAX_PENDING_BYTES = 32 * 1024 * 1024
+#: entries up to this size are read on the event loop's thread (a thread hop costs more
+#: than reading an image); larger ones on a thread, so the loop never stalls on a big read
+MAX_INLINE_READ_BYTES = 4 * 1024 * 1024
 #: the longest wait for another process's GET of the same object
 MAX_WAIT_S = 30.0
 _FIRST_WAIT_S = 0.001
@@ -110,6 +113,7 @@ class CachedStore:
         self._tally = cache_tally()
         self._hits = self._misses = self._bytes_served = 0
         self._warned = False
+        self._locking = True
         self._closed = False
         self._reads_recorded = False
         self._pending = 0
@@ -143,7 +147,7 @@ class CachedStore:
             return await self._uncached(key, byte_range)
         source = self._prefix + self.inner.url_for(key)
         name = name_for(source)
-        entry, bad = self._lookup(directory, name, source)
+        entry, bad = await self._lookup(directory, name, source)
         if entry is not None and self._revalidate and not await self._current(key, entry):
             entry, bad = None, True
         if entry is not None:
@@ -157,13 +161,16 @@ class CachedStore:
         self._count_miss()
         return body
 
-    def _lookup(
+    async def _lookup(
         self, directory: CacheDirectory, name: str, source: str
     ) -> tuple[Entry | None, bool]:
-        """(the intact entry or None, whether a bad one is in the way). Entries are small
-        and local: read on the loop's thread, which saves a thread hop per hit."""
+        """(the intact entry or None, whether a bad one is in the way)."""
+        path = directory.path_for(name)
         try:
-            return read_entry(directory.path_for(name), source), False
+            try:
+                return read_entry(path, source, MAX_INLINE_READ_BYTES), False
+            except TooLarge:
+                return await asyncio.to_thread(read_entry, path, source), False
         except CorruptEntry as exc:
             log.info("refetching %s: its cache entry is bad (%s)", source, exc)
             return None, True
@@ -209,17 +216,17 @@ class CachedStore:
     ) -> Body:
         """Fetch the object, holding its fill lock (or wait for the process that does)."""
         try:
-            held = directory.try_fill_lock(name)
-        except OSError as exc:
-            self._fail(exc, "locking an object")
-            return await self._uncached(key, None)
-        if not held:
+            held = self._locking and directory.try_fill_lock(name)
+        except OSError as exc:  # a filesystem without locks: go on, without them
+            self._locking = held = False
+            self._warn(exc, "locking an object", "objects missed together are fetched twice")
+        if not held and self._locking:
             entry, held = await self._wait_for_filler(directory, name, source)
             if entry is not None:
                 return await self._serve(directory, name, entry, key, None)
-        elif not replace:
+        elif held and not replace:
             # Another process may have put it in place since our lookup.
-            entry, _ = self._lookup(directory, name, source)
+            entry, _ = await self._lookup(directory, name, source)
             if entry is not None:
                 self._release(directory, name)
                 return await self._serve(directory, name, entry, key, None)
@@ -245,18 +252,19 @@ class CachedStore:
         delay = _FIRST_WAIT_S
         while True:
             await asyncio.sleep(delay)
-            entry, _ = self._lookup(directory, name, source)
+            entry, _ = await self._lookup(directory, name, source)
             if entry is not None:
                 return entry, False
             try:
                 if directory.try_fill_lock(name):
-                    entry, _ = self._lookup(directory, name, source)
+                    entry, _ = await self._lookup(directory, name, source)
                     if entry is not None:
                         self._release(directory, name)
                         return entry, False
                     return None, True
             except OSError as exc:
-                self._fail(exc, "locking an object")
+                self._locking = False
+                self._warn(exc, "locking an object", "objects missed together are fetched twice")
                 return None, False
             if loop.time() >= deadline:
                 log.info("%s: gave up waiting for another process to fetch it", source)
@@ -341,21 +349,24 @@ class CachedStore:
     # ------------------------------------------------------------------ failures, counts
 
     def _fail(self, exc: OSError, doing: str, *, writes_only: bool = False) -> None:
-        """The cache failed: one warning, then no more writes (and, unless only a write
-        failed, no more reads) through it in this process."""
+        """The cache failed: no more writes (and, unless only a write failed, no more
+        reads) through it in this process."""
         self._writes = False
         if not writes_only:
             self._dir = None
+        self._warn(exc, doing, "writes to it stop" if writes_only else "reads bypass it")
+
+    def _warn(self, exc: OSError, doing: str, consequence: str) -> None:
+        """One warning per store, however many failures follow."""
         if not self._warned:
             self._warned = True
-            what = "writes to it stop" if writes_only else "reads bypass it"
             log.warning(
                 "the cache at %s failed while %s (%s): %s in this process; %s is read "
                 "from the store",
                 self.config.cache.directory,
                 doing,
                 exc,
-                what,
+                consequence,
                 self.inner.url_for(""),
             )
 

@@ -187,3 +187,32 @@ def test_with_cache_resolves_the_directory_and_a_default_budget(tmp_path, monkey
 def test_bad_options_are_config_errors(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         CacheConfig(**kwargs)
+
+
+def test_a_large_entry_is_read_off_the_loop_and_served(cache_config, monkeypatch):
+    from concurrent_loader.cache import store as store_module
+
+    monkeypatch.setattr(store_module, "MAX_INLINE_READ_BYTES", 100)
+    objects = numbered_objects(2, size=5000)
+    memory = MemoryConfig(objects)
+    config = CachedStoreConfig(memory, cache_config)
+    keys = sorted(objects)
+    _read(config, keys)
+    assert _read(config, keys) == [objects[k] for k in keys]
+    assert memory.stats.total == 2
+
+
+def test_a_filesystem_without_locks_still_caches(cache_config, caplog, monkeypatch):
+    def no_locks(self: object, name: str) -> bool:
+        raise OSError(37, "No locks available")
+
+    monkeypatch.setattr(directory_module.CacheDirectory, "try_fill_lock", no_locks)
+    objects = numbered_objects(3)
+    memory = MemoryConfig(objects)
+    config = CachedStoreConfig(memory, cache_config)
+    keys = sorted(objects)
+    with caplog.at_level(logging.WARNING, logger="concurrent_loader.cache"):
+        _read(config, keys)
+        assert _read(config, keys) == [objects[k] for k in keys]
+    assert memory.stats.total == 3
+    assert "No locks available" in caplog.text
