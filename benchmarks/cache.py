@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import logging
 import statistics
 import sys
 import tempfile
@@ -120,6 +121,7 @@ def run(
         with ProxyProcess(server.endpoint_url) as proxy:
             cached = s3_folder(proxy, str(Path(tmp) / "full"))
             fill_s = _epoch(cached, workers, seed, want)
+            filled = describe_cache(str(Path(tmp) / "full"))
             _epoch(on_disk, workers, seed, want)  # the page cache, for the local runs
             proxy.reset_stats()
             local_s, hit_s = [], []
@@ -132,6 +134,7 @@ def run(
                 "cached_img_s": images / statistics.median(hit_s),
                 "cached_gets": _gets(proxy),
                 "ratio": statistics.median(local_s) / statistics.median(hit_s),
+                "entries_after_fill": filled["entries"],
                 "local_epochs_s": local_s,
                 "cached_epochs_s": hit_s,
             }
@@ -141,6 +144,7 @@ def run(
             half = CacheConfig(str(Path(tmp) / "half"), max_bytes=entry_bytes // 2)
             halved = s3_folder(proxy, half)
             _epoch(halved, workers, seed, want)
+            half_filled = describe_cache(half.directory)
             proxy.reset_stats()
             _epoch(halved, workers, seed + 1, want)
             gets = _gets(proxy)
@@ -149,6 +153,9 @@ def run(
                 "entry_bytes": entry_bytes,
                 "epoch2_gets": gets,
                 "epoch2_get_share": gets / images,
+                "entries_after_fill": half_filled["entries"],
+                "bytes_after_fill": half_filled["bytes"],
+                "ledger_bytes_after_fill": half_filled["ledger_bytes"],
             }
 
         # 3. a bandwidth cap on the storage link
@@ -156,14 +163,17 @@ def run(
         for mbit in bandwidth_mbit:
             with ProxyProcess(server.endpoint_url, total_bandwidth=mbit * 1e6 / 8) as proxy:
                 uncached_s = _epoch(s3_folder(proxy, None), workers, seed, want)
-                capped = s3_folder(proxy, str(Path(tmp) / f"capped-{mbit:g}"))
+                capped_dir = str(Path(tmp) / f"capped-{mbit:g}")
+                capped = s3_folder(proxy, capped_dir)
                 _epoch(capped, workers, seed, want)
+                capped_entries = describe_cache(capped_dir)["entries"]
                 proxy.reset_stats()
                 capped_s = _epoch(capped, workers, seed + 1, want)
                 report["bandwidth_cap"][f"{mbit:g}"] = {
                     "uncached_img_s": images / uncached_s,
                     "cached_epoch2_img_s": images / capped_s,
                     "cached_epoch2_gets": _gets(proxy),
+                    "entries_after_fill": capped_entries,
                     "ratio": uncached_s / capped_s,
                 }
     return report
@@ -204,6 +214,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--smoke", action="store_true", help="a tiny run, for tests")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    # the cache says at INFO when it fetches an object again because its entry was bad
+    logging.getLogger("concurrent_loader.cache").setLevel(logging.INFO)
     report = run(
         images=args.images,
         workers=args.workers,
