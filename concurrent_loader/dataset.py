@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
-from .cache import CacheConfig, with_cache
+from .cache import CacheConfig, CachedStoreConfig, with_cache
 from .closing import Closing
 from .config import FetchConfig
 from .decode import ImageDecoder
@@ -112,6 +112,8 @@ class ObjectDataset(Closing, Dataset[Any]):
             sizes = np.fromiter((info.size for info in listed), dtype=np.int64, count=len(listed))
         table, sizes = self._select(keys if isinstance(keys, KeyTable) else KeyTable(keys), sizes)
         self.keys = table
+        if isinstance(self.store, CachedStoreConfig):  # it tells when it holds all of them
+            self.store = self.store.for_keys(table)
         self.source = ObjectSource(self.store, table, self._decoder(), self.fetch_config, sizes)
         self._runtime: Runtime | None = None
         self._runtime_lock = threading.Lock()

@@ -50,7 +50,9 @@ __all__ = [
     "Ledger",
     "clear_cache",
     "describe_cache",
+    "entry_path",
     "ledger_bytes",
+    "ledger_entries",
     "name_for",
 ]
 
@@ -62,6 +64,11 @@ STALE_TEMP_S = 600.0
 #: directory is scanned once per many entries, not once per entry
 EVICT_SLACK = 0.1
 _temp_names = itertools.count()
+
+
+def entry_path(root: str, name: str) -> str:
+    """Where the entry ``name`` lives under the cache directory ``root``."""
+    return os.path.join(root, "entries", name[:2], name)
 
 
 def name_for(source: str) -> str:
@@ -130,7 +137,7 @@ class CacheDirectory:
     # ------------------------------------------------------------------ read side (no lock)
 
     def path_for(self, name: str) -> str:
-        return os.path.join(self._entries, name[:2], name)
+        return entry_path(self.root, name)
 
     def looks_full(self, size: int) -> bool:
         """Whether an entry of ``size`` bytes would not fit now, read without the lock (a
@@ -317,14 +324,25 @@ def _is_cache(directory: str) -> bool:
     return os.path.isfile(os.path.join(directory, "ledger"))
 
 
-def ledger_bytes(directory: str) -> int:
-    """The bytes a cache directory's ledger says it holds (0 for none, or no cache)."""
+def _read_ledger(directory: str) -> Ledger | None:
+    """The ledger, read without its lock (None when there is none, or it cannot be read)."""
     try:
         with open(os.path.join(directory, "ledger"), "rb") as f:
-            ledger = Ledger.unpack(f.read())
-    except FileNotFoundError:
-        return 0
+            return Ledger.unpack(f.read(_LEDGER.size))
+    except OSError:
+        return None
+
+
+def ledger_bytes(directory: str) -> int:
+    """The bytes a cache directory's ledger says it holds (0 for none, or no cache)."""
+    ledger = _read_ledger(directory)
     return ledger.used if ledger is not None else 0
+
+
+def ledger_entries(directory: str) -> int:
+    """The entries a cache directory's ledger counts (0 for none, or no cache)."""
+    ledger = _read_ledger(directory)
+    return ledger.entries if ledger is not None else 0
 
 
 def describe_cache(directory: str) -> dict[str, Any]:

@@ -25,19 +25,24 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import multiprocessing.util
+import os
+import random
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from ..config import FetchConfig
 from ..errors import ConfigError, Reason
+from ..fetch import client_for
 from ..metrics.cache import cache_tally
+from ..runtime import Runtime, acquire_runtime
 from ..stores.base import Body, ByteRange, Capabilities, ObjectInfo, Store, StoreConfig
 from .config import CacheConfig
-from .directory import CacheDirectory, name_for
+from .directory import CacheDirectory, entry_path, ledger_entries, name_for
 from .entry import CorruptEntry, Entry, TooLarge, data_checksum, footer, read_entry
 
 __all__ = ["MAX_PENDING_BYTES", "CachedStore", "CachedStoreConfig"]
@@ -49,6 +54,8 @@ MAX_PENDING_BYTES = 32 * 1024 * 1024
 #: entries up to this size are read on the event loop's thread (a thread hop costs more
 #: than reading an image); larger ones on a thread, so the loop never stalls on a big read
 MAX_INLINE_READ_BYTES = 4 * 1024 * 1024
+#: keys of the dataset sampled to tell whether the cache holds all of it
+SAMPLE_KEYS = 64
 #: the longest wait for another process's GET of the same object
 MAX_WAIT_S = 30.0
 _FIRST_WAIT_S = 0.001
@@ -61,6 +68,10 @@ class CachedStoreConfig:
 
     inner: StoreConfig
     cache: CacheConfig
+    #: the dataset's size and a sample of its keys (:meth:`for_keys`): once the cache holds
+    #: that many entries, the sample's included, reads take the local path
+    object_count: int = 0
+    sample_keys: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.inner.capabilities.remote:
@@ -72,13 +83,42 @@ class CachedStoreConfig:
 
     @property
     def capabilities(self) -> Capabilities:
-        return self.inner.capabilities
+        """The wrapped store's, except ``remote`` is False while the cache holds the whole
+        dataset (:meth:`complete`): then the pipeline reads and decodes each sample in one
+        thread-pool job, as from a local directory, with no event loop in the way."""
+        inner = self.inner.capabilities
+        if self.complete():
+            return Capabilities(remote=False, listing=inner.listing, ranges=inner.ranges)
+        return inner
+
+    def complete(self) -> bool:
+        """Whether the cache seems to hold every object of the dataset: its ledger counts at
+        least ``object_count`` entries and every sampled key has one (a few ``stat`` calls,
+        so a pipeline asks once as it starts). A miss on the local path is still fetched."""
+        if not self.object_count or self.cache.revalidate:
+            return False
+        directory = self.cache.directory
+        if ledger_entries(directory) < self.object_count:
+            return False
+        prefix = source_prefix(self.inner)
+        return all(
+            os.path.exists(entry_path(directory, name_for(prefix + self.inner.url_for(key))))
+            for key in self.sample_keys
+        )
+
+    def for_keys(self, keys: Sequence[str]) -> CachedStoreConfig:
+        """This config for a dataset of ``keys`` (their count and a fixed sample of them)."""
+        count = len(keys)
+        picks = random.Random(0).sample(range(count), min(count, SAMPLE_KEYS))
+        return dataclasses.replace(
+            self, object_count=count, sample_keys=tuple(keys[i] for i in sorted(picks))
+        )
 
     def url_for(self, key: str) -> str:
         return self.inner.url_for(key)
 
     def resolved(self) -> CachedStoreConfig:
-        return CachedStoreConfig(self.inner.resolved(), self.cache.resolved())
+        return dataclasses.replace(self, inner=self.inner.resolved(), cache=self.cache.resolved())
 
     def open(self, fetch: FetchConfig) -> CachedStore:
         return CachedStore(self, fetch)
@@ -103,41 +143,49 @@ class CachedStore:
 
     def __init__(self, config: CachedStoreConfig, fetch: FetchConfig) -> None:
         self.config = config
-        self.inner: Store = config.inner.open(fetch)
-        self.capabilities = self.inner.capabilities
+        self._fetch = fetch
+        self.capabilities = config.capabilities
+        #: the wrapped store, on the remote path; the local path fetches a rare miss through
+        #: this process's fetch client for it instead (its store opened on the runtime)
+        self.inner: Store | None = config.inner.open(fetch) if self.capabilities.remote else None
         self._revalidate = config.cache.revalidate
         self._lru = config.cache.policy == "lru"
         self._fill_policy = config.cache.policy == "fill"
         self._prefix = source_prefix(config.inner)
         self._max_wait_s = min(fetch.timeouts.attempt / 2, MAX_WAIT_S)
         self._tally = cache_tally()
-        self._hits = self._misses = self._bytes_served = 0
         self._warned = False
         self._locking = True
         self._closed = False
-        self._reads_recorded = False
         self._pending = 0
         self._pending_lock = threading.Lock()
-        self._writer = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="concurrent-loader-cache"
-        )
-        #: the directory while reads use it (None once it failed); ``_opened`` to close
+        #: the directory while reads use it (None once it failed)
         self._dir: CacheDirectory | None = None
         try:
             self._dir = CacheDirectory(config.cache)
         except OSError as exc:
             self._fail(exc, "opening it")
-        self._opened = self._dir
         self._writes = self._dir is not None
-        # A DataLoader worker keeps its runtime (so this store) open until it exits, which
-        # skips interpreter shutdown: multiprocessing's exit hook still finishes the writes.
-        self._at_exit = multiprocessing.util.Finalize(self, self._finish_writes, exitpriority=10)
+        self._leftovers = _Leftovers(self._dir)
+        # Run at close, when the store is collected (the pipeline never closes a store on
+        # the local path) or when the process exits: a DataLoader worker keeps its runtime,
+        # so this store, open to the end, and multiprocessing's exit hook still runs this.
+        self._at_exit = multiprocessing.util.Finalize(self, self._leftovers, exitpriority=10)
 
     def url_for(self, key: str) -> str:
-        return self.inner.url_for(key)
+        return self.config.inner.url_for(key)
 
     def __repr__(self) -> str:
-        return f"CachedStore({self.inner!r}, {self.config.cache.directory})"
+        return f"CachedStore({self.config.inner}, {self.config.cache.directory})"
+
+    @property
+    def _writer(self) -> concurrent.futures.ThreadPoolExecutor:
+        return self._leftovers.writer
+
+    def _wrapped(self) -> Store:
+        if self.inner is None:  # pragma: no cover - only the remote path calls this
+            raise RuntimeError("the wrapped store is open on the remote path only")
+        return self.inner
 
     # ------------------------------------------------------------------ reads
 
@@ -145,7 +193,7 @@ class CachedStore:
         directory = self._dir
         if directory is None:
             return await self._uncached(key, byte_range)
-        source = self._prefix + self.inner.url_for(key)
+        source = self._prefix + self.url_for(key)
         name = name_for(source)
         entry, bad = await self._lookup(directory, name, source)
         if entry is not None and self._revalidate and not await self._current(key, entry):
@@ -157,7 +205,7 @@ class CachedStore:
         return await self._fill(directory, key, name, source, replace=bad)
 
     async def _uncached(self, key: str, byte_range: ByteRange | None) -> Body:
-        body = await self.inner.get(key, byte_range)
+        body = await self._wrapped().get(key, byte_range)
         self._count_miss()
         return body
 
@@ -183,7 +231,7 @@ class CachedStore:
         its ETag). Without an ETag to compare, an entry is never taken as current."""
         if entry.etag is None or not entry.data:
             return False
-        probe = await self.inner.get(key, ByteRange(0, 1))
+        probe = await self._wrapped().get(key, ByteRange(0, 1))
         return probe.etag == entry.etag
 
     async def _serve(
@@ -199,9 +247,7 @@ class CachedStore:
             if byte_range.end > len(data):  # the store says what is wrong with the range
                 return await self._uncached(key, byte_range)
             data = data[byte_range.start : byte_range.end]
-        self._hits += 1
-        self._bytes_served += len(data)
-        self._tally.hit(len(data))
+        self._count_hit(len(data))
         if self._lru:
             try:
                 directory.touch(name)
@@ -367,42 +413,124 @@ class CachedStore:
                 doing,
                 exc,
                 consequence,
-                self.inner.url_for(""),
+                self.url_for(""),
             )
 
     def _count_miss(self) -> None:
-        self._misses += 1
+        self._leftovers.misses += 1
         self._tally.miss()
+
+    def _count_hit(self, size: int) -> None:
+        self._leftovers.hits += 1
+        self._leftovers.bytes_served += size
+        self._tally.hit(size)
 
     # ------------------------------------------------------------------ the rest
 
     def list(self) -> AsyncIterator[ObjectInfo]:
-        return self.inner.list()
+        return self._wrapped().list()
 
     async def flush(self) -> None:
         """Wait until the entries handed to the writer so far are written (or refused)."""
         with contextlib.suppress(RuntimeError):  # shut down: nothing is pending
             await asyncio.wrap_future(self._writer.submit(lambda: None))
 
-    def _finish_writes(self) -> None:
-        """Write what is pending and record this store's reads in the ledger (once)."""
-        self._writer.shutdown(wait=True)
-        directory = self._opened
-        if directory is not None and not self._reads_recorded:
-            self._reads_recorded = True
-            with contextlib.suppress(OSError):
-                directory.record_reads(self._hits, self._misses, self._bytes_served)
-
     async def close(self) -> None:
         """Finish pending writes, record this store's reads in the ledger, close. Idempotent."""
         if self._closed:
             return
         self._closed = True
-        self._at_exit.cancel()
-        await asyncio.to_thread(self._finish_writes)
-        directory, self._opened, self._dir = self._opened, None, None
-        try:
-            if directory is not None:
-                directory.close()
-        finally:
+        self._dir = None
+        await asyncio.to_thread(self._at_exit)
+        if self.inner is not None:
             await self.inner.close()
+
+    # ------------------------------------------------------------------ the local path
+
+    def get_blocking(self, key: str, byte_range: ByteRange | None = None) -> bytes | bytearray:
+        """On a decode thread: the entry when there is an intact one; otherwise the object
+        through this process's fetch client for the wrapped store (no fill lock: on this
+        path a miss is rare), its entry then written on this thread."""
+        directory = self._dir
+        source = self._prefix + self.url_for(key)
+        name = name_for(source)
+        bad = False
+        if directory is not None:
+            try:
+                entry = read_entry(directory.path_for(name), source)
+            except CorruptEntry:
+                entry, bad = None, True
+            except OSError as exc:
+                self._fail(exc, "reading it")
+                entry = None
+            if entry is not None and (byte_range is None or byte_range.end <= len(entry.data)):
+                data: bytes | bytearray = entry.data
+                if byte_range is not None:
+                    data = data[byte_range.start : byte_range.end]
+                self._count_hit(len(data))
+                if self._lru:
+                    with contextlib.suppress(OSError):
+                        directory.touch(name)
+                return data
+        runtime = self._leftovers.runtime()
+        fetch = self._fetch
+
+        async def fetch_one() -> bytes | bytearray:
+            client = await client_for(runtime, self.config.inner, fetch)
+            return await client.get(key, byte_range)
+
+        fetched = runtime.run(fetch_one())
+        self._count_miss()
+        if directory is not None and byte_range is None and self._writes:
+            try:
+                tail = footer(len(fetched), data_checksum(fetched), None, source)
+                directory.put(name, fetched, tail, replace=bad)
+            except ValueError:
+                pass
+            except OSError as exc:
+                self._fail(exc, "writing an entry", writes_only=True)
+        return fetched
+
+    def list_blocking(self) -> Iterator[ObjectInfo]:
+        from ..listing import list_store
+
+        return iter(list_store(self.config.inner, self._fetch))
+
+
+class _Leftovers:
+    """What a store leaves to finish: pending writes, its reads for the ledger, the
+    directory's files, a runtime lease taken on the local path. Called once, from
+    ``close()``, collection or process exit; holds no reference to the store."""
+
+    def __init__(self, directory: CacheDirectory | None) -> None:
+        self.writer = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="concurrent-loader-cache"
+        )
+        self.directory = directory
+        self.hits = self.misses = self.bytes_served = 0
+        self._runtime: Runtime | None = None
+        self._lock = threading.Lock()
+        self._done = False
+
+    def runtime(self) -> Runtime:
+        """This process's runtime, leased until this is called."""
+        with self._lock:
+            if self._runtime is None:
+                self._runtime = acquire_runtime()
+            return self._runtime
+
+    def __call__(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+            runtime, self._runtime = self._runtime, None
+        self.writer.shutdown(wait=True)
+        directory = self.directory
+        if directory is not None:
+            if self.hits or self.misses:
+                with contextlib.suppress(OSError):
+                    directory.record_reads(self.hits, self.misses, self.bytes_served)
+            directory.close()
+        if runtime is not None:
+            runtime.release()

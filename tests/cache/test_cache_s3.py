@@ -74,6 +74,8 @@ def test_epoch_two_sends_no_get_and_reads_the_same_bytes(stored, bucket, proxy_f
     want = [hashlib.sha256(objects[k]).hexdigest() for k in keys]
     assert _digests(loader) == want
     assert _gets(proxy) == 64
+    # the cache holds the whole dataset: epoch 2 reads it as a local directory is read
+    assert not dataset.store.capabilities.remote
     proxy.reset_stats()
     assert _digests(loader) == want
     assert _gets(proxy) == 0

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import gc
 import logging
 import os
 import shutil
@@ -216,3 +218,47 @@ def test_a_filesystem_without_locks_still_caches(cache_config, caplog, monkeypat
         assert _read(config, keys) == [objects[k] for k in keys]
     assert memory.stats.total == 3
     assert "No locks available" in caplog.text
+
+
+def test_the_local_path_once_the_cache_holds_the_dataset(cache_config):
+    objects = numbered_objects(20)
+    memory = MemoryConfig(objects)
+    keys = sorted(objects)
+    config = CachedStoreConfig(memory, cache_config).for_keys(keys)
+    assert config.object_count == 20 and len(config.sample_keys) == 20
+    assert config.capabilities.remote and not config.complete()
+    _read(config, keys[:10])
+    assert config.capabilities.remote  # half of it: still the remote path
+    _read(config, keys)
+    assert config.complete() and not config.capabilities.remote
+    assert not dataclasses.replace(
+        config, cache=dataclasses.replace(cache_config, revalidate=True)
+    ).complete()
+
+
+def test_a_miss_on_the_local_path_is_fetched_and_cached_again(cache_config, monkeypatch):
+    from concurrent_loader.cache import store as store_module
+
+    monkeypatch.setattr(store_module, "SAMPLE_KEYS", 2)
+    objects = numbered_objects(10)
+    memory = MemoryConfig(objects)
+    keys = sorted(objects)
+    config = CachedStoreConfig(memory, cache_config).for_keys(keys)
+    _read(config, keys)
+    gone = next(k for k in keys if k not in config.sample_keys)
+    _entry_path(config, gone).unlink()
+    bad = next(k for k in keys if k not in config.sample_keys and k != gone)
+    raw = bytearray(_entry_path(config, bad).read_bytes())
+    raw[3] ^= 0xFF
+    _entry_path(config, bad).write_bytes(bytes(raw))
+    assert config.complete()  # the ledger still counts them, the sample is intact
+    store = config.open(FetchConfig())
+    assert not store.capabilities.remote and store.inner is None
+    assert [bytes(store.get_blocking(k)) for k in keys] == [objects[k] for k in keys]
+    assert bytes(store.get_blocking(keys[0], ByteRange(1, 4))) == objects[keys[0]][1:4]
+    assert memory.stats.total == 10 + 2
+    assert _entry_path(config, gone).exists()
+    del store  # the local path is never closed: collection releases the runtime it took
+    gc.collect()
+    assert _read(config, [gone, bad]) == [objects[gone], objects[bad]]
+    assert memory.stats.total == 12
