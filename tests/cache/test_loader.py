@@ -34,3 +34,17 @@ def test_epoch_two_is_served_from_the_cache(cache_dir, num_workers):
     assert stats["cache_hits"] == 40 and stats["cache_misses"] == 40
     assert stats["cache_bytes"] == 40 * 1000
     assert stats["cache_hit_rate"] == pytest.approx(0.5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_every_start_method_reads_through_the_cache(cache_dir, context):
+    objects = numbered_objects(24)
+    dataset = ObjectDataset(MemoryConfig(objects), decode=index_of, cache=str(cache_dir))
+    loader = ConcurrentDataLoader(
+        dataset, batch_size=8, num_workers=2, multiprocessing_context=context
+    )
+    for _ in range(2):
+        assert sorted(i for batch in loader for i in batch.tolist()) == list(range(24))
+    stats = loader.stats()
+    assert (stats["cache_hits"], stats["cache_misses"]) == (24, 24)
