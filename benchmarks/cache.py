@@ -38,10 +38,12 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BATCH_SIZE = 64
 IMAGE_SIZE = 224
+LAST_STATS: dict[str, Any] = {}
 
 
 def _epoch(dataset: Any, workers: int, seed: int, want: collections.Counter[int]) -> float:
-    """Seconds for one shuffled epoch; fails unless every image came once."""
+    """Seconds for one shuffled epoch; fails unless every image came once. The loader's
+    ``stats()`` are left in ``LAST_STATS``."""
     import torch
 
     from concurrent_loader import ConcurrentDataLoader
@@ -60,6 +62,8 @@ def _epoch(dataset: Any, workers: int, seed: int, want: collections.Counter[int]
             raise AssertionError(f"a batch of shape {tuple(images.shape)}")
         got.update(labels.tolist())
     seconds = time.perf_counter() - started
+    LAST_STATS.clear()
+    LAST_STATS.update(loader.stats())
     if got != want:
         raise AssertionError(f"the epoch's labels {dict(got)} are not the dataset's {dict(want)}")
     return seconds
@@ -125,14 +129,17 @@ def run(
             _epoch(on_disk, workers, seed, want)  # the page cache, for the local runs
             proxy.reset_stats()
             local_s, hit_s = [], []
+            cache_misses = 0
             for r in range(repeats):
                 local_s.append(_epoch(on_disk, workers, seed + 1 + r, want))
                 hit_s.append(_epoch(cached, workers, seed + 1 + r, want))
+                cache_misses += LAST_STATS["cache_misses"]
             report["hits_vs_local"] = {
                 "fill_epoch_img_s": images / fill_s,
                 "local_img_s": images / statistics.median(local_s),
                 "cached_img_s": images / statistics.median(hit_s),
                 "cached_gets": _gets(proxy),
+                "cached_cache_misses": cache_misses,
                 "ratio": statistics.median(local_s) / statistics.median(hit_s),
                 "entries_after_fill": filled["entries"],
                 "local_epochs_s": local_s,
@@ -148,11 +155,15 @@ def run(
             proxy.reset_stats()
             _epoch(halved, workers, seed + 1, want)
             gets = _gets(proxy)
+            half_stats = dict(LAST_STATS)
             report["half_budget"] = {
                 "budget_bytes": entry_bytes // 2,
                 "entry_bytes": entry_bytes,
                 "epoch2_gets": gets,
                 "epoch2_get_share": gets / images,
+                # the GETs the cache sent for its misses; the proxy's count adds hedges
+                "epoch2_cache_misses": half_stats["cache_misses"],
+                "epoch2_hedges": half_stats["hedges"],
                 "entries_after_fill": half_filled["entries"],
                 "bytes_after_fill": half_filled["bytes"],
                 "ledger_bytes_after_fill": half_filled["ledger_bytes"],
@@ -169,10 +180,12 @@ def run(
                 capped_entries = describe_cache(capped_dir)["entries"]
                 proxy.reset_stats()
                 capped_s = _epoch(capped, workers, seed + 1, want)
+                capped_stats = dict(LAST_STATS)
                 report["bandwidth_cap"][f"{mbit:g}"] = {
                     "uncached_img_s": images / uncached_s,
                     "cached_epoch2_img_s": images / capped_s,
                     "cached_epoch2_gets": _gets(proxy),
+                    "cached_epoch2_cache_misses": capped_stats["cache_misses"],
                     "entries_after_fill": capped_entries,
                     "ratio": uncached_s / capped_s,
                 }

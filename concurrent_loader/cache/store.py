@@ -458,7 +458,8 @@ class CachedStore:
         if directory is not None:
             try:
                 entry = read_entry(directory.path_for(name), source)
-            except CorruptEntry:
+            except CorruptEntry as exc:
+                log.info("refetching %s: its cache entry is bad (%s)", source, exc)
                 entry, bad = None, True
             except OSError as exc:
                 self._fail(exc, "reading it")
