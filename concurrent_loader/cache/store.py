@@ -18,6 +18,10 @@ entry behind, on a writer thread. Guarantees:
   read stops the use of the cache, a failed write stops writing).
 - Bounded: at most ``MAX_PENDING_BYTES`` wait for the writer; beyond that an object is
   not cached. ``close()`` finishes the pending writes and joins the writer.
+
+Once the cache holds the whole dataset (:meth:`CachedStoreConfig.complete`), the config
+reports ``remote=False`` and the store is read through ``get_blocking`` on the pipeline's
+decode threads (the local directories' path): hits skip the event loop altogether.
 """
 
 from __future__ import annotations
@@ -39,11 +43,11 @@ from ..config import FetchConfig
 from ..errors import ConfigError, Reason
 from ..fetch import client_for
 from ..metrics.cache import cache_tally
-from ..runtime import Runtime, acquire_runtime
 from ..stores.base import Body, ByteRange, Capabilities, ObjectInfo, Store, StoreConfig
 from .config import CacheConfig
 from .directory import CacheDirectory, entry_path, ledger_entries, name_for
 from .entry import CorruptEntry, Entry, TooLarge, data_checksum, footer, read_entry
+from .leftovers import Leftovers
 
 __all__ = ["MAX_PENDING_BYTES", "CachedStore", "CachedStoreConfig"]
 
@@ -166,7 +170,7 @@ class CachedStore:
         except OSError as exc:
             self._fail(exc, "opening it")
         self._writes = self._dir is not None
-        self._leftovers = _Leftovers(self._dir)
+        self._leftovers = Leftovers(self._dir)
         # Run at close, when the store is collected (the pipeline never closes a store on
         # the local path) or when the process exits: a DataLoader worker keeps its runtime,
         # so this store, open to the end, and multiprocessing's exit hook still runs this.
@@ -496,42 +500,3 @@ class CachedStore:
         from ..listing import list_store
 
         return iter(list_store(self.config.inner, self._fetch))
-
-
-class _Leftovers:
-    """What a store leaves to finish: pending writes, its reads for the ledger, the
-    directory's files, a runtime lease taken on the local path. Called once, from
-    ``close()``, collection or process exit; holds no reference to the store."""
-
-    def __init__(self, directory: CacheDirectory | None) -> None:
-        self.writer = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="concurrent-loader-cache"
-        )
-        self.directory = directory
-        self.hits = self.misses = self.bytes_served = 0
-        self._runtime: Runtime | None = None
-        self._lock = threading.Lock()
-        self._done = False
-
-    def runtime(self) -> Runtime:
-        """This process's runtime, leased until this is called."""
-        with self._lock:
-            if self._runtime is None:
-                self._runtime = acquire_runtime()
-            return self._runtime
-
-    def __call__(self) -> None:
-        with self._lock:
-            if self._done:
-                return
-            self._done = True
-            runtime, self._runtime = self._runtime, None
-        self.writer.shutdown(wait=True)
-        directory = self.directory
-        if directory is not None:
-            if self.hits or self.misses:
-                with contextlib.suppress(OSError):
-                    directory.record_reads(self.hits, self.misses, self.bytes_served)
-            directory.close()
-        if runtime is not None:
-            runtime.release()
