@@ -130,19 +130,17 @@ def run(
             _epoch(on_disk, workers, seed, want)  # the page cache, for the local runs
             proxy.reset_stats()
             local_s, hit_s = [], []
-            cache_misses = client_reads = 0
+            cache_misses = 0
             for r in range(repeats):
                 local_s.append(_epoch(on_disk, workers, seed + 1 + r, want))
                 hit_s.append(_epoch(cached, workers, seed + 1 + r, want))
                 cache_misses += LAST_STATS["cache_misses"]
-                client_reads += LAST_STATS["requests"]
             report["hits_vs_local"] = {
                 "fill_epoch_img_s": images / fill_s,
                 "local_img_s": images / statistics.median(local_s),
                 "cached_img_s": images / statistics.median(hit_s),
                 "cached_gets": _gets(proxy),
                 "cached_cache_misses": cache_misses,
-                "cached_client_reads": client_reads,
                 "ratio": statistics.median(local_s) / statistics.median(hit_s),
                 "entries_after_fill": filled["entries"],
                 "local_epochs_s": local_s,
@@ -182,11 +180,10 @@ def run(
                 _epoch(capped, workers, seed, want)
                 capped_entries = describe_cache(capped_dir)["entries"]
                 proxy.reset_stats()
-                capped_epochs, capped_misses, client_reads = [], 0, 0
+                capped_epochs, capped_misses = [], 0
                 for r in range(repeats):
                     capped_epochs.append(_epoch(capped, workers, seed + 1 + r, want))
                     capped_misses += LAST_STATS["cache_misses"]
-                    client_reads += LAST_STATS["requests"]
                 capped_s = statistics.median(capped_epochs)
                 report["bandwidth_cap"][f"{mbit:g}"] = {
                     "uncached_img_s": images / uncached_s,
@@ -194,8 +191,6 @@ def run(
                     "cached_epoch2_gets": _gets(proxy),
                     "cached_epoch2_cache_misses": capped_misses,
                     "cached_epochs_s": capped_epochs,
-                    # reads through the fetch client: 0 when the epochs took the local path
-                    "cached_client_reads": client_reads,
                     "entries_after_fill": capped_entries,
                     "ratio": uncached_s / capped_s,
                 }
