@@ -48,3 +48,19 @@ def test_every_start_method_reads_through_the_cache(cache_dir, context):
         assert sorted(i for batch in loader for i in batch.tolist()) == list(range(24))
     stats = loader.stats()
     assert (stats["cache_hits"], stats["cache_misses"]) == (24, 24)
+
+
+def test_epoch_two_of_a_full_cache_skips_the_event_loop(cache_dir, monkeypatch):
+    from concurrent_loader.cache import CachedStore
+
+    objects = numbered_objects(16)
+    dataset = ObjectDataset(MemoryConfig(objects), decode=index_of, cache=str(cache_dir))
+    loader = ConcurrentDataLoader(dataset, batch_size=4, shuffle=True)
+    assert sorted(i for batch in loader for i in batch.tolist()) == list(range(16))
+
+    async def not_on_the_loop(self: object, key: str, byte_range: object = None) -> None:
+        raise AssertionError(f"{key} was read through the event loop")
+
+    monkeypatch.setattr(CachedStore, "get", not_on_the_loop)
+    assert sorted(i for batch in loader for i in batch.tolist()) == list(range(16))
+    assert loader.stats()["cache_hits"] == 16
