@@ -5,6 +5,9 @@ Commands::
     concurrent-loader manifest ROOT -o FILE [--endpoint-url URL] [--anonymous] ...
     concurrent-loader inspect  ROOT [--image-folder] [--json] [--endpoint-url URL] ...
     concurrent-loader pack     SRC DEST [--shard-size 256MB] [--image-folder] ...
+    concurrent-loader cache warm [ROOT] [--manifest FILE] --cache DIR [--max-bytes N] ...
+    concurrent-loader cache info DIR [--json]
+    concurrent-loader cache clear DIR
 
 ``manifest`` lists ``ROOT`` once (paginated) and writes one key per line, relative to
 ``ROOT``, sorted, so that ``ObjectDataset.from_manifest(FILE, root=ROOT)`` (or
@@ -19,6 +22,11 @@ images each holds, counted exactly as :class:`~concurrent_loader.ImageFolder` co
 their indexes (``shard-000000.tar.idx``) under ``DEST`` (a local directory or an ``s3://``
 prefix), deterministically, readable by ``ShardDataset`` and the ``webdataset`` library;
 ``--image-folder`` adds a ``.cls`` label member per image (:mod:`concurrent_loader.shards.pack`).
+
+``cache warm`` reads every object under ``ROOT`` (or every key of ``--manifest``) once
+through the node-local cache in ``DIR`` (:mod:`concurrent_loader.cache`), with a progress
+bar, so that training starts with it full; ``cache info`` shows what a cache holds and the
+reads it served; ``cache clear`` empties it (only a directory holding a cache's ledger).
 
 ``ROOT`` is ``s3://bucket/prefix`` or a local directory. Credentials and the endpoint
 follow the standard AWS chain (``AWS_ENDPOINT_URL`` included) unless given as options.
@@ -36,7 +44,9 @@ import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from typing import IO, Any
 
-from .dataset import IMG_EXTENSIONS, ImageFolder
+from .cache import CacheConfig, CachedStoreConfig, clear_cache, describe_cache
+from .cache.warm import warm_cache
+from .dataset import IMG_EXTENSIONS, ImageFolder, ObjectDataset
 from .errors import ConfigError, LoaderError, Reason
 from .listing import list_store, progress
 from .stores import ObjectInfo, StoreConfig, store_config_for
@@ -195,6 +205,72 @@ def _human_bytes(n: int) -> str:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def cmd_cache_warm(args: argparse.Namespace) -> int:
+    if args.root is None and args.manifest is None:
+        raise ConfigError("cache warm needs ROOT or --manifest FILE", cause=Reason.INVALID_ARGUMENT)
+    cache = CacheConfig(args.cache, max_bytes=args.max_bytes, policy=args.policy)
+    options: dict[str, Any] = {
+        "endpoint_url": args.endpoint_url,
+        "region": args.region,
+        "profile": args.profile,
+        "anonymous": args.anonymous,
+        "cache": cache,
+        "progress": args.progress,
+    }
+    if args.manifest is not None:
+        dataset = ObjectDataset.from_manifest(args.manifest, args.root, **options)
+    else:
+        dataset = ObjectDataset(args.root, **options)
+    store = dataset.store
+    if not isinstance(store, CachedStoreConfig):
+        raise ConfigError(
+            f"{store} is not cached (a local directory, or a cache that cannot be used: "
+            "see the warning above)",
+            cause=Reason.INVALID_ARGUMENT,
+        )
+    keys = list(dataset.keys)
+    with progress(args.progress, f"warming {args.cache}") as tick:
+        report = warm_cache(store, keys, dataset.fetch_config, on_object=tick)
+    info = describe_cache(store.cache.directory)
+    print(
+        f"read {report.objects} objects ({_human_bytes(report.bytes)}) of {store}, "
+        f"{report.already_cached} already cached; the cache holds {info['entries']} entries "
+        f"({_human_bytes(info['bytes'])}) of a budget of {_human_bytes(store.cache.budget)}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def cmd_cache_info(args: argparse.Namespace) -> int:
+    info = _cache_call(describe_cache, args.directory)
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    rate = info["hit_rate"]
+    print(f"directory:  {info['directory']}")
+    print(f"entries:    {info['entries']}")
+    print(f"bytes:      {info['bytes']} ({_human_bytes(info['bytes'])})")
+    print(f"hits:       {info['hits']} ({_human_bytes(info['bytes_served'])} served)")
+    print(f"misses:     {info['misses']}")
+    print(f"hit rate:   {'-' if rate is None else f'{rate:.1%}'}")
+    if info["temporary_files"]:
+        print(f"unfinished: {info['temporary_files']} temporary files (writers that died)")
+    return 0
+
+
+def cmd_cache_clear(args: argparse.Namespace) -> int:
+    removed = _cache_call(clear_cache, args.directory)
+    print(f"removed {removed} entries from {os.path.abspath(args.directory)}", file=sys.stderr)
+    return 0
+
+
+def _cache_call(function: Callable[[str], Any], directory: str) -> Any:
+    try:
+        return function(directory)
+    except ValueError as exc:
+        raise ConfigError(str(exc), cause=Reason.INVALID_ARGUMENT) from None
+
+
 # ---------------------------------------------------------------------------- parser
 
 
@@ -263,7 +339,35 @@ def build_parser() -> argparse.ArgumentParser:
         help="SRC is ROOT/<class>/<image>: add a .cls member (the class index) per image",
     )
     pack.set_defaults(run=cmd_pack)
+
+    _cache_commands(commands)
     return parser
+
+
+def _cache_commands(commands: Any) -> None:
+    cache = commands.add_parser("cache", help="warm, inspect or clear a node-local cache")
+    actions = cache.add_subparsers(dest="action", required=True)
+    warm = actions.add_parser("warm", help="read every object of ROOT once through the cache")
+    warm.add_argument("root", nargs="?", help="s3://bucket/prefix (default: the manifest's)")
+    warm.add_argument("--manifest", default=None, help="read the keys of this manifest")
+    warm.add_argument("--cache", required=True, help="the cache directory")
+    warm.add_argument("--max-bytes", type=int, default=None, help="the cache's byte budget")
+    warm.add_argument("--policy", default="fill", choices=("fill", "lru"))
+    warm.add_argument("--endpoint-url", default=None, help="S3 endpoint (default: AWS chain)")
+    warm.add_argument("--region", default=None, help="S3 region (default: AWS chain)")
+    warm.add_argument("--profile", default=None, help="AWS profile name")
+    warm.add_argument("--anonymous", action="store_true", help="unsigned requests")
+    warm.add_argument(
+        "--no-progress", dest="progress", action="store_false", help="no progress bar"
+    )
+    warm.set_defaults(run=cmd_cache_warm)
+    info = actions.add_parser("info", help="what a cache holds, and the reads it served")
+    info.add_argument("directory")
+    info.add_argument("--json", action="store_true", help="print a JSON object instead")
+    info.set_defaults(run=cmd_cache_info)
+    clear = actions.add_parser("clear", help="remove every entry of a cache")
+    clear.add_argument("directory")
+    clear.set_defaults(run=cmd_cache_clear)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
+from .cache import CacheConfig, CachedStoreConfig, with_cache
 from .closing import Closing
 from .config import FetchConfig
 from .decode import ImageDecoder
@@ -63,6 +64,8 @@ class ObjectDataset(Closing, Dataset[Any]):
     ``root`` and come from ``keys``, from a manifest (:meth:`from_manifest`) or from a
     paginated listing of the root. The store options (``endpoint_url`` ... ``transport``)
     go to the root's backend; one that does not apply to it is a ``ConfigError``.
+    ``cache`` reads the objects through a node-local cache (a directory, or a
+    :class:`~concurrent_loader.cache.CacheConfig`; see :mod:`concurrent_loader.cache`).
     """
 
     def __init__(
@@ -83,8 +86,9 @@ class ObjectDataset(Closing, Dataset[Any]):
         addressing_style: str | None = None,
         ca_bundle: str | None = None,
         progress: bool = False,
+        cache: str | os.PathLike[str] | CacheConfig | None = None,
     ) -> None:
-        self.store: StoreConfig = store_config_for(
+        store = store_config_for(
             root,
             endpoint_url=endpoint_url,
             region=region,
@@ -97,6 +101,7 @@ class ObjectDataset(Closing, Dataset[Any]):
             addressing_style=addressing_style,
             ca_bundle=ca_bundle,
         ).resolved()
+        self.store: StoreConfig = with_cache(store, cache)
         self.fetch_config = fetch_config or FetchConfig()
         self.decode = decode
         sizes: np.ndarray | None = None
@@ -107,6 +112,8 @@ class ObjectDataset(Closing, Dataset[Any]):
             sizes = np.fromiter((info.size for info in listed), dtype=np.int64, count=len(listed))
         table, sizes = self._select(keys if isinstance(keys, KeyTable) else KeyTable(keys), sizes)
         self.keys = table
+        if isinstance(self.store, CachedStoreConfig):  # it tells when it holds all of them
+            self.store = self.store.for_keys(table)
         self.source = ObjectSource(self.store, table, self._decoder(), self.fetch_config, sizes)
         self._runtime: Runtime | None = None
         self._runtime_lock = threading.Lock()

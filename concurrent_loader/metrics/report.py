@@ -41,10 +41,18 @@ def loader_stats(
         "bytes_per_s": total["bytes"] / elapsed if elapsed else 0.0,
         "images_per_s": decode["count"] / elapsed if elapsed else 0.0,
     }
+    # The node-local cache (cache=): reads served from local disk and reads that went to the
+    # store. ``requests`` counts both: a hit is a read the fetch client answered too.
+    cache_reads = total["cache_hits"] + total["cache_misses"]
+    out["cache_hits"] = int(total["cache_hits"])
+    out["cache_misses"] = int(total["cache_misses"])
+    out["cache_bytes"] = int(total["cache_bytes"])
+    out["cache_hit_rate"] = total["cache_hits"] / cache_reads if cache_reads else None
     out["verdict"] = verdict(
         wait_share=waits.wait_share,
         fetch_busy=fetch["total"] / elapsed / fetch_slots if elapsed else 0.0,
         decode_busy=decode["total"] / elapsed / decode_slots if elapsed else 0.0,
+        cache_hit_rate=out["cache_hit_rate"],
     )
     return out
 
@@ -55,5 +63,11 @@ def format_stats(stats: dict[str, Any]) -> str:
         f"{stats['images_per_s']:.0f} img/s, {stats['bytes_per_s'] / 1e6:.1f} MB/s, "
         f"GET p50 {p50 * 1000 if p50 else 0:.1f} ms, {stats['inflight']} in flight, "
         f"{stats['retries']} retries, {stats['throttles']} throttles, "
-        f"{stats['skipped']} skipped - {stats['verdict']}"
+        f"{stats['skipped']} skipped"
+        + (
+            f", cache hits {stats['cache_hit_rate']:.0%}"
+            if stats.get("cache_hit_rate") is not None
+            else ""
+        )
+        + f" - {stats['verdict']}"
     )

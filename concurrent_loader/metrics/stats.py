@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from ..errors import FetchError
+from .cache import CacheTally, cache_tally
 from .percentile import percentile
 
 __all__ = ["COUNTERS", "HISTOGRAMS", "SharedStats", "StageStats", "histogram_percentiles"]
@@ -35,6 +36,9 @@ COUNTERS = (
     "inflight",
     "hedges",
     "hedges_won",
+    "cache_hits",
+    "cache_misses",
+    "cache_bytes",
 )
 HISTOGRAMS = ("fetch", "decode", "wait", "first_byte")
 _HIST_BASE = len(COUNTERS)
@@ -66,9 +70,14 @@ class StageStats:
     were for.
     """
 
-    def __init__(self, vector: list[float] | None = None) -> None:
+    def __init__(
+        self, vector: list[float] | None = None, *, cache: CacheTally | None = None
+    ) -> None:
         self._lock = threading.Lock()
         self._v = list(vector) if vector is not None else [0.0] * WIDTH
+        # With ``cache``, the cache counters also hold what that tally gains from now on.
+        self._cache = cache
+        self._cache_base = cache.snapshot() if cache is not None else (0, 0, 0)
 
     def _add_latency(self, histogram: int, seconds: float) -> None:
         base = _HIST_BASE + histogram * _HIST_WIDTH
@@ -128,7 +137,13 @@ class StageStats:
 
     def vector(self) -> list[float]:
         with self._lock:
-            return list(self._v)
+            v = list(self._v)
+        if self._cache is not None:
+            now = self._cache.snapshot()
+            first = COUNTERS.index("cache_hits")
+            for i, (value, base) in enumerate(zip(now, self._cache_base, strict=True)):
+                v[first + i] += value - base
+        return v
 
     def __getstate__(self) -> list[float]:
         return self.vector()
@@ -161,7 +176,8 @@ class SharedStats:
         self.rows[row] = torch.tensor(stats.vector(), dtype=torch.float64)
 
     def read(self, row: int) -> StageStats:
-        return StageStats(self.rows[row].tolist())
+        """The row, to count on from, together with this process's cache tally."""
+        return StageStats(self.rows[row].tolist(), cache=cache_tally())
 
     def total(self) -> dict[str, Any]:
         """Counters and histograms summed over every process."""

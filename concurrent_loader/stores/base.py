@@ -71,10 +71,12 @@ class ObjectInfo:
 
 @dataclass(slots=True)
 class Body:
-    """A successful read: the bytes, and the time to first byte when the transport knows it."""
+    """A successful read: the bytes, the time to first byte when the transport knows it, and
+    the object's ETag when the store gives one (a cache keys and revalidates entries by it)."""
 
     data: bytes | bytearray
     first_byte_s: float | None = None
+    etag: str | None = None
 
 
 @runtime_checkable

@@ -220,7 +220,7 @@ class S3Store:
         )
         # The transports refuse a body shorter than its Content-Length (or its range).
         if response.status in (200, 206):
-            return Body(response.body, response.first_byte_s)
+            return Body(response.body, response.first_byte_s, response.headers.get("etag"))
         region = response.headers.get("x-amz-bucket-region")
         if region and region != route.region and response.status in (301, 400):
             await self._follow_region(region)

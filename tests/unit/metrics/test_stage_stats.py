@@ -67,6 +67,9 @@ def test_retries_throttles_and_counters():
         "inflight": 5,
         "hedges": 0,
         "hedges_won": 0,
+        "cache_hits": 0,
+        "cache_misses": 0,
+        "cache_bytes": 0,
     }
 
 

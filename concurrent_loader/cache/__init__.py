@@ -1,0 +1,64 @@
+"""A node-local object cache shared by every worker process and job on the node.
+
+``ObjectDataset(root, cache="/nvme/cache")`` (or ``cache=CacheConfig(...)``) reads the
+root's objects through a cache on local disk: the first epoch fills it, later epochs read
+from it. It is a store wrapping the root's store (:class:`CachedStoreConfig`, on the seam of
+:mod:`concurrent_loader.stores.base`), so retries, limits, the pipeline and the loader do
+not change. What it guarantees is stated in :mod:`.store` (reads), :mod:`.directory`
+(sharing, the budget, crashes) and :mod:`.entry` (integrity); :mod:`.config` holds the
+options and :mod:`.warm` fills a cache ahead of training.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from ..stores.base import StoreConfig
+from .config import POLICIES, CacheConfig, cache_config_for
+from .directory import CacheDirectory, clear_cache, describe_cache, ledger_bytes
+from .store import CachedStore, CachedStoreConfig
+
+__all__ = [
+    "POLICIES",
+    "CacheConfig",
+    "CacheDirectory",
+    "CachedStore",
+    "CachedStoreConfig",
+    "cache_config_for",
+    "clear_cache",
+    "describe_cache",
+    "with_cache",
+]
+
+log = logging.getLogger(__name__)
+
+
+def with_cache(
+    store: StoreConfig, cache: str | os.PathLike[str] | CacheConfig | None
+) -> StoreConfig:
+    """``store`` read through ``cache`` (a directory or a ``CacheConfig``), resolved: the
+    directory made and the budget fixed, here in the main process. ``store`` itself when
+    ``cache`` is None, when the store is on local disk already, or when the directory
+    cannot be made (one WARNING: training goes on uncached). A bad option is a
+    ``ConfigError``."""
+    if cache is None:
+        return store
+    config = cache_config_for(cache)
+    if not store.capabilities.remote:
+        log.info("%s is on local disk: not cached", store)
+        return store
+    try:
+        directory = os.path.abspath(os.path.expanduser(config.directory))
+        os.makedirs(directory, exist_ok=True)
+        resolved = config.resolved(ledger_bytes(directory))
+        CacheDirectory(resolved).close()  # lays the directory out; proves it writable
+    except OSError as exc:
+        log.warning(
+            "the cache at %s cannot be used (%s): %s is read from the store",
+            config.directory,
+            exc,
+            store,
+        )
+        return store
+    return CachedStoreConfig(store, resolved)

@@ -1,0 +1,104 @@
+"""What a node-local cache is: a directory, a byte budget, a policy, and whether to revalidate.
+
+:class:`CacheConfig` is a frozen, picklable value validated when it is made; a dataset's
+``cache=`` argument (a directory, or a ``CacheConfig``) becomes one through
+:func:`cache_config_for`. Its budget is resolved once, in the main process, when the
+dataset is made (:meth:`CacheConfig.resolved`), so every worker enforces the same figure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+from ..errors import ConfigError, Reason
+
+__all__ = ["POLICIES", "CacheConfig", "cache_config_for"]
+
+POLICIES = ("fill", "lru")
+
+#: the share of the disk's free space (plus what the cache already holds) that a cache
+#: without ``max_bytes`` may use
+DEFAULT_DISK_SHARE = 0.8
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """A node-local object cache in ``directory``, shared by every process that names it.
+
+    - ``max_bytes``: the budget, in bytes on disk, honoured across every process using the
+      directory. None: 80 % of the disk's free space plus what the cache already holds,
+      measured when the dataset is made.
+    - ``policy``: ``"fill"`` (the default) caches what arrives until the budget is reached
+      and then never evicts, so under random sampling the hit rate is budget / dataset
+      every epoch; ``"lru"`` evicts the least recently read entries to make room, which
+      thrashes when the dataset is larger than the budget and epochs read in random order.
+    - ``revalidate``: before serving an entry, ask the store whether the object changed
+      (one GET of its first byte, whose ETag is compared with the entry's): an entry is then
+      never stale, at the cost of one request per hit (no bytes to speak of). Off by
+      default: training data does not change under a running job; clear the cache
+      (``concurrent-loader cache clear DIR``) after changing a dataset in place.
+    """
+
+    directory: str
+    max_bytes: int | None = None
+    policy: Literal["fill", "lru"] = "fill"
+    revalidate: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.directory, str) or not self.directory:
+            raise ConfigError(
+                f"cache directory must be a non-empty path, got {self.directory!r}",
+                cause=Reason.INVALID_ARGUMENT,
+            )
+        if self.max_bytes is not None and (
+            isinstance(self.max_bytes, bool)
+            or not isinstance(self.max_bytes, int)
+            or self.max_bytes < 0
+        ):
+            raise ConfigError(
+                f"cache max_bytes must be an int >= 0 or None, got {self.max_bytes!r}",
+                cause=Reason.INVALID_ARGUMENT,
+            )
+        if self.policy not in POLICIES:
+            raise ConfigError(
+                f"cache policy must be one of {', '.join(map(repr, POLICIES))}, "
+                f"got {self.policy!r}",
+                cause=Reason.INVALID_ARGUMENT,
+            )
+        if not isinstance(self.revalidate, bool):
+            raise ConfigError(
+                f"cache revalidate must be a bool, got {self.revalidate!r}",
+                cause=Reason.INVALID_ARGUMENT,
+            )
+
+    def resolved(self, held_bytes: int = 0) -> CacheConfig:
+        """This config with an absolute directory and a budget in bytes. ``held_bytes``
+        is what the cache already holds (it counts as free for the default budget)."""
+        directory = os.path.abspath(os.path.expanduser(self.directory))
+        budget = self.max_bytes
+        if budget is None:
+            stat = os.statvfs(directory)
+            budget = int(DEFAULT_DISK_SHARE * (stat.f_bavail * stat.f_frsize + held_bytes))
+        return dataclasses.replace(self, directory=directory, max_bytes=budget)
+
+    @property
+    def budget(self) -> int:
+        """``max_bytes`` of a resolved config."""
+        if self.max_bytes is None:
+            raise ValueError("the cache's budget is resolved when a dataset is made")
+        return self.max_bytes
+
+
+def cache_config_for(cache: str | os.PathLike[str] | CacheConfig) -> CacheConfig:
+    """``cache=`` as given to a dataset: a directory (the defaults) or a ``CacheConfig``."""
+    if isinstance(cache, CacheConfig):
+        return cache
+    if isinstance(cache, (str, os.PathLike)):
+        return CacheConfig(os.fspath(cache))
+    raise ConfigError(
+        f"cache must be a directory or a CacheConfig, got {type(cache).__name__}",
+        cause=Reason.INVALID_ARGUMENT,
+    )

@@ -1,0 +1,502 @@
+"""The cache as a store wrapping a store: :class:`CachedStoreConfig` and :class:`CachedStore`.
+
+It sits at the bottom of the fetch client's layers, in place of the store (step 6 of the
+path of a key in ``ARCHITECTURE.md``): ``get(key)`` reads the entry from the cache
+directory (:mod:`.directory`) and, when there is none (or it is corrupt, or stale under
+revalidation), GETs the object from the wrapped store, returns it at once and writes the
+entry behind, on a writer thread. Guarantees:
+
+- A read is served from an entry only when the whole entry checks out (:mod:`.entry`);
+  otherwise the object is fetched again. Byte ranges are served from a cached object, but a
+  range of an object not cached is fetched as a range and not cached.
+- One GET per object across the node's processes when several miss it at once: the first
+  takes the object's fill lock; the others wait (backing off from 1 ms to 50 ms, up to half
+  of ``Timeouts.attempt``) for its entry, then read it. If the filler gives up or its
+  entry does not fit the budget, a waiter fetches the object itself.
+- A failing cache (a full disk, a permission, a deleted directory) never fails a read:
+  it logs one WARNING per process and store, then reads go to the wrapped store (a failed
+  read stops the use of the cache, a failed write stops writing).
+- Bounded: at most ``MAX_PENDING_BYTES`` wait for the writer; beyond that an object is
+  not cached. ``close()`` finishes the pending writes and joins the writer.
+
+Once the cache holds the whole dataset (:meth:`CachedStoreConfig.complete`), the config
+reports ``remote=False`` and the store is read through ``get_blocking`` on the pipeline's
+decode threads (the local directories' path): hits skip the event loop altogether.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import dataclasses
+import logging
+import multiprocessing.util
+import os
+import random
+import threading
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from ..config import FetchConfig
+from ..errors import ConfigError, Reason
+from ..fetch import client_for
+from ..metrics.cache import cache_tally
+from ..stores.base import Body, ByteRange, Capabilities, ObjectInfo, Store, StoreConfig
+from .config import CacheConfig
+from .directory import CacheDirectory, entry_path, ledger_entries, name_for
+from .entry import CorruptEntry, Entry, TooLarge, data_checksum, footer, read_entry
+from .leftovers import Leftovers
+
+__all__ = ["MAX_PENDING_BYTES", "CachedStore", "CachedStoreConfig"]
+
+log = logging.getLogger(__name__)
+
+#: bytes of fetched objects waiting for the writer, at most, per store
+MAX_PENDING_BYTES = 32 * 1024 * 1024
+#: entries up to this size are read on the event loop's thread (a thread hop costs more
+#: than reading an image); larger ones on a thread, so the loop never stalls on a big read
+MAX_INLINE_READ_BYTES = 4 * 1024 * 1024
+#: keys of the dataset sampled to tell whether the cache holds all of it
+SAMPLE_KEYS = 64
+#: the longest wait for another process's GET of the same object
+MAX_WAIT_S = 30.0
+_FIRST_WAIT_S = 0.001
+_LONGEST_WAIT_S = 0.05
+
+
+@dataclass(frozen=True)
+class CachedStoreConfig:
+    """``inner`` (a remote store's config) read through the node-local cache ``cache``."""
+
+    inner: StoreConfig
+    cache: CacheConfig
+    #: the dataset's size and a sample of its keys (:meth:`for_keys`): once the cache holds
+    #: that many entries, the sample's included, reads take the local path
+    object_count: int = 0
+    sample_keys: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.inner.capabilities.remote:
+            raise ConfigError(
+                f"{self.inner.url_for('')} is on local disk already: it needs no cache",
+                url=self.inner.url_for(""),
+                cause=Reason.INVALID_ARGUMENT,
+            )
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """The wrapped store's, except ``remote`` is False while the cache holds the whole
+        dataset (:meth:`complete`): then the pipeline reads and decodes each sample in one
+        thread-pool job, as from a local directory, with no event loop in the way."""
+        inner = self.inner.capabilities
+        if self.complete():
+            return Capabilities(remote=False, listing=inner.listing, ranges=inner.ranges)
+        return inner
+
+    def complete(self) -> bool:
+        """Whether the cache seems to hold every object of the dataset: its ledger counts at
+        least ``object_count`` entries and every sampled key has one (a few ``stat`` calls,
+        so a pipeline asks once as it starts). A miss on the local path is still fetched."""
+        if not self.object_count or self.cache.revalidate:
+            return False
+        directory = self.cache.directory
+        if ledger_entries(directory) < self.object_count:
+            return False
+        prefix = source_prefix(self.inner)
+        return all(
+            os.path.exists(entry_path(directory, name_for(prefix + self.inner.url_for(key))))
+            for key in self.sample_keys
+        )
+
+    def for_keys(self, keys: Sequence[str]) -> CachedStoreConfig:
+        """This config for a dataset of ``keys`` (their count and a fixed sample of them)."""
+        count = len(keys)
+        picks = random.Random(0).sample(range(count), min(count, SAMPLE_KEYS))
+        return dataclasses.replace(
+            self, object_count=count, sample_keys=tuple(keys[i] for i in sorted(picks))
+        )
+
+    def url_for(self, key: str) -> str:
+        return self.inner.url_for(key)
+
+    def resolved(self) -> CachedStoreConfig:
+        return dataclasses.replace(self, inner=self.inner.resolved(), cache=self.cache.resolved())
+
+    def open(self, fetch: FetchConfig) -> CachedStore:
+        return CachedStore(self, fetch)
+
+    def __str__(self) -> str:
+        return str(self.inner)
+
+
+def source_prefix(inner: StoreConfig) -> str:
+    """What tells apart two stores whose URLs read alike: the endpoint (without any user
+    info), for a store that has one."""
+    endpoint = getattr(inner, "endpoint_url", None)
+    if not endpoint:
+        return ""
+    parts = urlsplit(endpoint)
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{parts.hostname}{port}{parts.path.rstrip('/')} "
+
+
+class CachedStore:
+    """Reads through the cache; see the module docstring. Open and use it on one loop."""
+
+    def __init__(self, config: CachedStoreConfig, fetch: FetchConfig) -> None:
+        self.config = config
+        self._fetch = fetch
+        self.capabilities = config.capabilities
+        #: the wrapped store, on the remote path; the local path fetches a rare miss through
+        #: this process's fetch client for it instead (its store opened on the runtime)
+        self.inner: Store | None = config.inner.open(fetch) if self.capabilities.remote else None
+        self._revalidate = config.cache.revalidate
+        self._lru = config.cache.policy == "lru"
+        self._fill_policy = config.cache.policy == "fill"
+        self._prefix = source_prefix(config.inner)
+        self._max_wait_s = min(fetch.timeouts.attempt / 2, MAX_WAIT_S)
+        self._tally = cache_tally()
+        self._warned = False
+        self._locking = True
+        self._closed = False
+        self._pending = 0
+        self._pending_lock = threading.Lock()
+        #: the directory while reads use it (None once it failed)
+        self._dir: CacheDirectory | None = None
+        try:
+            self._dir = CacheDirectory(config.cache)
+        except OSError as exc:
+            self._fail(exc, "opening it")
+        self._writes = self._dir is not None
+        self._leftovers = Leftovers(self._dir)
+        # Run at close, when the store is collected (the pipeline never closes a store on
+        # the local path) or when the process exits: a DataLoader worker keeps its runtime,
+        # so this store, open to the end, and multiprocessing's exit hook still runs this.
+        self._at_exit = multiprocessing.util.Finalize(self, self._leftovers, exitpriority=10)
+
+    def url_for(self, key: str) -> str:
+        return self.config.inner.url_for(key)
+
+    def __repr__(self) -> str:
+        return f"CachedStore({self.config.inner}, {self.config.cache.directory})"
+
+    @property
+    def _writer(self) -> concurrent.futures.ThreadPoolExecutor:
+        return self._leftovers.writer
+
+    def _wrapped(self) -> Store:
+        if self.inner is None:  # pragma: no cover - only the remote path calls this
+            raise RuntimeError("the wrapped store is open on the remote path only")
+        return self.inner
+
+    # ------------------------------------------------------------------ reads
+
+    async def get(self, key: str, byte_range: ByteRange | None = None) -> Body:
+        directory = self._dir
+        if directory is None:
+            return await self._uncached(key, byte_range)
+        source = self._prefix + self.url_for(key)
+        name = name_for(source)
+        entry, bad = await self._lookup(directory, name, source)
+        if entry is not None and self._revalidate and not await self._current(key, entry):
+            entry, bad = None, True
+        if entry is not None:
+            return await self._serve(directory, name, entry, key, byte_range)
+        if byte_range is not None:
+            return await self._uncached(key, byte_range)
+        return await self._fill(directory, key, name, source, replace=bad)
+
+    async def _uncached(self, key: str, byte_range: ByteRange | None) -> Body:
+        body = await self._wrapped().get(key, byte_range)
+        self._count_miss()
+        return body
+
+    async def _lookup(
+        self, directory: CacheDirectory, name: str, source: str
+    ) -> tuple[Entry | None, bool]:
+        """(the intact entry or None, whether a bad one is in the way)."""
+        path = directory.path_for(name)
+        try:
+            try:
+                return read_entry(path, source, MAX_INLINE_READ_BYTES), False
+            except TooLarge:
+                return await asyncio.to_thread(read_entry, path, source), False
+        except CorruptEntry as exc:
+            log.info("refetching %s: its cache entry is bad (%s)", source, exc)
+            return None, True
+        except OSError as exc:
+            self._fail(exc, "reading it")
+            return None, False
+
+    async def _current(self, key: str, entry: Entry) -> bool:
+        """Whether the store still holds the entry's version (one GET of the first byte:
+        its ETag). Without an ETag to compare, an entry is never taken as current."""
+        if entry.etag is None or not entry.data:
+            return False
+        probe = await self._wrapped().get(key, ByteRange(0, 1))
+        return probe.etag == entry.etag
+
+    async def _serve(
+        self,
+        directory: CacheDirectory,
+        name: str,
+        entry: Entry,
+        key: str,
+        byte_range: ByteRange | None,
+    ) -> Body:
+        data: bytes | bytearray = entry.data
+        if byte_range is not None:
+            if byte_range.end > len(data):  # the store says what is wrong with the range
+                return await self._uncached(key, byte_range)
+            data = data[byte_range.start : byte_range.end]
+        self._count_hit(len(data))
+        if self._lru:
+            try:
+                directory.touch(name)
+            except OSError as exc:
+                self._fail(exc, "marking a read")
+        return Body(data, None, entry.etag)
+
+    # ------------------------------------------------------------------ misses
+
+    async def _fill(
+        self, directory: CacheDirectory, key: str, name: str, source: str, *, replace: bool
+    ) -> Body:
+        """Fetch the object, holding its fill lock (or wait for the process that does)."""
+        try:
+            held = self._locking and directory.try_fill_lock(name)
+        except OSError as exc:  # a filesystem without locks: go on, without them
+            self._locking = held = False
+            self._warn(exc, "locking an object", "objects missed together are fetched twice")
+        if not held and self._locking:
+            entry, held = await self._wait_for_filler(directory, name, source)
+            if entry is not None:
+                return await self._serve(directory, name, entry, key, None)
+        elif held and not replace:
+            # Another process may have put it in place since our lookup.
+            entry, _ = await self._lookup(directory, name, source)
+            if entry is not None:
+                self._release(directory, name)
+                return await self._serve(directory, name, entry, key, None)
+        try:
+            body = await self._uncached(key, None)
+        except BaseException:
+            if held:
+                self._release(directory, name)
+            raise
+        self._write_later(directory, name, source, body, held=held, replace=replace)
+        return body
+
+    async def _wait_for_filler(
+        self, directory: CacheDirectory, name: str, source: str
+    ) -> tuple[Entry | None, bool]:
+        """Wait for the process holding the fill lock: (its entry, False) once in place;
+        (None, True) when the lock came free without one (we hold it now); (None, False)
+        after ``_max_wait_s``. A cross-process wake-up without a server or a thread per
+        waiter is not to be had portably, so this backs off and looks again; only
+        processes missing the same object at the same time ever wait here."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._max_wait_s
+        delay = _FIRST_WAIT_S
+        while True:
+            await asyncio.sleep(delay)
+            entry, _ = await self._lookup(directory, name, source)
+            if entry is not None:
+                return entry, False
+            try:
+                if directory.try_fill_lock(name):
+                    entry, _ = await self._lookup(directory, name, source)
+                    if entry is not None:
+                        self._release(directory, name)
+                        return entry, False
+                    return None, True
+            except OSError as exc:
+                self._locking = False
+                self._warn(exc, "locking an object", "objects missed together are fetched twice")
+                return None, False
+            if loop.time() >= deadline:
+                log.info("%s: gave up waiting for another process to fetch it", source)
+                return None, False
+            delay = min(delay * 2, _LONGEST_WAIT_S)
+
+    def _release(self, directory: CacheDirectory, name: str) -> None:
+        try:
+            directory.release_fill_lock(name)
+        except OSError as exc:
+            self._fail(exc, "unlocking an object")
+
+    def _write_later(
+        self,
+        directory: CacheDirectory,
+        name: str,
+        source: str,
+        body: Body,
+        *,
+        held: bool,
+        replace: bool,
+    ) -> None:
+        """Hand the entry to the writer; the fill lock (if held) goes when it is in place."""
+        data = body.data
+        size = len(data)
+        try:
+            skip = (
+                not self._writes
+                or self._closed
+                or (self._fill_policy and not replace and directory.looks_full(size))
+            )
+        except OSError as exc:
+            self._fail(exc, "reading its ledger", writes_only=True)
+            skip = True
+        with self._pending_lock:
+            if skip or self._pending + size > MAX_PENDING_BYTES:
+                skip = True
+            else:
+                self._pending += size
+        if skip:
+            if held:
+                self._release(directory, name)
+            return
+        # Checked now, before the caller holds the buffer: a later change to it fails the
+        # entry's check instead of being cached.
+        crc = data_checksum(data)
+        try:
+            self._writer.submit(
+                self._write, directory, name, source, data, crc, body.etag, held, replace
+            )
+        except RuntimeError:  # the writer is shut down: we are closing
+            with self._pending_lock:
+                self._pending -= size
+            if held:
+                self._release(directory, name)
+
+    def _write(
+        self,
+        directory: CacheDirectory,
+        name: str,
+        source: str,
+        data: bytes | bytearray,
+        crc: int,
+        etag: str | None,
+        held: bool,
+        replace: bool,
+    ) -> None:
+        """On the writer thread."""
+        try:
+            if self._writes:
+                directory.put(name, data, footer(len(data), crc, etag, source), replace=replace)
+        except ValueError:  # an ETag or name too long to store: not cached
+            pass
+        except OSError as exc:
+            self._fail(exc, "writing an entry", writes_only=True)
+        finally:
+            if held:
+                self._release(directory, name)
+            with self._pending_lock:
+                self._pending -= len(data)
+
+    # ------------------------------------------------------------------ failures, counts
+
+    def _fail(self, exc: OSError, doing: str, *, writes_only: bool = False) -> None:
+        """The cache failed: no more writes (and, unless only a write failed, no more
+        reads) through it in this process."""
+        self._writes = False
+        if not writes_only:
+            self._dir = None
+        self._warn(exc, doing, "writes to it stop" if writes_only else "reads bypass it")
+
+    def _warn(self, exc: OSError, doing: str, consequence: str) -> None:
+        """One warning per store, however many failures follow."""
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "the cache at %s failed while %s (%s): %s in this process; %s is read "
+                "from the store",
+                self.config.cache.directory,
+                doing,
+                exc,
+                consequence,
+                self.url_for(""),
+            )
+
+    def _count_miss(self) -> None:
+        self._leftovers.misses += 1
+        self._tally.miss()
+
+    def _count_hit(self, size: int) -> None:
+        self._leftovers.hits += 1
+        self._leftovers.bytes_served += size
+        self._tally.hit(size)
+
+    # ------------------------------------------------------------------ the rest
+
+    def list(self) -> AsyncIterator[ObjectInfo]:
+        return self._wrapped().list()
+
+    async def flush(self) -> None:
+        """Wait until the entries handed to the writer so far are written (or refused)."""
+        with contextlib.suppress(RuntimeError):  # shut down: nothing is pending
+            await asyncio.wrap_future(self._writer.submit(lambda: None))
+
+    async def close(self) -> None:
+        """Finish pending writes, record this store's reads in the ledger, close. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._dir = None
+        await asyncio.to_thread(self._at_exit)
+        if self.inner is not None:
+            await self.inner.close()
+
+    # ------------------------------------------------------------------ the local path
+
+    def get_blocking(self, key: str, byte_range: ByteRange | None = None) -> bytes | bytearray:
+        """On a decode thread: the entry when there is an intact one; otherwise the object
+        through this process's fetch client for the wrapped store (no fill lock: on this
+        path a miss is rare), its entry then written on this thread."""
+        directory = self._dir
+        source = self._prefix + self.url_for(key)
+        name = name_for(source)
+        bad = False
+        if directory is not None:
+            try:
+                entry = read_entry(directory.path_for(name), source)
+            except CorruptEntry as exc:
+                log.info("refetching %s: its cache entry is bad (%s)", source, exc)
+                entry, bad = None, True
+            except OSError as exc:
+                self._fail(exc, "reading it")
+                entry = None
+            if entry is not None and (byte_range is None or byte_range.end <= len(entry.data)):
+                data: bytes | bytearray = entry.data
+                if byte_range is not None:
+                    data = data[byte_range.start : byte_range.end]
+                self._count_hit(len(data))
+                if self._lru:
+                    with contextlib.suppress(OSError):
+                        directory.touch(name)
+                return data
+        runtime = self._leftovers.runtime()
+        fetch = self._fetch
+
+        async def fetch_one() -> bytes | bytearray:
+            client = await client_for(runtime, self.config.inner, fetch)
+            return await client.get(key, byte_range)
+
+        fetched = runtime.run(fetch_one())
+        self._count_miss()
+        if directory is not None and byte_range is None and self._writes:
+            try:
+                tail = footer(len(fetched), data_checksum(fetched), None, source)
+                directory.put(name, fetched, tail, replace=bad)
+            except ValueError:
+                pass
+            except OSError as exc:
+                self._fail(exc, "writing an entry", writes_only=True)
+        return fetched
+
+    def list_blocking(self) -> Iterator[ObjectInfo]:
+        from ..listing import list_store
+
+        return iter(list_store(self.config.inner, self._fetch))

@@ -1,0 +1,64 @@
+"""What the cache tests run in other processes (spawned: importable by name)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from concurrent_loader import ConcurrentDataLoader, FetchConfig, ObjectDataset
+from concurrent_loader.cache import CachedStoreConfig
+
+
+def read_epoch(dataset: ObjectDataset, out: str, start: Any) -> None:
+    """One epoch (2 workers, sampler order), after ``start`` (a barrier); writes
+    {index: sha256} of what it got to ``out``."""
+    loader = ConcurrentDataLoader(
+        dataset, batch_size=8, num_workers=2, prefetch_batches=2, max_inflight_requests=16
+    )
+    start.wait(60)
+    got: dict[int, str] = {}
+    index = 0
+    for batch in loader:
+        for body in batch:
+            got[index] = hashlib.sha256(body).hexdigest()
+            index += 1
+    Path(out).write_text(json.dumps(got))
+
+
+def _hang(marker: str) -> None:
+    Path(marker).touch()
+    time.sleep(3600)
+
+
+def write_and_hang(config: CachedStoreConfig, key: str, marker: str, where: str) -> None:
+    """Read ``key`` through the cache; its writer stops for good at ``where`` ("data": half
+    of the entry written, "rename": all written, the ledger updated, not yet renamed)."""
+    from concurrent_loader.cache import directory
+
+    if where == "data":
+        write_all = directory._write_all
+
+        def half_then_hang(fd: int, view: memoryview) -> None:
+            write_all(fd, view[: len(view) // 2])
+            _hang(marker)
+
+        directory._write_all = half_then_hang  # type: ignore[assignment]
+    else:
+
+        def hang_instead(src: str, dst: str) -> None:
+            _hang(marker)
+
+        directory.os.replace = hang_instead  # type: ignore[assignment]
+
+    async def read() -> None:
+        store = config.open(FetchConfig())
+        await store.get(key)
+        await store.close()  # waits for the writer, which never finishes
+
+    asyncio.run(read())
+    os._exit(3)  # not reached: the test kills this process first

@@ -1,0 +1,52 @@
+"""Fixtures of the cache tests: a cache directory per test, objects that name themselves.
+
+Every object body starts with its index, so a sample read back names the object it came
+from. The autouse fixture checks that a test leaves none of the loader's threads (the
+cache's writer included) running.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from concurrent_loader.cache import CacheConfig
+
+
+def body_for(index: int, size: int = 1000) -> bytes:
+    return f"{index:06d}".encode().ljust(size, b".")
+
+
+def index_of(data: bytes | bytearray) -> int:
+    return int(bytes(data[:6]))
+
+
+def numbered_objects(count: int, size: int = 1000) -> dict[str, bytes]:
+    return {f"{i:05d}.bin": body_for(i, size) for i in range(count)}
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path) -> Path:
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def cache_config(cache_dir: Path) -> CacheConfig:
+    """A resolved config (1 MB budget, fill) for ``cache_dir``."""
+    cache_dir.mkdir(exist_ok=True)
+    return CacheConfig(str(cache_dir), max_bytes=1_000_000).resolved()
+
+
+def _loader_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("concurrent-loader")]
+
+
+@pytest.fixture(autouse=True)
+def _no_loader_threads_left() -> Iterator[None]:
+    before = set(_loader_threads())
+    yield
+    left = [t.name for t in _loader_threads() if t not in before]
+    assert not left, f"threads still running after the test: {left}"

@@ -1,0 +1,66 @@
+"""A loader reading through the cache: the second epoch reads nothing from the store, and
+``stats()`` says so."""
+
+from __future__ import annotations
+
+import pytest
+
+from concurrent_loader import ConcurrentDataLoader, ObjectDataset
+from concurrent_loader.cache import CacheConfig
+from concurrent_loader.stores import MemoryConfig
+
+from .conftest import index_of, numbered_objects
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_epoch_two_is_served_from_the_cache(cache_dir, num_workers):
+    objects = numbered_objects(40)
+    memory = MemoryConfig(objects, latency_s=0.001)
+    dataset = ObjectDataset(memory, decode=index_of, cache=CacheConfig(str(cache_dir)))
+    loader = ConcurrentDataLoader(
+        dataset,
+        batch_size=8,
+        shuffle=True,
+        num_workers=num_workers,
+        multiprocessing_context="fork" if num_workers else None,
+    )
+    first = sorted(i for batch in loader for i in batch.tolist())
+    gets_after_first = memory.stats.total if num_workers == 0 else None
+    second = sorted(i for batch in loader for i in batch.tolist())
+    assert first == second == list(range(40))
+    if gets_after_first is not None:  # the store's counters live in this process only
+        assert memory.stats.total == gets_after_first == 40
+    stats = loader.stats()
+    assert stats["cache_hits"] == 40 and stats["cache_misses"] == 40
+    assert stats["cache_bytes"] == 40 * 1000
+    assert stats["cache_hit_rate"] == pytest.approx(0.5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_every_start_method_reads_through_the_cache(cache_dir, context):
+    objects = numbered_objects(24)
+    dataset = ObjectDataset(MemoryConfig(objects), decode=index_of, cache=str(cache_dir))
+    loader = ConcurrentDataLoader(
+        dataset, batch_size=8, num_workers=2, multiprocessing_context=context
+    )
+    for _ in range(2):
+        assert sorted(i for batch in loader for i in batch.tolist()) == list(range(24))
+    stats = loader.stats()
+    assert (stats["cache_hits"], stats["cache_misses"]) == (24, 24)
+
+
+def test_epoch_two_of_a_full_cache_skips_the_event_loop(cache_dir, monkeypatch):
+    from concurrent_loader.cache import CachedStore
+
+    objects = numbered_objects(16)
+    dataset = ObjectDataset(MemoryConfig(objects), decode=index_of, cache=str(cache_dir))
+    loader = ConcurrentDataLoader(dataset, batch_size=4, shuffle=True)
+    assert sorted(i for batch in loader for i in batch.tolist()) == list(range(16))
+
+    async def not_on_the_loop(self: object, key: str, byte_range: object = None) -> None:
+        raise AssertionError(f"{key} was read through the event loop")
+
+    monkeypatch.setattr(CachedStore, "get", not_on_the_loop)
+    assert sorted(i for batch in loader for i in batch.tolist()) == list(range(16))
+    assert loader.stats()["cache_hits"] == 16
