@@ -122,6 +122,7 @@ def test_metrics_example(example_env, tmp_path):
 
 def test_command_line_example(example_env, tmp_path):
     out = run_subsection("Command line", example_env, tmp_path)
+    assert "wrote 24 samples in 1 shards" in out, out
     assert "objects: 24" in out, out
     assert "images:  24 in 3 classes" in out, out
     assert (tmp_path / "train.txt").read_text().count("\n") == 24
