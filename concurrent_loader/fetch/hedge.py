@@ -7,14 +7,21 @@ accounting, so:
 - the hedge timer starts when the attempt is sent (it holds its request slot), never while
   it waits for one; the delay is :class:`HedgeDelay`'s estimate (a high percentile of this
   client's recent GET latencies, within a floor and a ceiling);
-- a hedge is sent only if the budget (:class:`HedgeBudget`) has a token, the store has not
-  throttled within the cool-down, and a request slot is free at once: the hedge takes its
-  own slot (``max_inflight_requests`` still bounds every GET in flight) and never queues;
+- a hedge is sent only if the budget (:class:`HedgeBudget`) has a token, the store did
+  not throttle most GETs of the last round, and one of the limit's hedge slots is free at
+  once: a hedge never queues, and it does not take one of the limit's slots, because the
+  GET it overtakes holds one and the limit may be small (a throttling store cuts it): a
+  hedge that waited for a slot behind its own stalled GET would never be sent. At most
+  ``FetchConfig.max_hedges_in_flight`` hedges are in flight beyond the limit, so the GETs
+  in flight stay within ``limit + max_hedges_in_flight`` (the transport's connection cap);
 - at most one hedge per attempt. The first of the two to return bytes wins; the other is
   cancelled (the transport closes a cancelled connection) and awaited, so its slot is
   free again when the attempt returns. An error that a retry cannot mend (404, 403, ...)
-  from either ends the attempt at once; a transient one waits for the other GET, and only
-  when both fail does the attempt fail (with the first GET's error);
+  from either ends the attempt at once. A transient error of the first GET waits for the
+  hedge; a transient error of the hedge ends the attempt with it (and the first GET is
+  cancelled), because the first GET has outlasted the delay and the hedge's whole life,
+  so it is most likely stalled: the retry layer sends a fresh attempt after its backoff,
+  rather than waiting for the stall to end or for ``Timeouts.read``;
 - the attempt is one object to the layers above: one response reported, one deadline, and,
   in the pipeline, one byte reservation (made before the client is called). The loser's
   body, bounded like every body by ``max_object_bytes`` (the store refuses a larger one
@@ -61,7 +68,7 @@ class HedgeDelay:
         self._delay = config.max_delay
 
     def observe(self, seconds: float) -> None:
-        """A GET took ``seconds`` (or at least that long, for a cancelled loser)."""
+        """A GET completed in ``seconds``."""
         self._latencies.append(seconds)
         self._stale += 1
         if len(self._latencies) >= MIN_SAMPLES and (
@@ -100,8 +107,8 @@ class HedgeLayer:
     """One attempt as up to two GETs of the same object (see the module docstring).
 
     ``limit`` is the client's in-flight limit: the attempt already holds one of its slots;
-    a hedge takes another with :meth:`AdaptiveLimit.try_acquire`. ``sent`` and ``won``
-    count hedges over the client's life.
+    a hedge takes one of its hedge slots with :meth:`AdaptiveLimit.try_acquire_hedge`.
+    ``sent`` and ``won`` count hedges over the client's life.
     """
 
     def __init__(self, inner: Getter, limit: AdaptiveLimit, config: HedgeConfig) -> None:
@@ -115,10 +122,9 @@ class HedgeLayer:
     async def get(self, request: Request) -> Body:
         self.budget.earn()
         loop = asyncio.get_running_loop()
-        if self.budget.tokens < 1.0 or self.limit.cooling_down:  # no hedge: no task, no timer
+        if self.budget.tokens < 1.0 or self.limit.storming:  # no hedge: no task, no timer
             return await self._timed(request, loop)
         primary = loop.create_task(self._timed(request, loop))
-        primary_started = loop.time()
         hedge: asyncio.Task[Body] | None = None
         try:
             done, _ = await asyncio.wait((primary,), timeout=self.delay.seconds)
@@ -128,10 +134,9 @@ class HedgeLayer:
             # A done callback, not a finally in the task: a task cancelled before its
             # first step never runs its body, and the slot would leak.
             hedge.add_done_callback(self._release_hedge_slot)
-            hedge_started = loop.time()
             self.sent += 1
             request.observer.on_hedge()
-            return await self._race(request, primary, hedge, primary_started, hedge_started)
+            return await self._race(request, primary, hedge)
         finally:
             children = [task for task in (primary, hedge) if task is not None]
             for task in children:
@@ -143,42 +148,39 @@ class HedgeLayer:
 
     def _take_hedge_slot(self) -> bool:
         """A slot for a hedge if the budget, the store's mood and the limit allow one."""
-        if self.limit.cooling_down or self.budget.tokens < 1.0:
+        if self.limit.storming or self.budget.tokens < 1.0:
             return False
-        if not self.limit.try_acquire():
+        if not self.limit.try_acquire_hedge():
             return False
         self.budget.spend()
         return True
 
     async def _race(
-        self,
-        request: Request,
-        primary: asyncio.Task[Body],
-        hedge: asyncio.Task[Body],
-        primary_started: float,
-        hedge_started: float,
+        self, request: Request, primary: asyncio.Task[Body], hedge: asyncio.Task[Body]
     ) -> Body:
-        loop = asyncio.get_running_loop()
         pending: set[asyncio.Task[Body]] = {primary, hedge}
-        failed: dict[asyncio.Task[Body], BaseException] = {}
+        primary_error: BaseException | None = None
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for task in sorted(done, key=lambda t: t is not primary):  # the primary first
                 error = task.exception()
                 if error is None:
-                    for loser in pending:  # it ran at least this long: a lower bound
-                        started = primary_started if loser is primary else hedge_started
-                        self.delay.observe(loop.time() - started)
                     if task is hedge:
                         self.won += 1
                         request.observer.on_hedge_won()
                     return task.result()
                 if not (isinstance(error, FetchError) and error.retryable):
                     raise error
-                failed[task] = error
-        error = failed[primary]
-        error.add_note(f"its hedged GET failed too: {failed[hedge]}")
-        raise error
+                if task is hedge:
+                    # The first GET outlasted the delay and the hedge's whole life: most
+                    # likely stalled. A fresh attempt beats waiting for it (module doc).
+                    if primary_error is not None:
+                        error.add_note(f"the GET it hedged failed too: {primary_error}")
+                    elif primary in pending:
+                        error.add_note("the GET it hedged, still unanswered, was cancelled")
+                    raise error
+                primary_error = error
+        raise AssertionError("unreachable: the hedge's outcome ends the race")
 
     async def _timed(self, request: Request, loop: asyncio.AbstractEventLoop) -> Body:
         """One GET; its latency feeds the delay estimate when it succeeds."""
@@ -188,4 +190,4 @@ class HedgeLayer:
         return body
 
     def _release_hedge_slot(self, hedge: asyncio.Task[Body]) -> None:
-        self.limit.release()
+        self.limit.release_hedge()
