@@ -100,6 +100,7 @@ class ProxyServer:
         # Only needed (and only paid for) when a draw depends on it.
         self._track_history = self._faults.any_faults or self.latency.draws_per_request
         self._history: dict[int, int] = {}
+        self._first_faultable: float | None = None  # when the storm's clock started
         self.stats = Stats()
         self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -194,6 +195,7 @@ class ProxyServer:
         elif request.path == RESET_PATH and request.method == "POST":
             self.stats.reset()
             self._history.clear()
+            self._first_faultable = None
             reply = simple_response(200, "OK", b"{}", "application/json", close)
         else:
             reply = simple_response(405, "Method Not Allowed", b"", "text/plain", close)
@@ -211,6 +213,14 @@ class ProxyServer:
             self._history[key] = n + 1
         seed = self._faults.seed
         fault = self._faults.fault_for(request.method, request.target, n)
+        if self._faults.storm_seconds > 0 and self._faults.faultable(
+            request.method, request.target
+        ):
+            if self._first_faultable is None:
+                self._first_faultable = request.arrival
+            if self._faults.in_storm(request.arrival - self._first_faultable):
+                fault = "slowdown_503"
+                self.stats.storm_503 += 1
         delay, straggler = self.latency.first_byte(seed, request.method, request.target, n)
         if straggler:
             self.stats.stragglers += 1
