@@ -190,7 +190,10 @@ class ProxyServer:
         await discard_body(request, client.reader)
         close = not request.keep_alive
         if request.path == STATS_PATH and request.method == "GET":
-            body = json.dumps(self.stats.to_dict()).encode()
+            figures = self.stats.to_dict()
+            if self._first_faultable is not None:  # seconds since the storm's clock started
+                figures["storm_clock_s"] = asyncio.get_running_loop().time() - self._first_faultable
+            body = json.dumps(figures).encode()
             reply = simple_response(200, "OK", body, "application/json", close)
         elif request.path == RESET_PATH and request.method == "POST":
             self.stats.reset()
