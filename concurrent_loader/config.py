@@ -160,8 +160,9 @@ class HedgeConfig:
 
     percentile: float = 98.0
     """Which percentile of recent latencies a GET must outlast to be hedged (p98: about
-    one GET in fifty, well within ``budget``, so tokens are left for stalls and
-    stragglers)."""
+    one GET in fifty, well within ``budget``, so tokens are left whenever a GET stalls or
+    straggles, which is what hedging is for; p95 would spend the whole 5 % budget on the
+    ordinary tail)."""
 
     min_delay: float = 0.02
     """Seconds: the shortest delay before a hedge, so that scheduling noise on a fast

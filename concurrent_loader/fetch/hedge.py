@@ -6,7 +6,12 @@ accounting, so:
 
 - the hedge timer starts when the attempt is sent (it holds its request slot), never while
   it waits for one; the delay is :class:`HedgeDelay`'s estimate (a high percentile of this
-  client's recent GET latencies, within a floor and a ceiling);
+  client's recent GET latencies, within a floor and a ceiling, followed as it changes; a
+  cancelled loser counts with the time it ran, a lower bound: leaving it out would hide
+  the very tail the estimate is for, so the percentile would sink and hedge ever more
+  GETs), or :data:`SCARCE_FACTOR` times it while the budget holds fewer than
+  :data:`RESERVE` tokens, so that the last tokens go to GETs deep in the tail (stalls,
+  stragglers) rather than to the ordinary tail;
 - a hedge is sent only if the budget (:class:`HedgeBudget`) has a token, the store did
   not throttle most GETs of the last round, and one of the limit's hedge slots is free at
   once: a hedge never queues, and it does not take one of the limit's slots, because the
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from typing import Any
 
 from ..config import HedgeConfig
 from ..errors import FetchError
@@ -46,6 +52,8 @@ from .limits import AdaptiveLimit
 
 __all__ = ["HedgeBudget", "HedgeDelay", "HedgeLayer"]
 
+FIRST = asyncio.FIRST_COMPLETED
+
 #: latencies the delay is estimated from (the most recent GETs)
 WINDOW = 256
 #: GETs that must have completed before the estimate replaces ``max_delay``
@@ -54,21 +62,39 @@ MIN_SAMPLES = 20
 RECOMPUTE_EVERY = 16
 #: hedges the budget can save up
 BURST = 10.0
+#: hedges per attempt: a second one only when the first is as late, and it replaces the
+#: primary, so an object has at most two GETs in flight
+MAX_HEDGES = 2
+#: below this many tokens the budget is scarce: only GETs :data:`SCARCE_FACTOR` times
+#: the delay into the tail are hedged, so the last tokens go to stalls and stragglers
+#: rather than to the ordinary tail that is past the percentile by a hair
+RESERVE = 3.0
+SCARCE_FACTOR = 4.0
 
 
 class HedgeDelay:
     """How long a GET may go unanswered before it is hedged: the ``percentile``-th
     percentile of the last :data:`WINDOW` latencies, within ``[min_delay, max_delay]``;
-    ``max_delay`` until :data:`MIN_SAMPLES` are known."""
+    ``max_delay`` until :data:`MIN_SAMPLES` are known. A GET waiting for its hedge follows
+    the estimate as it changes (:meth:`changed`), so the GETs sent first, before any
+    latency was known, are not left with ``max_delay``."""
 
     def __init__(self, config: HedgeConfig) -> None:
         self.config = config
         self._latencies: deque[float] = deque(maxlen=WINDOW)
         self._stale = 0
         self._delay = config.max_delay
+        self._changed: asyncio.Future[None] | None = None
+
+    def changed(self) -> asyncio.Future[None]:
+        """A future done when the delay next changes (on the running loop)."""
+        loop = asyncio.get_running_loop()
+        if self._changed is None or self._changed.done() or self._changed.get_loop() is not loop:
+            self._changed = loop.create_future()
+        return self._changed
 
     def observe(self, seconds: float) -> None:
-        """A GET completed in ``seconds``."""
+        """A GET took ``seconds`` (or at least that long, for a cancelled loser)."""
         self._latencies.append(seconds)
         self._stale += 1
         if len(self._latencies) >= MIN_SAMPLES and (
@@ -77,7 +103,16 @@ class HedgeDelay:
             self._stale = 0
             estimate = percentile(self._latencies, self.config.percentile)
             assert estimate is not None  # the window is not empty
-            self._delay = min(self.config.max_delay, max(self.config.min_delay, estimate))
+            delay = min(self.config.max_delay, max(self.config.min_delay, estimate))
+            if delay != self._delay:
+                self._delay = delay
+                changed, self._changed = self._changed, None
+                if (
+                    changed is not None
+                    and not changed.done()
+                    and not changed.get_loop().is_closed()
+                ):
+                    changed.set_result(None)
 
     @property
     def seconds(self) -> float:
@@ -103,6 +138,25 @@ class HedgeBudget:
         return True
 
 
+class _Race:
+    """The GETs of one attempt, oldest first, and what is known of them."""
+
+    def __init__(self, primary: asyncio.Task[Body], started: float) -> None:
+        self.gets = [primary]
+        self.started = [started]
+        self.settled: set[asyncio.Task[Body]] = set()
+        self.error: BaseException | None = None  # the primary's transient failure
+        self.no_more_hedges = False
+
+    def add(self, hedge: asyncio.Task[Body], started: float) -> None:
+        self.gets.append(hedge)
+        self.started.append(started)
+
+    @property
+    def youngest_started(self) -> float:
+        return self.started[-1]
+
+
 class HedgeLayer:
     """One attempt as up to two GETs of the same object (see the module docstring).
 
@@ -122,29 +176,91 @@ class HedgeLayer:
     async def get(self, request: Request) -> Body:
         self.budget.earn()
         loop = asyncio.get_running_loop()
-        if self.budget.tokens < 1.0 or self.limit.storming:  # no hedge: no task, no timer
+        if self.limit.storming:  # no hedge: no task, no timer
             return await self._timed(request, loop)
         primary = loop.create_task(self._timed(request, loop))
-        hedge: asyncio.Task[Body] | None = None
+        race = _Race(primary, loop.time())
         try:
-            done, _ = await asyncio.wait((primary,), timeout=self.delay.seconds)
-            if done or not self._take_hedge_slot():
-                return await primary
-            hedge = loop.create_task(self._timed(request, loop))
-            # A done callback, not a finally in the task: a task cancelled before its
-            # first step never runs its body, and the slot would leak.
-            hedge.add_done_callback(self._release_hedge_slot)
-            self.sent += 1
-            request.observer.on_hedge()
-            return await self._race(request, primary, hedge)
+            while True:
+                remaining = None
+                if len(race.gets) <= MAX_HEDGES and not race.no_more_hedges:
+                    remaining = race.youngest_started + self._hedge_after() - loop.time()
+                    if remaining <= 0:
+                        self._hedge(request, race, loop)
+                        continue
+                waits: list[asyncio.Future[Any]] = [t for t in race.gets if not t.done()]
+                if remaining is not None:
+                    waits.append(self.delay.changed())  # the timer follows the estimate
+                await asyncio.wait(waits, timeout=remaining, return_when=FIRST)
+                body = self._settle(request, race, loop)
+                if body is not None:
+                    return body
         finally:
-            children = [task for task in (primary, hedge) if task is not None]
-            for task in children:
+            for task in race.gets:
                 task.cancel()  # a no-op for a finished task
-            await asyncio.wait(children)
-            for task in children:
+            await asyncio.wait(race.gets)
+            for task in race.gets:
                 if not task.cancelled():
                     task.exception()  # retrieved: the loser's error is not news
+
+    def _hedge(self, request: Request, race: _Race, loop: asyncio.AbstractEventLoop) -> None:
+        """The youngest GET outlasted the delay: send a hedge if allowed. When the first
+        hedge is itself that late, the primary (the oldest, most likely stalled) is
+        cancelled, so an object never has more than two GETs in flight."""
+        if not self._take_hedge_slot():
+            race.no_more_hedges = True
+            return
+        primary = race.gets[0]
+        if len(race.gets) > 1 and not primary.done():
+            primary.cancel()
+        hedge = loop.create_task(self._timed(request, loop))
+        # A done callback, not a finally in the task: a task cancelled before its first
+        # step never runs its body, and the slot would leak.
+        hedge.add_done_callback(self._release_hedge_slot)
+        race.add(hedge, loop.time())
+        self.sent += 1
+        request.observer.on_hedge()
+
+    def _settle(
+        self, request: Request, race: _Race, loop: asyncio.AbstractEventLoop
+    ) -> Body | None:
+        """The winner's body once one GET succeeded; raises once the attempt has failed
+        (see the module docstring); None while it goes on."""
+        primary = race.gets[0]
+        for task in race.gets:
+            if not task.done() or task in race.settled:
+                continue
+            race.settled.add(task)
+            if task.cancelled():
+                continue  # a primary replaced by a second hedge
+            error = task.exception()
+            if error is None:
+                for loser, started in zip(race.gets, race.started, strict=True):
+                    if not loser.done():  # it ran at least this long: a lower bound
+                        self.delay.observe(loop.time() - started)
+                if task is not primary:
+                    self.won += 1
+                    request.observer.on_hedge_won()
+                return task.result()
+            if not (isinstance(error, FetchError) and error.retryable):
+                raise error
+            younger = race.gets[race.gets.index(task) + 1 :]
+            if all(t.done() for t in younger):
+                # No younger GET to wait for: any still in flight is older, has outlasted
+                # the delay and this GET's whole life, and is most likely stalled, so a
+                # fresh attempt beats waiting for it.
+                if race.error is not None:
+                    error.add_note(f"the GET it hedged failed too: {race.error}")
+                elif not all(t.done() for t in race.gets):
+                    error.add_note("the GET it hedged, still unanswered, was cancelled")
+                raise error
+            race.error = error
+        return None
+
+    def _hedge_after(self) -> float:
+        """Seconds a GET may go unanswered before it is hedged, now."""
+        scarce = self.budget.tokens < RESERVE
+        return self.delay.seconds * (SCARCE_FACTOR if scarce else 1.0)
 
     def _take_hedge_slot(self) -> bool:
         """A slot for a hedge if the budget, the store's mood and the limit allow one."""
@@ -154,33 +270,6 @@ class HedgeLayer:
             return False
         self.budget.spend()
         return True
-
-    async def _race(
-        self, request: Request, primary: asyncio.Task[Body], hedge: asyncio.Task[Body]
-    ) -> Body:
-        pending: set[asyncio.Task[Body]] = {primary, hedge}
-        primary_error: BaseException | None = None
-        while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in sorted(done, key=lambda t: t is not primary):  # the primary first
-                error = task.exception()
-                if error is None:
-                    if task is hedge:
-                        self.won += 1
-                        request.observer.on_hedge_won()
-                    return task.result()
-                if not (isinstance(error, FetchError) and error.retryable):
-                    raise error
-                if task is hedge:
-                    # The first GET outlasted the delay and the hedge's whole life: most
-                    # likely stalled. A fresh attempt beats waiting for it (module doc).
-                    if primary_error is not None:
-                        error.add_note(f"the GET it hedged failed too: {primary_error}")
-                    elif primary in pending:
-                        error.add_note("the GET it hedged, still unanswered, was cancelled")
-                    raise error
-                primary_error = error
-        raise AssertionError("unreachable: the hedge's outcome ends the race")
 
     async def _timed(self, request: Request, loop: asyncio.AbstractEventLoop) -> Body:
         """One GET; its latency feeds the delay estimate when it succeeds."""

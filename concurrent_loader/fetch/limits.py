@@ -105,14 +105,16 @@ class AdaptiveLimit:
         self.controller.on_done(mark, latency=latency, throttled=throttled)
         if latency is not None and self._success is not None:
             success, self._success = self._success, None
-            success.set_result(None)
+            if not success.done() and not success.get_loop().is_closed():
+                success.set_result(None)
         self._admit()
 
     async def wait_for_success(self, seconds: float) -> None:
         """Wait ``seconds``, or less if a GET succeeds first (the store accepts requests
         again). Cancelling it cancels only this wait."""
-        if self._success is None:
-            self._success = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        if self._success is None or self._success.get_loop() is not loop:
+            self._success = loop.create_future()
         await asyncio.wait((self._success,), timeout=seconds)
 
     def release(self) -> None:
