@@ -147,8 +147,8 @@ class HedgeConfig:
     limit is free (``FetchConfig.max_hedges_in_flight``: a hedge never waits behind the
     GETs it is meant to overtake) and the store did not throttle most GETs of the last
     round (hedging a store in a SlowDown storm would hit it harder). Hedges spend a token
-    bucket that each GET fills by ``budget`` (at most 10 tokens, 1 at the start): over
-    ``n`` GETs at most ``1 + budget * n`` hedges are sent, so a store that is slow for
+    bucket that each GET fills by ``budget`` (at most 10 tokens, 5 at the start): over
+    ``n`` GETs at most ``5 + budget * n`` hedges are sent, so a store that is slow for
     everyone sees at most ``budget`` more GETs, never twice as many. If the hedge fails
     (transiently) while its GET still has no answer, the attempt fails with the hedge's
     error and is retried: the GET that outlasted the delay and its hedge is presumed

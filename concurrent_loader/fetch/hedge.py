@@ -70,6 +70,9 @@ MAX_HEDGES = 2
 #: rather than to the ordinary tail that is past the percentile by a hair
 RESERVE = 3.0
 SCARCE_FACTOR = 4.0
+#: tokens at the start: a process's first GETs, some stalled before enough latencies are
+#: known, are hedged without waiting for tokens that only GETs can earn
+START_TOKENS = 5.0
 
 
 class HedgeDelay:
@@ -121,12 +124,13 @@ class HedgeDelay:
 
 class HedgeBudget:
     """A token bucket: each GET adds ``rate`` tokens (at most ``burst``), a hedge takes one.
-    It starts with one token, so over ``n`` GETs at most ``1 + rate * n`` hedges are sent."""
+    It starts with :data:`START_TOKENS`, so over ``n`` GETs at most
+    ``START_TOKENS + rate * n`` hedges are sent."""
 
     def __init__(self, rate: float, burst: float = BURST) -> None:
         self.rate = rate
         self.burst = burst
-        self.tokens = 1.0
+        self.tokens = START_TOKENS
 
     def earn(self) -> None:
         self.tokens = min(self.burst, self.tokens + self.rate)
