@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import itertools
 import json
 import random
 import sys
@@ -94,9 +95,11 @@ class Bench:
         *,
         proxy: Any = None,
         passes: int = 1,
+        step_s: float = 0.0,
     ) -> dict[str, Any]:
         """``passes`` shuffled passes as one sampler, over ``proxy`` (or the local
-        directory when None); checks every sample and returns the run's figures."""
+        directory when None), with a simulated training step of ``step_s`` per batch;
+        checks every sample and returns the run's figures."""
         import torch
 
         from concurrent_loader import ConcurrentDataLoader, ObjectDataset
@@ -129,6 +132,8 @@ class Bench:
         for batch in loader:
             arrivals.append(time.perf_counter() - started)
             batches.append(list(batch))
+            if step_s:
+                time.sleep(step_s)  # the model's step: the loader works on meanwhile
         seconds = time.perf_counter() - started
         want = [
             [self.digests[self.keys[i]] for i in order[start : start + BATCH_SIZE]]
@@ -147,6 +152,9 @@ class Bench:
             "samples_per_s": len(order) / seconds,
             "wait_p50_ms": (stats["wait_s_per_batch"]["p50"] or 0.0) * 1000,
             "wait_p99_ms": (stats["wait_s_per_batch"]["p99"] or 0.0) * 1000,
+            # The training loop's time per batch (wait + step), after the first batch.
+            "iter_p50_ms": _percentile(arrivals, 50) * 1000,
+            "iter_p99_ms": _percentile(arrivals, 99) * 1000,
             **{name: stats[name] for name in ("retries", "throttles", "hedges", "hedges_won")},
             "arrivals": arrivals,
         }
@@ -163,7 +171,17 @@ class Bench:
         return figures
 
 
-def _matrix(bench: Bench, config: Any, preset: str, stall_seconds: float) -> dict[str, Any]:
+def _percentile(arrivals: list[float], q: float) -> float:
+    """The ``q``-th percentile of the times between consecutive batches (nearest rank)."""
+    gaps = sorted(b - a for a, b in itertools.pairwise(arrivals))
+    if not gaps:
+        return 0.0
+    return gaps[min(len(gaps) - 1, max(0, round(q / 100 * len(gaps)) - 1))]
+
+
+def _matrix(
+    bench: Bench, config: Any, preset: str, stall_seconds: float, step_s: float
+) -> dict[str, Any]:
     from concurrent_loader import HedgeConfig
     from concurrent_loader.testing import ProxyProcess
 
@@ -180,6 +198,10 @@ def _matrix(bench: Bench, config: Any, preset: str, stall_seconds: float) -> dic
         with ProxyProcess(bench.server.endpoint_url, preset=preset, faults=faults) as proxy:
             results[name] = bench.epoch(fetch_config, proxy=proxy)
     results["local disk"] = bench.epoch(config)
+    if step_s:
+        with ProxyProcess(bench.server.endpoint_url, preset=preset) as proxy:
+            results["clean, step"] = bench.epoch(config, proxy=proxy, step_s=step_s)
+        results["local disk, step"] = bench.epoch(config, step_s=step_s)
     return results
 
 
@@ -257,6 +279,7 @@ def run(
     bin_s: float = 0.5,
     latencies: Sequence[float] = (0, 20, 50, 100, 200),
     inflight: Sequence[int] = (4, 16, 32, 64),
+    step_ms: float = 50.0,
     smoke: bool = False,
 ) -> dict[str, Any]:
     """Every section's figures (see the module docstring)."""
@@ -280,6 +303,7 @@ def run(
         "stall_seconds": stall_seconds,
         "read_timeout_s": config.timeouts.read,
         "hedge_budget": config.hedge.budget,
+        "step_ms": step_ms,
     }
     with tempfile.TemporaryDirectory(prefix="tail-bench-") as tmp, LocalS3Server() as server:
         root = Path(tmp) / "objects"
@@ -290,7 +314,7 @@ def run(
         server.upload_dir(root, BUCKET, prefix=PREFIX)
         bench = Bench(server, root, keys, digests, workers, seed)
         if "matrix" in sections:
-            runs = _matrix(bench, config, preset, stall_seconds)
+            runs = _matrix(bench, config, preset, stall_seconds, step_ms / 1000)
             for figures in runs.values():
                 figures.pop("arrivals")
             clean = runs["clean"]
@@ -304,6 +328,14 @@ def run(
                 clean["samples_per_s"] / runs["local disk"]["samples_per_s"]
             )
             report["clean wait p99 / p50"] = clean["wait_p99_ms"] / max(clean["wait_p50_ms"], 1e-9)
+            if "clean, step" in runs:
+                stepped = runs["clean, step"]
+                report["s3 / local disk throughput, step"] = (
+                    stepped["samples_per_s"] / runs["local disk, step"]["samples_per_s"]
+                )
+                report["step iteration p99 / p50"] = stepped["iter_p99_ms"] / max(
+                    stepped["iter_p50_ms"], 1e-9
+                )
         if "storm" in sections:
             report["storm"] = _storm(
                 bench, config, preset, storm_start, storm_seconds, storm_passes, bin_s
@@ -328,6 +360,8 @@ def format_report(report: dict[str, Any]) -> str:
         "epoch_s",
         "wait_p50_ms",
         "wait_p99_ms",
+        "iter_p50_ms",
+        "iter_p99_ms",
         "gets_sent",
         "faults",
         "stragglers",
@@ -356,6 +390,12 @@ def format_report(report: dict[str, Any]) -> str:
             f"{report['s3 / local disk throughput']:.2f}x"
         )
         lines.append(f"clean run, wait per batch p99 / p50: {report['clean wait p99 / p50']:.2f}x")
+        if "s3 / local disk throughput, step" in report:
+            lines.append(
+                f"with a {report['step_ms']:g} ms training step per batch: ours over S3 / "
+                f"ours on local disk {report['s3 / local disk throughput, step']:.3f}x; "
+                f"time per batch p99 / p50 {report['step iteration p99 / p50']:.2f}x"
+            )
     if "storm" in report:
         s = report["storm"]
         lines.append(
@@ -417,6 +457,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--bin", type=float, default=0.5, help="seconds per throughput bin")
     parser.add_argument("--latencies", default="0,20,50,100,200", help="sweep latencies, ms")
     parser.add_argument("--inflight", default="4,16,32,64", help="sweep's fixed values")
+    parser.add_argument(
+        "--step-ms", type=float, default=50.0, help="simulated training step per batch (0: none)"
+    )
     parser.add_argument("--smoke", action="store_true", help="a tiny run, for tests")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args(argv)
@@ -438,6 +481,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         bin_s=args.bin,
         latencies=_floats(args.latencies),
         inflight=[int(x) for x in _floats(args.inflight)],
+        step_ms=args.step_ms,
         smoke=args.smoke,
     )
     print(format_report(report))

@@ -18,7 +18,14 @@ def _finite(value: object) -> bool:
 def test_the_tail_benchmark_smoke_run_reports_every_figure():
     report = tail.run(smoke=True)
     runs = report["runs"]
-    assert set(runs) == {"clean", "faults", "faults, not hedged", "local disk"}
+    assert set(runs) == {
+        "clean",
+        "faults",
+        "faults, not hedged",
+        "local disk",
+        "clean, step",
+        "local disk, step",
+    }
     for name, figures in runs.items():
         for key, value in figures.items():
             assert value is None or _finite(value), (name, key, value)

@@ -159,3 +159,20 @@ def test_the_time_budget_ends_an_object_whose_server_stalls_after_the_headers(
     assert caught.value.url == ds.url_for(0)
     # Attempts were cut off at 0.5 s and retried at once within the 1.2 s budget.
     assert proxy.stats()["requests_by_method"]["GET"] >= 2
+
+
+@pytest.mark.slow
+def test_a_slowdown_storm_with_the_default_settings_loses_and_fails_nothing(
+    small_objects, s3_env, proxy_factory
+):
+    # Every GET is answered 503 SlowDown for 1.5 s, starting 0.2 s after the first GET.
+    proxy = proxy_factory(
+        faults=FaultPlan(seed=3, storm_start_s=0.2, storm_seconds=1.5), latency_ms=5
+    )
+    n = 400
+    batches, stats = read_all(small_objects, proxy, FetchConfig(), n)
+    assert_every_sample_once_in_order(batches, small_objects, n)
+    proxy_stats = proxy.stats()
+    assert proxy_stats["storm_503"] > 0, "the storm missed the epoch"
+    assert stats["throttles"] == proxy_stats["faults"]["slowdown_503"]
+    assert stats["requests"] == n
