@@ -19,10 +19,8 @@ At the end of each round, in this order:
    (by at most half). This is TCP Vegas' and Netflix concurrency-limits' gradient: by
    Little's law, more GETs in flight than throughput x unloaded latency only add latency.
 2. **Growth**, only when the round was limit-bound (some GET had to wait for a slot: a
-   limit nobody reaches proves nothing) and showed no queueing: self-tuned, the limit
-   doubles per round until the first cut (slow start) and afterwards grows by its square
-   root (the queue allowance of concurrency-limits' Gradient2); pinned, it grows back by
-   its square root.
+   limit nobody reaches proves nothing) and showed no queueing: the limit grows by its
+   square root (the queue allowance of concurrency-limits' Gradient2).
 3. **Throttles** (503 SlowDown, 429): the limit is cut by half the fraction of the round's
    GETs that were throttled (as DCTCP cuts its window by half the fraction of marked
    packets). A store that throttles all GETs gets half as many per round, down to
@@ -32,8 +30,9 @@ At the end of each round, in this order:
 
 The result is kept within ``[minimum, maximum]``.
 
-Self-tuned, the limit starts at ``min(maximum, INITIAL)``; pinned (``max_inflight_requests``
-given), it starts at, and is never grown past, ``maximum``, and only throttles lower it.
+Self-tuned, the limit starts at ``maximum`` x :data:`INITIAL_SHARE`; pinned
+(``max_inflight_requests`` given), it starts at, and is never grown past, ``maximum``, and
+only throttles lower it.
 There is no fixed cool-down unless ``cooldown`` (``RetryConfig.throttle_cooldown``) asks
 for one: after a throttle, growth waits that many seconds.
 
@@ -50,8 +49,11 @@ from collections.abc import Callable
 
 __all__ = ["LimitController"]
 
-#: the self-tuned limit's first value (then slow start)
-INITIAL = 8
+#: the self-tuned limit's first value, as a fraction of ``maximum``: all of it, because an
+#: epoch's first seconds are when GETs are most needed, and a limit that must first climb
+#: costs a short epoch more than a few GETs too many cost the store (the byte budget bounds
+#: memory either way); queueing and throttles then bring it down
+INITIAL_SHARE = 1.0
 #: the lowest limit throttles or queueing may push a limit of at least this to
 FLOOR = 4
 #: latencies per window before its median is compared with the baseline
@@ -85,7 +87,7 @@ class LimitController:
         self.maximum = maximum
         self.minimum = min(FLOOR, maximum)
         self.self_tuned = self_tuned
-        self._value = float(min(maximum, INITIAL) if self_tuned else maximum)
+        self._value = float(max(1, round(maximum * INITIAL_SHARE)) if self_tuned else maximum)
         self._cooldown = cooldown
         self._clock = clock
         self._sent = 0  # GETs sent so far: a GET's mark is its number
@@ -94,7 +96,6 @@ class LimitController:
         self._round_gets = 0
         self._round_throttles = 0
         self._limit_bound = False
-        self._slow_start = self_tuned
         self._no_growth_until = 0.0
         self._window: list[float] = []
         self._medians: deque[tuple[float, float]] = deque()  # (when, window median)
@@ -156,12 +157,9 @@ class LimitController:
                 value *= max(0.5, target / median)
                 queueing = True
         if not queueing and self._limit_bound and self._clock() >= self._no_growth_until:
-            grown = value * 2.0 if self._slow_start else value + math.sqrt(value)
-            value = min(float(self.maximum), grown)
+            value = min(float(self.maximum), value + math.sqrt(value))
         if throttles:
             value *= 1.0 - self.last_throttled_fraction / 2.0
-        if queueing or throttles:
-            self._slow_start = False
         self._value = min(float(self.maximum), max(float(self.minimum), value))
         self._round_gets = self._round_throttles = 0
         self._limit_bound = False

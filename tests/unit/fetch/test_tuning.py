@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from concurrent_loader.fetch.tuning import FLOOR, INITIAL, WINDOW_SAMPLES, LimitController
+from concurrent_loader.fetch.tuning import FLOOR, WINDOW_SAMPLES, LimitController
 
 
 class Clock:
@@ -111,29 +111,33 @@ def test_the_cooldown_delays_growth_after_a_throttle():
     assert c.limit > 8
 
 
-def test_self_tuned_starts_small_and_doubles_while_latency_holds():
+def test_self_tuned_starts_at_the_cap_and_holds_while_latency_holds():
     c = LimitController(64, self_tuned=True)
-    assert c.limit == INITIAL
-    seen = [run_round(c) for _ in range(4)]
-    assert seen == [16, 32, 64, 64]
+    assert c.limit == 64
+    assert [run_round(c) for _ in range(4)] == [64, 64, 64, 64]
 
 
 def test_self_tuned_backs_off_when_latency_queues_and_settles():
-    """A scripted store: unloaded latency 20 ms up to 16 in flight; beyond that GETs queue
-    (latency grows as in_flight / 16 x 20 ms: a throughput ceiling, Little's law)."""
+    """A scripted store: 20 ms at any load at first; then its capacity drops, and beyond 16
+    in flight GETs queue (latency grows as in_flight / 16 x 20 ms: a throughput ceiling,
+    Little's law)."""
     clock = Clock()
     c = LimitController(64, self_tuned=True, clock=clock)
+    for _ in range(5):
+        clock.now += 0.02
+        run_round(c, latency=0.020)
+    assert c.limit == 64 and c.baseline_s == pytest.approx(0.020)
 
     def latency(in_flight: int) -> float:
         return 0.020 * max(1.0, in_flight / 16)
 
     limits = []
-    for _ in range(400):  # about 18 s of rounds
+    for _ in range(400):  # about 18 s of rounds, within the baseline's 30 s
         clock.now += latency(c.limit)
         limits.append(run_round(c, latency=latency(c.limit)))
     settled = limits[-10:]
-    # Queueing starts above 16 and is refused once latency passes 2 x 20 ms + 5 ms:
-    # 36 in flight; it probes one step (+sqrt) above that at most, never to the cap.
+    # Queueing is refused once latency passes 2 x 20 ms + 5 ms: 36 in flight; the limit
+    # probes one step (+sqrt) above that at most, never back to the cap.
     assert all(16 <= value <= 44 for value in settled), limits
     assert c.baseline_s == pytest.approx(0.020)
 
@@ -152,7 +156,7 @@ def test_the_baseline_follows_a_store_that_got_slower():
 
 
 def test_self_tuned_latency_cut_needs_a_full_window():
-    c = LimitController(64, self_tuned=True)
+    c = LimitController(8, self_tuned=True)
     run_round(c, gets=WINDOW_SAMPLES - 1, latency=0.02)
     assert c.baseline_s is None
     run_round(c, gets=WINDOW_SAMPLES, latency=0.02)
