@@ -77,7 +77,8 @@ class PipelineOptions:
         (at most 8); batches in progress = enough to keep the GETs in flight busy, plus one
         (at least 2). ``inflight_default`` is the dataset's ``max_inflight_requests`` (None:
         self-tuned, so batches are sized for its cap)."""
-        inflight = max_inflight_requests or inflight_default or SELF_TUNED_CAP
+        default = SELF_TUNED_CAP if inflight_default is None else inflight_default
+        inflight = max_inflight_requests or default
         if inflight < 1:
             raise ConfigError(
                 f"max_inflight_requests must be >= 1, got {inflight}", cause=Reason.INVALID_ARGUMENT
