@@ -150,7 +150,7 @@ class _Race:
         self.started = [started]
         self.settled: set[asyncio.Task[Body]] = set()
         self.error: BaseException | None = None  # the primary's transient failure
-        self.no_more_hedges = False
+        self.retry_at = 0.0  # no hedge before this (none could be sent at the last try)
 
     def add(self, hedge: asyncio.Task[Body], started: float) -> None:
         self.gets.append(hedge)
@@ -187,8 +187,9 @@ class HedgeLayer:
         try:
             while True:
                 remaining = None
-                if len(race.gets) <= MAX_HEDGES and not race.no_more_hedges:
-                    remaining = race.youngest_started + self._hedge_after() - loop.time()
+                if len(race.gets) <= MAX_HEDGES:
+                    due = max(race.youngest_started + self._hedge_after(), race.retry_at)
+                    remaining = due - loop.time()
                     if remaining <= 0:
                         self._hedge(request, race, loop)
                         continue
@@ -212,7 +213,9 @@ class HedgeLayer:
         hedge is itself that late, the primary (the oldest, most likely stalled) is
         cancelled, so an object never has more than two GETs in flight."""
         if not self._take_hedge_slot():
-            race.no_more_hedges = True
+            # No token or hedge slot now: look again one delay later (a timer per late
+            # GET, not a poll), rather than leave a stalled GET to its read timeout.
+            race.retry_at = loop.time() + self._hedge_after()
             return
         primary = race.gets[0]
         if len(race.gets) > 1 and not primary.done():
