@@ -56,7 +56,7 @@ class LoaderParams:
     workers: int
     image_size: int
     seed: int
-    max_inflight_requests: int
+    max_inflight_requests: int  # 0: self-tuned (None to the loader)
     endpoint_url: str  # the latency proxy in front of the S3 server
     region: str
     bucket: str
@@ -207,7 +207,8 @@ def _build_ours(params: LoaderParams, source: str, **storage: Any) -> Built:
         batch_size=params.batch_size,
         shuffle=True,
         num_workers=params.workers,
-        max_inflight_requests=params.max_inflight_requests,
+        # 0: the self-tuned default (benchmarks.run's "auto")
+        max_inflight_requests=params.max_inflight_requests or None,
         generator=torch.Generator().manual_seed(params.seed),
     )
     closer = loader if isinstance(loader, AbstractContextManager) else nullcontext()

@@ -38,6 +38,8 @@ from benchmarks.fetch_only import unavailable_reason as fetch_unavailable_reason
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 REGION = "us-east-1"
+#: the sweep's value for the self-tuned default (``max_inflight_requests=None``)
+SELF_TUNED = 0
 
 # --smoke: a tiny run that keeps the harness working in CI; figures from it mean nothing.
 SMOKE = {
@@ -162,8 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--inflight-sweep",
-        default="1,8,32,64,128",
-        help="max_inflight_requests values for ours over S3 at --latency-ms",
+        default="auto,1,8,32,64,128",
+        help="max_inflight_requests values for ours over S3 at --latency-ms; auto: the "
+        "self-tuned default (its row reads 0)",
     )
     g.add_argument("--sweep-repeats", type=int, default=1, help="runs per sweep point")
 
@@ -221,7 +224,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"unknown fetch client {name!r}; choose from {', '.join(CLIENTS)}")
     args.latency_sweep = [float(x) for x in str(args.latency_sweep).split(",") if x.strip()]
     args.latency_sweep = args.latency_sweep or [args.latency_ms]
-    args.inflight_sweep = _int_list(str(args.inflight_sweep))
+    # 0 stands for the self-tuned default (max_inflight_requests=None) in the sweep's rows.
+    args.inflight_sweep = _int_list(str(args.inflight_sweep).replace("auto", str(SELF_TUNED)))
     args.fetch_concurrency = _int_list(str(args.fetch_concurrency))
 
     for name in (
@@ -239,8 +243,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.workers < 0:
         parser.error("--workers must be >= 0")
-    if any(v < 1 for v in args.inflight_sweep + args.fetch_concurrency):
-        parser.error("--inflight-sweep and --fetch-concurrency values must be >= 1")
+    if any(v < 1 for v in args.fetch_concurrency) or any(v < 0 for v in args.inflight_sweep):
+        parser.error("--inflight-sweep values must be >= 1 or auto, --fetch-concurrency >= 1")
     if any(v < 0 for v in args.latency_sweep) or args.latency_ms < 0:
         parser.error("latencies must be >= 0 ms")
     if args.images < 2 * args.batch_size:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from .errors import ConfigError
 
-__all__ = ["FetchConfig", "HedgeConfig", "RetryConfig", "Timeouts"]
+__all__ = ["SELF_TUNED_CAP", "FetchConfig", "HedgeConfig", "RetryConfig", "Timeouts"]
 
 
 def _check_seconds(owner: str, name: str, value: object, *, zero: bool) -> None:
@@ -69,13 +69,16 @@ class RetryConfig:
       uniformly from ``[0, min(max_delay, base_delay * 2**retry)]``);
     - a **throttle** (503 SlowDown, 429, RequestLimitExceeded: :class:`Throttled`) is not a
       failure: the store is asking for fewer requests, so it is retried with its own, longer
-      backoff (``throttle_base_delay``, ``throttle_max_delay``), never counted against
-      ``max_attempts``, for as long as ``max_total_seconds`` allows, while the process also
-      halves its requests in flight (recovering after ``throttle_cooldown``).
+      backoff (``throttle_base_delay``, ``throttle_max_delay``), cut short as soon as
+      another GET to the store succeeds, never counted against ``max_attempts``, for as
+      long as ``max_total_seconds`` allows, while the process also cuts its requests in
+      flight (once per round, by half the fraction throttled; see
+      :mod:`concurrent_loader.fetch.tuning`) and grows them back when throttles stop.
 
     With the defaults a SlowDown storm of up to about 100 s loses nothing: each object waits
-    it out and resumes at most ``throttle_max_delay`` after its end. Errors that a retry
-    cannot mend (404, 403, ...) are never retried.
+    it out, and resumes as soon as one GET of the process gets through after its end (at
+    most ``throttle_max_delay`` after it). Errors that a retry cannot mend (404, 403, ...)
+    are never retried.
     """
 
     max_attempts: int = 3
@@ -107,9 +110,10 @@ class RetryConfig:
     ``FetchTimeout`` (``Reason.DEADLINE_EXCEEDED``), the last attempt's error as its
     ``__cause__``."""
 
-    throttle_cooldown: float = 5.0
+    throttle_cooldown: float = 0.0
     """Seconds after a throttle during which the process's requests in flight do not grow
-    back (they were halved by it)."""
+    back (0: they grow again from the next round without a throttle; the once-per-round
+    cut already keeps a throttling store from being probed too hard)."""
 
     def __post_init__(self) -> None:
         attempts = self.max_attempts
@@ -139,20 +143,26 @@ class HedgeConfig:
     The delay is the ``percentile``-th percentile of the latencies of this process's recent
     GETs to the store (whole GETs, first send to last byte), kept within ``min_delay`` and
     ``max_delay``; until a few GETs have completed it is ``max_delay``. At most one hedge
-    is sent per attempt, and only when a request slot is free at once and the store has not
-    throttled within ``RetryConfig.throttle_cooldown`` (hedging a store that asks for fewer
-    requests would hit it harder). Hedges spend a token bucket that each GET fills by
-    ``budget`` (at most 10 tokens, 1 at the start): over ``n`` GETs at most
-    ``1 + budget * n`` hedges are sent, so a store that is slow for everyone sees at most
-    ``budget`` more GETs, never twice as many.
+    is sent per attempt, and only when one of the few hedge slots beyond the in-flight
+    limit is free (``FetchConfig.max_hedges_in_flight``: a hedge never waits behind the
+    GETs it is meant to overtake) and the store did not throttle most GETs of the last
+    round (hedging a store in a SlowDown storm would hit it harder). Hedges spend a token
+    bucket that each GET fills by ``budget`` (at most 10 tokens, 5 at the start): over
+    ``n`` GETs at most ``5 + budget * n`` hedges are sent, so a store that is slow for
+    everyone sees at most ``budget`` more GETs, never twice as many. If the hedge fails
+    (transiently) while its GET still has no answer, the attempt fails with the hedge's
+    error and is retried: the GET that outlasted the delay and its hedge is presumed
+    stalled, and is cancelled rather than waited for until ``Timeouts.read``.
     """
 
     enabled: bool = True
     """Whether slow GETs are hedged at all."""
 
-    percentile: float = 95.0
-    """Which percentile of recent latencies a GET must outlast to be hedged (p95: about
-    one GET in twenty would be, before the budget)."""
+    percentile: float = 98.0
+    """Which percentile of recent latencies a GET must outlast to be hedged (p98: about
+    one GET in fifty, well within ``budget``, so tokens are left whenever a GET stalls or
+    straggles, which is what hedging is for; p95 would spend the whole 5 % budget on the
+    ordinary tail)."""
 
     min_delay: float = 0.02
     """Seconds: the shortest delay before a hedge, so that scheduling noise on a fast
@@ -184,19 +194,26 @@ class HedgeConfig:
             raise ConfigError(f"HedgeConfig.budget must be in (0, 1], got {b!r}")
 
 
+#: The most GETs in flight per process when ``max_inflight_requests`` is not given.
+SELF_TUNED_CAP = 64
+
+
 @dataclass(frozen=True)
 class FetchConfig:
     """Limits of one process's fetch stage, for one store.
 
-    ``max_inflight_requests`` GETs at most are in flight at once (nothing else: every other
-    size is its own setting or derived here), and at most
-    ``max_inflight_bytes`` of fetched-but-not-yet-decoded bodies are held; an object larger
-    than ``max_object_bytes`` is refused with ``ObjectTooLarge`` before its body is read.
-    ``timeouts`` bound each GET, ``retry`` what follows a failed one, ``hedge`` when a slow
-    one gets a second GET.
+    ``max_inflight_requests`` pins the GETs in flight per process to at most that number
+    (throttles still lower it for a while); left as None, the number is **self-tuned**
+    between 4 and :data:`SELF_TUNED_CAP` (64) from what is measured: throttles, and GET
+    latency against its unloaded baseline (see :mod:`concurrent_loader.fetch.tuning`). On
+    top of either, up to ``max_hedges_in_flight`` hedged GETs may be in flight. At most
+    ``max_inflight_bytes`` of fetched-but-not-yet-decoded bodies are held (whatever the
+    limit, this bounds memory); an object larger than ``max_object_bytes`` is refused with
+    ``ObjectTooLarge`` before its body is read. ``timeouts`` bound each GET, ``retry`` what
+    follows a failed one, ``hedge`` when a slow one gets a second GET.
     """
 
-    max_inflight_requests: int = 64
+    max_inflight_requests: int | None = None
     max_inflight_bytes: int = 256 * 1024 * 1024
     max_object_bytes: int = 1024 * 1024 * 1024
     timeouts: Timeouts = field(default_factory=Timeouts)
@@ -205,16 +222,29 @@ class FetchConfig:
     hedge: HedgeConfig = field(default_factory=HedgeConfig)
 
     def __post_init__(self) -> None:
-        if self.max_inflight_requests < 1:
-            raise ConfigError(
-                f"max_inflight_requests must be >= 1, got {self.max_inflight_requests}"
-            )
+        n = self.max_inflight_requests
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ConfigError(f"max_inflight_requests must be an int >= 1 or None, got {n!r}")
         if self.max_inflight_bytes < 1:
             raise ConfigError(f"max_inflight_bytes must be >= 1, got {self.max_inflight_bytes}")
         if self.max_object_bytes < 1:
             raise ConfigError(f"max_object_bytes must be >= 1, got {self.max_object_bytes}")
 
     @property
+    def inflight_cap(self) -> int:
+        """The most attempts in flight: ``max_inflight_requests``, or the self-tuned cap."""
+        n = self.max_inflight_requests
+        return SELF_TUNED_CAP if n is None else n
+
+    @property
+    def max_hedges_in_flight(self) -> int:
+        """Hedged GETs that may be in flight beyond the limit: twice the hedge budget's
+        share of ``inflight_cap``, at least 2 (0 when hedging is off)."""
+        if not self.hedge.enabled:
+            return 0
+        return max(2, math.ceil(2 * self.hedge.budget * self.inflight_cap))
+
+    @property
     def max_connections(self) -> int:
         """Connections a transport may hold open: one per GET that may be in flight."""
-        return self.max_inflight_requests
+        return self.inflight_cap + self.max_hedges_in_flight

@@ -2,14 +2,17 @@
 
 A GET goes through layers, outermost first::
 
-    RetryLayer      retry transient FetchErrors with full-jitter backoff (throttles with
-                    their own), within the object's time budget (``max_total_seconds``)
-    LimitLayer      at most ``max_inflight_requests`` GETs in flight (FIFO slots)
+    RetryLayer      retry transient FetchErrors with full-jitter backoff (a throttled
+                    one until the store accepts a GET again, or its own backoff ends),
+                    within the object's time budget (``max_total_seconds``)
+    LimitLayer      at most ``limit`` attempts in flight (FIFO slots); the limit is pinned
+                    by ``max_inflight_requests`` or self-tuned (:mod:`.tuning`)
     DeadlineLayer   one attempt ends within ``Timeouts.attempt``, whatever the server does
     TimingLayer     the attempt's own duration and size, told to the caller's observer
     HedgeLayer      a slow GET gets one more for the same object; the first to finish wins
                     (:mod:`.hedge`; absent when ``FetchConfig.hedge.enabled`` is False)
-    ThrottleLayer   each throttled GET is told to the observer and halves the limit
+    OutcomeLayer    each GET's outcome (latency, throttle, failure) is fed to the limit's
+                    controller; a throttle is also told to the observer
     Store           one GET: bytes or a FetchError naming the object
 
 Each layer is a :class:`Getter` around the next, so a new policy (a cache in front of the
@@ -122,28 +125,38 @@ class LimitLayer:
             self.limit.release()
 
 
-class ThrottleLayer:
-    """Each throttled GET (hedges included) is told to the observer and halves the limit,
-    which then stays down for the cool-down."""
+class OutcomeLayer:
+    """Each GET (hedges included) is marked as sent to the limit's controller and its
+    outcome told to it: its latency when it succeeds, a throttle (also told to the
+    observer), or a failure. The controller lowers or raises the limit from these."""
 
     def __init__(self, inner: Getter, limit: AdaptiveLimit) -> None:
         self.inner = inner
         self.limit = limit
 
     async def get(self, request: Request) -> Body:
+        mark = self.limit.sent()
+        started = time.perf_counter()
         try:
-            return await self.inner.get(request)
+            body = await self.inner.get(request)
         except Throttled:
             request.observer.on_throttle()
-            self.limit.throttle()
+            self.limit.done(mark, latency=None, throttled=True)
             raise
+        except BaseException:
+            self.limit.done(mark, latency=None)  # cancelled or failed: no latency sample
+            raise
+        self.limit.done(mark, latency=time.perf_counter() - started)
+        return body
 
 
 class RetryLayer:
     """Retries transient errors per :class:`~concurrent_loader.config.RetryConfig`.
 
-    A failure counts towards ``max_attempts``; a throttle does not: it is retried with the
-    throttle backoff for as long as the object's time budget allows. The budget starts at
+    A failure counts towards ``max_attempts``; a throttle does not: it is retried after the
+    throttle backoff, or as soon as another GET to the store succeeds if that comes first,
+    for as long as the object's time budget allows (the in-flight limit, cut by the
+    throttles, paces those retries). The budget starts at
     the first attempt's send and is enforced by a timeout around all of it, so neither a
     server that never finishes nor a wait for a request slot can outlast it. However it
     runs out (an attempt cut off, or a retry that could not start before it), the object
@@ -151,9 +164,10 @@ class RetryLayer:
     last failed attempt's error.
     """
 
-    def __init__(self, inner: Getter, config: RetryConfig) -> None:
+    def __init__(self, inner: Getter, config: RetryConfig, limit: AdaptiveLimit) -> None:
         self.inner = inner
         self.config = config
+        self.limit = limit
         self._rng = random.Random()
 
     async def get(self, request: Request) -> Body:
@@ -191,7 +205,12 @@ class RetryLayer:
                             # The retry could not start in time: out of time, as below.
                             raise self._out_of_time(request, attempts, exc) from exc
                         request.observer.on_retry(exc)
-                    await asyncio.sleep(delay)
+                    if isinstance(last, Throttled):
+                        # A store that accepts GETs again needs no more waiting: the
+                        # limit, cut by the throttles, paces the retries.
+                        await self.limit.wait_for_success(delay)
+                    else:
+                        await asyncio.sleep(delay)
         except TimeoutError as exc:
             if isinstance(exc, FetchError) or not budget.expired():
                 raise
@@ -219,28 +238,31 @@ class FetchClient:
     """Whole objects (or byte ranges) from ``store``, under ``config``'s policies.
 
     Shared by every pipeline of a process that reads the same store with the same config
-    (it is cached on the runtime), so ``max_inflight_requests`` caps the process's GETs to
-    that store. Use it on the runtime's event loop.
+    (it is cached on the runtime), so its limit caps the process's GETs to that store.
+    Use it on the runtime's event loop.
     """
 
     def __init__(self, store: Store, config: FetchConfig) -> None:
         self.store = store
         self.config = config
         self.limit = AdaptiveLimit(
-            config.max_inflight_requests, cooldown=config.retry.throttle_cooldown
+            config.inflight_cap,
+            self_tuned=config.max_inflight_requests is None,
+            hedges=config.max_hedges_in_flight,
+            cooldown=config.retry.throttle_cooldown,
         )
-        getter: Getter = ThrottleLayer(StoreGetter(store), self.limit)
+        getter: Getter = OutcomeLayer(StoreGetter(store), self.limit)
         self.hedging: HedgeLayer | None = None
         if config.hedge.enabled:
             getter = self.hedging = HedgeLayer(getter, self.limit, config.hedge)
         self._timing = TimingLayer(getter)
         attempt = DeadlineLayer(self._timing, config.timeouts.attempt)
-        self._getter: Getter = RetryLayer(LimitLayer(attempt, self.limit), config.retry)
+        self._getter: Getter = RetryLayer(LimitLayer(attempt, self.limit), config.retry, self.limit)
 
     @property
     def in_flight(self) -> int:
         """GETs in flight now, hedges included."""
-        return self.limit.in_flight
+        return self.limit.in_flight + self.limit.hedges_in_flight
 
     def describe(self) -> str:
         """What this client is waiting for, in one line (read from any thread)."""
@@ -264,4 +286,6 @@ class FetchClient:
         await self.store.close()
 
     def __repr__(self) -> str:
-        return f"FetchClient({self.store!r}, max_inflight_requests={self.limit.maximum})"
+        pinned = self.config.max_inflight_requests
+        inflight = pinned if pinned is not None else f"self-tuned up to {self.limit.maximum}"
+        return f"FetchClient({self.store!r}, max_inflight_requests={inflight})"

@@ -6,15 +6,27 @@ accounting, so:
 
 - the hedge timer starts when the attempt is sent (it holds its request slot), never while
   it waits for one; the delay is :class:`HedgeDelay`'s estimate (a high percentile of this
-  client's recent GET latencies, within a floor and a ceiling);
-- a hedge is sent only if the budget (:class:`HedgeBudget`) has a token, the store has not
-  throttled within the cool-down, and a request slot is free at once: the hedge takes its
-  own slot (``max_inflight_requests`` still bounds every GET in flight) and never queues;
+  client's recent GET latencies, within a floor and a ceiling, followed as it changes; a
+  cancelled loser counts with the time it ran, a lower bound: leaving it out would hide
+  the very tail the estimate is for, so the percentile would sink and hedge ever more
+  GETs), or :data:`SCARCE_FACTOR` times it while the budget holds fewer than
+  :data:`RESERVE` tokens, so that the last tokens go to GETs deep in the tail (stalls,
+  stragglers) rather than to the ordinary tail;
+- a hedge is sent only if the budget (:class:`HedgeBudget`) has a token, the store did
+  not throttle most GETs of the last round, and one of the limit's hedge slots is free at
+  once: a hedge never queues, and it does not take one of the limit's slots, because the
+  GET it overtakes holds one and the limit may be small (a throttling store cuts it): a
+  hedge that waited for a slot behind its own stalled GET would never be sent. At most
+  ``FetchConfig.max_hedges_in_flight`` hedges are in flight beyond the limit, so the GETs
+  in flight stay within ``limit + max_hedges_in_flight`` (the transport's connection cap);
 - at most one hedge per attempt. The first of the two to return bytes wins; the other is
   cancelled (the transport closes a cancelled connection) and awaited, so its slot is
   free again when the attempt returns. An error that a retry cannot mend (404, 403, ...)
-  from either ends the attempt at once; a transient one waits for the other GET, and only
-  when both fail does the attempt fail (with the first GET's error);
+  from either ends the attempt at once. A transient error of the first GET waits for the
+  hedge; a transient error of the hedge ends the attempt with it (and the first GET is
+  cancelled), because the first GET has outlasted the delay and the hedge's whole life,
+  so it is most likely stalled: the retry layer sends a fresh attempt after its backoff,
+  rather than waiting for the stall to end or for ``Timeouts.read``;
 - the attempt is one object to the layers above: one response reported, one deadline, and,
   in the pipeline, one byte reservation (made before the client is called). The loser's
   body, bounded like every body by ``max_object_bytes`` (the store refuses a larger one
@@ -29,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from typing import Any
 
 from ..config import HedgeConfig
 from ..errors import FetchError
@@ -39,6 +52,8 @@ from .limits import AdaptiveLimit
 
 __all__ = ["HedgeBudget", "HedgeDelay", "HedgeLayer"]
 
+FIRST = asyncio.FIRST_COMPLETED
+
 #: latencies the delay is estimated from (the most recent GETs)
 WINDOW = 256
 #: GETs that must have completed before the estimate replaces ``max_delay``
@@ -47,18 +62,39 @@ MIN_SAMPLES = 20
 RECOMPUTE_EVERY = 16
 #: hedges the budget can save up
 BURST = 10.0
+#: hedges per attempt: a second one only when the first is as late, and it replaces the
+#: primary, so an object has at most two GETs in flight
+MAX_HEDGES = 2
+#: below this many tokens the budget is scarce: only GETs :data:`SCARCE_FACTOR` times
+#: the delay into the tail are hedged, so the last tokens go to stalls and stragglers
+#: rather than to the ordinary tail that is past the percentile by a hair
+RESERVE = 3.0
+SCARCE_FACTOR = 4.0
+#: tokens at the start: a process's first GETs, some stalled before enough latencies are
+#: known, are hedged without waiting for tokens that only GETs can earn
+START_TOKENS = 5.0
 
 
 class HedgeDelay:
     """How long a GET may go unanswered before it is hedged: the ``percentile``-th
     percentile of the last :data:`WINDOW` latencies, within ``[min_delay, max_delay]``;
-    ``max_delay`` until :data:`MIN_SAMPLES` are known."""
+    ``max_delay`` until :data:`MIN_SAMPLES` are known. A GET waiting for its hedge follows
+    the estimate as it changes (:meth:`changed`), so the GETs sent first, before any
+    latency was known, are not left with ``max_delay``."""
 
     def __init__(self, config: HedgeConfig) -> None:
         self.config = config
         self._latencies: deque[float] = deque(maxlen=WINDOW)
         self._stale = 0
         self._delay = config.max_delay
+        self._changed: asyncio.Future[None] | None = None
+
+    def changed(self) -> asyncio.Future[None]:
+        """A future done when the delay next changes (on the running loop)."""
+        loop = asyncio.get_running_loop()
+        if self._changed is None or self._changed.done() or self._changed.get_loop() is not loop:
+            self._changed = loop.create_future()
+        return self._changed
 
     def observe(self, seconds: float) -> None:
         """A GET took ``seconds`` (or at least that long, for a cancelled loser)."""
@@ -70,7 +106,16 @@ class HedgeDelay:
             self._stale = 0
             estimate = percentile(self._latencies, self.config.percentile)
             assert estimate is not None  # the window is not empty
-            self._delay = min(self.config.max_delay, max(self.config.min_delay, estimate))
+            delay = min(self.config.max_delay, max(self.config.min_delay, estimate))
+            if delay != self._delay:
+                self._delay = delay
+                changed, self._changed = self._changed, None
+                if (
+                    changed is not None
+                    and not changed.done()
+                    and not changed.get_loop().is_closed()
+                ):
+                    changed.set_result(None)
 
     @property
     def seconds(self) -> float:
@@ -79,12 +124,13 @@ class HedgeDelay:
 
 class HedgeBudget:
     """A token bucket: each GET adds ``rate`` tokens (at most ``burst``), a hedge takes one.
-    It starts with one token, so over ``n`` GETs at most ``1 + rate * n`` hedges are sent."""
+    It starts with :data:`START_TOKENS`, so over ``n`` GETs at most
+    ``START_TOKENS + rate * n`` hedges are sent."""
 
     def __init__(self, rate: float, burst: float = BURST) -> None:
         self.rate = rate
         self.burst = burst
-        self.tokens = 1.0
+        self.tokens = START_TOKENS
 
     def earn(self) -> None:
         self.tokens = min(self.burst, self.tokens + self.rate)
@@ -96,12 +142,31 @@ class HedgeBudget:
         return True
 
 
+class _Race:
+    """The GETs of one attempt, oldest first, and what is known of them."""
+
+    def __init__(self, primary: asyncio.Task[Body], started: float) -> None:
+        self.gets = [primary]
+        self.started = [started]
+        self.settled: set[asyncio.Task[Body]] = set()
+        self.error: BaseException | None = None  # the primary's transient failure
+        self.retry_at = 0.0  # no hedge before this (none could be sent at the last try)
+
+    def add(self, hedge: asyncio.Task[Body], started: float) -> None:
+        self.gets.append(hedge)
+        self.started.append(started)
+
+    @property
+    def youngest_started(self) -> float:
+        return self.started[-1]
+
+
 class HedgeLayer:
     """One attempt as up to two GETs of the same object (see the module docstring).
 
     ``limit`` is the client's in-flight limit: the attempt already holds one of its slots;
-    a hedge takes another with :meth:`AdaptiveLimit.try_acquire`. ``sent`` and ``won``
-    count hedges over the client's life.
+    a hedge takes one of its hedge slots with :meth:`AdaptiveLimit.try_acquire_hedge`.
+    ``sent`` and ``won`` count hedges over the client's life.
     """
 
     def __init__(self, inner: Getter, limit: AdaptiveLimit, config: HedgeConfig) -> None:
@@ -115,70 +180,103 @@ class HedgeLayer:
     async def get(self, request: Request) -> Body:
         self.budget.earn()
         loop = asyncio.get_running_loop()
-        if self.budget.tokens < 1.0 or self.limit.cooling_down:  # no hedge: no task, no timer
+        if self.limit.storming:  # no hedge: no task, no timer
             return await self._timed(request, loop)
         primary = loop.create_task(self._timed(request, loop))
-        primary_started = loop.time()
-        hedge: asyncio.Task[Body] | None = None
+        race = _Race(primary, loop.time())
         try:
-            done, _ = await asyncio.wait((primary,), timeout=self.delay.seconds)
-            if done or not self._take_hedge_slot():
-                return await primary
-            hedge = loop.create_task(self._timed(request, loop))
-            # A done callback, not a finally in the task: a task cancelled before its
-            # first step never runs its body, and the slot would leak.
-            hedge.add_done_callback(self._release_hedge_slot)
-            hedge_started = loop.time()
-            self.sent += 1
-            request.observer.on_hedge()
-            return await self._race(request, primary, hedge, primary_started, hedge_started)
+            while True:
+                remaining = None
+                if len(race.gets) <= MAX_HEDGES:
+                    due = max(race.youngest_started + self._hedge_after(), race.retry_at)
+                    remaining = due - loop.time()
+                    if remaining <= 0:
+                        self._hedge(request, race, loop)
+                        continue
+                waits: list[asyncio.Future[Any]] = [t for t in race.gets if not t.done()]
+                if remaining is not None:
+                    waits.append(self.delay.changed())  # the timer follows the estimate
+                await asyncio.wait(waits, timeout=remaining, return_when=FIRST)
+                body = self._settle(request, race, loop)
+                if body is not None:
+                    return body
         finally:
-            children = [task for task in (primary, hedge) if task is not None]
-            for task in children:
+            for task in race.gets:
                 task.cancel()  # a no-op for a finished task
-            await asyncio.wait(children)
-            for task in children:
+            await asyncio.wait(race.gets)
+            for task in race.gets:
                 if not task.cancelled():
                     task.exception()  # retrieved: the loser's error is not news
 
+    def _hedge(self, request: Request, race: _Race, loop: asyncio.AbstractEventLoop) -> None:
+        """The youngest GET outlasted the delay: send a hedge if allowed. When the first
+        hedge is itself that late, the primary (the oldest, most likely stalled) is
+        cancelled, so an object never has more than two GETs in flight."""
+        if not self._take_hedge_slot():
+            # No token or hedge slot now: look again one delay later (a timer per late
+            # GET, not a poll), rather than leave a stalled GET to its read timeout.
+            race.retry_at = loop.time() + self._hedge_after()
+            return
+        primary = race.gets[0]
+        if len(race.gets) > 1 and not primary.done():
+            primary.cancel()
+        hedge = loop.create_task(self._timed(request, loop))
+        # A done callback, not a finally in the task: a task cancelled before its first
+        # step never runs its body, and the slot would leak.
+        hedge.add_done_callback(self._release_hedge_slot)
+        race.add(hedge, loop.time())
+        self.sent += 1
+        request.observer.on_hedge()
+
+    def _settle(
+        self, request: Request, race: _Race, loop: asyncio.AbstractEventLoop
+    ) -> Body | None:
+        """The winner's body once one GET succeeded; raises once the attempt has failed
+        (see the module docstring); None while it goes on."""
+        primary = race.gets[0]
+        for task in race.gets:
+            if not task.done() or task in race.settled:
+                continue
+            race.settled.add(task)
+            if task.cancelled():
+                continue  # a primary replaced by a second hedge
+            error = task.exception()
+            if error is None:
+                for loser, started in zip(race.gets, race.started, strict=True):
+                    if not loser.done():  # it ran at least this long: a lower bound
+                        self.delay.observe(loop.time() - started)
+                if task is not primary:
+                    self.won += 1
+                    request.observer.on_hedge_won()
+                return task.result()
+            if not (isinstance(error, FetchError) and error.retryable):
+                raise error
+            younger = race.gets[race.gets.index(task) + 1 :]
+            if all(t.done() for t in younger):
+                # No younger GET to wait for: any still in flight is older, has outlasted
+                # the delay and this GET's whole life, and is most likely stalled, so a
+                # fresh attempt beats waiting for it.
+                if race.error is not None:
+                    error.add_note(f"the GET it hedged failed too: {race.error}")
+                elif not all(t.done() for t in race.gets):
+                    error.add_note("the GET it hedged, still unanswered, was cancelled")
+                raise error
+            race.error = error
+        return None
+
+    def _hedge_after(self) -> float:
+        """Seconds a GET may go unanswered before it is hedged, now."""
+        scarce = self.budget.tokens < RESERVE
+        return self.delay.seconds * (SCARCE_FACTOR if scarce else 1.0)
+
     def _take_hedge_slot(self) -> bool:
         """A slot for a hedge if the budget, the store's mood and the limit allow one."""
-        if self.limit.cooling_down or self.budget.tokens < 1.0:
+        if self.limit.storming or self.budget.tokens < 1.0:
             return False
-        if not self.limit.try_acquire():
+        if not self.limit.try_acquire_hedge():
             return False
         self.budget.spend()
         return True
-
-    async def _race(
-        self,
-        request: Request,
-        primary: asyncio.Task[Body],
-        hedge: asyncio.Task[Body],
-        primary_started: float,
-        hedge_started: float,
-    ) -> Body:
-        loop = asyncio.get_running_loop()
-        pending: set[asyncio.Task[Body]] = {primary, hedge}
-        failed: dict[asyncio.Task[Body], BaseException] = {}
-        while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in sorted(done, key=lambda t: t is not primary):  # the primary first
-                error = task.exception()
-                if error is None:
-                    for loser in pending:  # it ran at least this long: a lower bound
-                        started = primary_started if loser is primary else hedge_started
-                        self.delay.observe(loop.time() - started)
-                    if task is hedge:
-                        self.won += 1
-                        request.observer.on_hedge_won()
-                    return task.result()
-                if not (isinstance(error, FetchError) and error.retryable):
-                    raise error
-                failed[task] = error
-        error = failed[primary]
-        error.add_note(f"its hedged GET failed too: {failed[hedge]}")
-        raise error
 
     async def _timed(self, request: Request, loop: asyncio.AbstractEventLoop) -> Body:
         """One GET; its latency feeds the delay estimate when it succeeds."""
@@ -188,4 +286,4 @@ class HedgeLayer:
         return body
 
     def _release_hedge_slot(self, hedge: asyncio.Task[Body]) -> None:
-        self.limit.release()
+        self.limit.release_hedge()

@@ -1,85 +1,128 @@
 """The limits of one process's fetching: requests in flight, and bytes held.
 
-:class:`AdaptiveLimit` caps the GETs in flight and backs off when the store throttles;
-:class:`ByteBudget` caps the bytes fetched but not yet decoded, plus those expected of the
-GETs in flight. Both wake waiters in FIFO order through futures, never by polling.
+:class:`AdaptiveLimit` caps the GETs in flight; :class:`ByteBudget` caps the bytes fetched
+but not yet decoded, plus those expected of the GETs in flight. Both wake waiters in FIFO
+order through futures, never by polling.
 
-``AdaptiveLimit`` admits at most ``limit`` holders at once. ``limit`` starts at (and never
-exceeds) ``maximum``; a throttle halves it (not below 1) and it grows back by one each time a
-request completes without throttling after the cool-down, so a loader under 503 SlowDown
-does not amplify the overload (additive increase, multiplicative decrease). Waiters are
-woken in FIFO order by futures, never by polling; :meth:`AdaptiveLimit.try_acquire` takes a
-slot only when one is free and nobody waits (a hedged GET never queues). Loop-bound: use
-from one event loop.
+``AdaptiveLimit`` admits at most ``limit`` attempts at once, where ``limit`` is what its
+:class:`~.tuning.LimitController` decides from every GET's outcome (throttles, latency),
+between ``minimum`` and ``maximum``. On top of those, up to ``hedges`` hedged GETs may be
+in flight (:meth:`AdaptiveLimit.try_acquire_hedge`): a hedge exists because a GET that
+holds a slot is slow, so making it wait for a slot would defeat it when the limit is
+small. The invariant: ``in_flight <= max(limit, in_flight at the last cut)`` (a lowered
+limit admits no one until holders drop below it), ``hedges_in_flight <= hedges``, so at
+most ``maximum + hedges`` GETs are ever in flight (the transport's connection cap,
+``FetchConfig.max_connections``). :meth:`AdaptiveLimit.wait_for_success` lets a GET that
+was throttled wait until the store accepts a request again instead of sleeping out its
+whole backoff. Loop-bound: use from one event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
+
+from .tuning import LimitController
 
 __all__ = ["AdaptiveLimit", "ByteBudget"]
 
 
 class AdaptiveLimit:
-    def __init__(self, maximum: int, *, cooldown: float = 5.0) -> None:
+    def __init__(
+        self,
+        maximum: int,
+        *,
+        self_tuned: bool = False,
+        hedges: int = 0,
+        cooldown: float = 0.0,
+        controller: LimitController | None = None,
+    ) -> None:
         if maximum < 1:
             raise ValueError("maximum must be >= 1")
+        if hedges < 0:
+            raise ValueError("hedges must be >= 0")
+        self.controller = controller or LimitController(
+            maximum, self_tuned=self_tuned, cooldown=cooldown
+        )
         self.maximum = maximum
-        self.limit = maximum
+        self.hedges = hedges
         self.in_flight = 0
-        self.throttles = 0
-        self._cooldown = cooldown
-        self._quiet_after = 0.0
+        self.hedges_in_flight = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
+        self._success: asyncio.Future[None] | None = None
+
+    @property
+    def limit(self) -> int:
+        return self.controller.limit
+
+    @property
+    def throttles(self) -> int:
+        return self.controller.throttles
+
+    @property
+    def storming(self) -> bool:
+        """Whether the store throttled most GETs of the last round (hedging would only add
+        to its load)."""
+        return self.controller.last_throttled_fraction >= 0.5
 
     async def acquire(self) -> None:
         if self.in_flight < self.limit and not self._waiters:
             self.in_flight += 1
+            if self.in_flight >= self.limit:
+                self.controller.limit_reached()
             return
+        self.controller.limit_reached()
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         try:
             await waiter
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
-                self._release_slot()  # we were handed a slot we will not use
+                self.release()  # we were handed a slot we will not use
             else:
                 self._waiters.remove(waiter)
             raise
 
-    def try_acquire(self) -> bool:
-        """Take a slot if one is free and nobody waits for one; never waits."""
-        if self.in_flight < self.limit and not self._waiters:
-            self.in_flight += 1
+    def try_acquire_hedge(self) -> bool:
+        """Take one of the ``hedges`` slots beyond the limit if one is free; never waits."""
+        if self.hedges_in_flight < self.hedges:
+            self.hedges_in_flight += 1
             return True
         return False
 
-    @property
-    def cooling_down(self) -> bool:
-        """Whether the store throttled within the cool-down (the limit does not grow)."""
-        return time.monotonic() < self._quiet_after
+    def release_hedge(self) -> None:
+        self.hedges_in_flight -= 1
 
-    def throttle(self) -> None:
-        """The store throttled a request: halve the limit and start the cool-down."""
-        self.throttles += 1
-        self.limit = max(1, self.limit // 2)
-        self._quiet_after = time.monotonic() + self._cooldown
+    def sent(self) -> int:
+        """A GET (attempt or hedge) is sent: its mark for :meth:`done`."""
+        return self.controller.on_send()
 
-    def release(self, *, throttled: bool = False) -> None:
-        """Give a slot back; ``throttled`` when its request was (the same as
-        :meth:`throttle` first). Otherwise the limit grows by one after the cool-down."""
-        if throttled:
-            self.throttle()
-        elif self.limit < self.maximum and not self.cooling_down:
-            self.limit += 1
-        self._release_slot()
+    def done(self, mark: int, *, latency: float | None, throttled: bool = False) -> None:
+        """The GET sent with ``mark`` ended (see :meth:`LimitController.on_done`); the limit
+        may change, and waiters are admitted if it grew."""
+        self.controller.on_done(mark, latency=latency, throttled=throttled)
+        if latency is not None and self._success is not None:
+            success, self._success = self._success, None
+            if not success.done() and not success.get_loop().is_closed():
+                success.set_result(None)
+        self._admit()
 
-    def _release_slot(self) -> None:
+    async def wait_for_success(self, seconds: float) -> None:
+        """Wait ``seconds``, or less if a GET succeeds first (the store accepts requests
+        again). Cancelling it cancels only this wait."""
+        loop = asyncio.get_running_loop()
+        if self._success is None or self._success.get_loop() is not loop:
+            self._success = loop.create_future()
+        await asyncio.wait((self._success,), timeout=seconds)
+
+    def release(self) -> None:
+        """Give an attempt's slot back."""
         self.in_flight -= 1
+        self._admit()
+
+    def _admit(self) -> None:
         while self._waiters and self.in_flight < self.limit:
             waiter = self._waiters.popleft()
             if not waiter.done():

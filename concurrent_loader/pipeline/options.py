@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from ..config import SELF_TUNED_CAP
 from ..errors import ConfigError, Reason
 from ..fetch.parts import PartsConfig
 
@@ -15,7 +16,8 @@ __all__ = ["PipelineOptions", "available_cpus"]
 class PipelineOptions:
     """Per process:
 
-    - ``max_inflight_requests``: GETs in flight at most (None: the dataset's ``FetchConfig``);
+    - ``max_inflight_requests``: pins the GETs in flight (None: the dataset's
+      ``FetchConfig``, whose default self-tunes them up to ``SELF_TUNED_CAP``);
     - ``max_inflight_bytes``: fetched-but-undecoded bytes at most (None: the ``FetchConfig``'s);
     - ``decode_threads``: threads decoding samples of our datasets;
     - ``getitem_threads``: threads calling ``__getitem__`` of a dataset that is not ours;
@@ -69,7 +71,7 @@ class PipelineOptions:
     def derive(
         cls,
         *,
-        inflight_default: int,
+        inflight_default: int | None,
         batch_size: int,
         num_workers: int,
         max_inflight_requests: int | None = None,
@@ -83,8 +85,10 @@ class PipelineOptions:
     ) -> PipelineOptions:
         """Fill what the user left out: decode threads = this process's share of the CPUs
         (at most 8); batches in progress = enough to keep the GETs in flight busy, plus one
-        (at least 2). ``inflight_default`` is the dataset's ``max_inflight_requests``."""
-        inflight = max_inflight_requests or inflight_default
+        (at least 2). ``inflight_default`` is the dataset's ``max_inflight_requests`` (None:
+        self-tuned, so batches are sized for its cap)."""
+        default = SELF_TUNED_CAP if inflight_default is None else inflight_default
+        inflight = max_inflight_requests or default
         if inflight < 1:
             raise ConfigError(
                 f"max_inflight_requests must be >= 1, got {inflight}", cause=Reason.INVALID_ARGUMENT

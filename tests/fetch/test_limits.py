@@ -12,16 +12,18 @@ def test_bounds_holders_and_backs_off_on_throttle():
             nonlocal peak
             await limit.acquire()
             peak = max(peak, limit.in_flight)
+            mark = limit.sent()
             await asyncio.sleep(0.01)
-            limit.release(throttled=throttle)
+            limit.done(mark, latency=None if throttle else 0.01, throttled=throttle)
+            limit.release()
 
         await asyncio.gather(*(one(False) for _ in range(40)))
         assert peak == 8 and limit.in_flight == 0
-        await one(True)
-        assert limit.limit == 4 and limit.throttles == 1
+        await asyncio.gather(*(one(True) for _ in range(8)))  # a round of throttles
+        assert limit.limit == 4 and limit.throttles == 8
         peak = 0
         await asyncio.gather(*(one(False) for _ in range(40)))
-        assert peak <= 4  # still cooling down: no growth
+        assert peak <= 4  # within the cool-down: no growth
         assert limit.in_flight == 0
 
     asyncio.run(main())

@@ -15,6 +15,7 @@ from concurrent_loader import (
     ConcurrentDataLoader,
     FetchConfig,
     FetchTimeout,
+    HedgeConfig,
     ObjectDataset,
     ObjectNotFound,
     ObjectTooLarge,
@@ -93,7 +94,8 @@ def test_every_sample_arrives_once_intact_in_sampler_order_under_faults(
     assert gets >= len(ds) + injected, (gets, len(ds), injected)
     # The loader's own counters saw every 503 (one throttle each) and retried.
     loader_stats = loader.stats()
-    assert loader_stats["throttles"] == stats["faults"]["slowdown_503"]
+    # (a hedge race's loser, cancelled before it read its 503, is not counted)
+    assert 0 < loader_stats["throttles"] <= stats["faults"]["slowdown_503"]
     assert loader_stats["retries"] >= stats["faults"]["slowdown_503"]
 
 
@@ -103,6 +105,7 @@ def _throttle_run(proxy, small_objects, *, n: int, warmup_batches: int):
     config = FetchConfig(
         max_inflight_requests=16,
         retry=RetryConfig(max_attempts=30, base_delay=0.002, max_delay=0.02, throttle_cooldown=60),
+        hedge=HedgeConfig(enabled=False),  # hedges go beyond the limit: count the limit alone
     )
     ds = ObjectDataset(
         small_objects.url,
@@ -138,9 +141,10 @@ def test_503_slowdown_lowers_requests_in_flight(small_objects, s3_env, proxy_fac
     got, slow_stats, slow_loader = _throttle_run(slowed, small_objects, n=n, warmup_batches=2)
     assert got == want
     assert slow_stats["faults"]["slowdown_503"] > 0, "no 503 after the warm-up"
-    # Four throttles halve 16 down to 1; the cool-down (60 s) keeps it low to the end.
+    # Once per round the limit is cut by half the throttled fraction (about 15 % at 30 %)
+    # and the cool-down (60 s) keeps it from growing back: fewer than the 16 allowed.
     assert slow_loader["throttles"] >= 4, slow_loader
-    assert slow_stats["max_inflight"] <= 4, (
+    assert slow_stats["max_inflight"] < 16, (
         f"after {slow_loader['throttles']} throttles the loader still had "
         f"{slow_stats['max_inflight']} GETs in flight at once (16 allowed)"
     )

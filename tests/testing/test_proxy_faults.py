@@ -209,3 +209,40 @@ def test_fault_plan_is_pure_and_matches_rates() -> None:
 def test_fault_plan_rejects_bad_values(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         FaultPlan(**kwargs)
+
+
+# -- a scripted SlowDown storm -------------------------------------------------------------
+
+
+def test_a_storm_answers_every_object_get_503_within_its_window(
+    proxy_factory: ProxyFactory, s3_bucket: str, objects: dict
+) -> None:
+    plan = FaultPlan(storm_start_s=0.3, storm_seconds=0.6)
+    proxy = proxy_factory(faults=plan)
+    path = object_path(s3_bucket, SMALL_KEYS[0])
+    started = time.monotonic()
+    seen: list[tuple[float, int]] = []
+    while time.monotonic() - started < 1.3:
+        seen.append((time.monotonic() - started, raw_get(proxy, path).status))
+        time.sleep(0.02)
+    # Clear of the edges (the storm's clock starts at the proxy's first object GET):
+    before = [status for t, status in seen if t < 0.25]
+    during = [status for t, status in seen if 0.35 < t < 0.85]
+    after = [status for t, status in seen if t > 0.95]
+    assert before and set(before) == {200}
+    assert during and set(during) == {503}
+    assert after and set(after) == {200}
+    stats = proxy.stats()
+    assert stats["storm_503"] == stats["faults"]["slowdown_503"]
+    assert stats["storm_503"] == sum(1 for _, status in seen if status == 503)
+    # Listings are never stormed.
+    assert raw_get(proxy, f"/{s3_bucket}?list-type=2").status == 200
+
+
+def test_a_storm_window_is_validated_and_reaches_the_proxy_process() -> None:
+    plan = FaultPlan(storm_start_s=5, storm_seconds=30)
+    assert plan.any_faults and plan.in_storm(5.0) and plan.in_storm(34.9)
+    assert not plan.in_storm(4.9) and not plan.in_storm(35.0)
+    assert "--storm-seconds" in plan.to_cli_args()
+    with pytest.raises(ValueError):
+        FaultPlan(storm_seconds=-1)

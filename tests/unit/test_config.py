@@ -54,4 +54,4 @@ def test_configs_are_frozen_and_hashable():
     with pytest.raises(AttributeError):
         config.max_inflight_requests = 5  # type: ignore[misc]
     assert hash(config) == hash(FetchConfig(max_inflight_requests=4))
-    assert config.max_connections == 4
+    assert config.max_connections == 4 + config.max_hedges_in_flight  # hedges beyond the limit

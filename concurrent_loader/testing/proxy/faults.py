@@ -37,6 +37,11 @@ class FaultPlan:
     sum must not exceed 1. ``slow`` delays the first byte by ``extra_latency_ms`` on top
     of the proxy's latency; ``stall`` sends the response head, then nothing for
     ``stall_seconds``, then closes.
+
+    A **SlowDown storm** (``storm_seconds > 0``) is scripted in time, not drawn: every
+    faultable request that arrives from ``storm_start_s`` to ``storm_start_s +
+    storm_seconds`` after the proxy's first faultable request (since it started or was
+    reset) is answered 503 SlowDown, whatever the draw says (:meth:`in_storm`).
     """
 
     seed: int = 0
@@ -49,6 +54,8 @@ class FaultPlan:
     slow: float = 0.0
     stall_seconds: float = 30.0
     extra_latency_ms: float = 0.0
+    storm_start_s: float = 0.0
+    storm_seconds: float = 0.0
     faults_on: tuple[str, ...] = ("GET",)
 
     def __post_init__(self) -> None:
@@ -64,7 +71,7 @@ class FaultPlan:
             total += rate
         if total > 1.0 + 1e-9:
             raise ValueError(f"fault rates must sum to at most 1, got {total:g}")
-        for name in ("stall_seconds", "extra_latency_ms"):
+        for name in ("stall_seconds", "extra_latency_ms", "storm_start_s", "storm_seconds"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
@@ -78,7 +85,16 @@ class FaultPlan:
 
     @property
     def any_faults(self) -> bool:
-        return any(getattr(self, name) > 0.0 for name in FAULT_NAMES)
+        return self.storm_seconds > 0.0 or any(getattr(self, name) > 0.0 for name in FAULT_NAMES)
+
+    def faultable(self, method: str, target: str) -> bool:
+        """Whether a request ``method target`` may get a fault at all."""
+        return method in self.faults_on and is_object_target(target)
+
+    def in_storm(self, seconds: float) -> bool:
+        """Whether a faultable request ``seconds`` after the first one falls in the storm."""
+        start = self.storm_start_s
+        return self.storm_seconds > 0.0 and start <= seconds < start + self.storm_seconds
 
     def fault_for(self, method: str, target: str, n: int) -> str | None:
         """The fault for the ``n``-th earlier-seen request ``method target``, or None.
@@ -86,7 +102,7 @@ class FaultPlan:
         ``target`` is the request target as sent (path and query). Pure: the same
         arguments give the same answer in any process.
         """
-        if method not in self.faults_on or not is_object_target(target):
+        if not self.faultable(method, target):
             return None
         draw, _ = uniforms(self.seed, method, target, n)
         cumulative = 0.0

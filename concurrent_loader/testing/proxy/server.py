@@ -100,6 +100,7 @@ class ProxyServer:
         # Only needed (and only paid for) when a draw depends on it.
         self._track_history = self._faults.any_faults or self.latency.draws_per_request
         self._history: dict[int, int] = {}
+        self._first_faultable: float | None = None  # when the storm's clock started
         self.stats = Stats()
         self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -189,11 +190,15 @@ class ProxyServer:
         await discard_body(request, client.reader)
         close = not request.keep_alive
         if request.path == STATS_PATH and request.method == "GET":
-            body = json.dumps(self.stats.to_dict()).encode()
+            figures = self.stats.to_dict()
+            if self._first_faultable is not None:  # seconds since the storm's clock started
+                figures["storm_clock_s"] = asyncio.get_running_loop().time() - self._first_faultable
+            body = json.dumps(figures).encode()
             reply = simple_response(200, "OK", body, "application/json", close)
         elif request.path == RESET_PATH and request.method == "POST":
             self.stats.reset()
             self._history.clear()
+            self._first_faultable = None
             reply = simple_response(200, "OK", b"{}", "application/json", close)
         else:
             reply = simple_response(405, "Method Not Allowed", b"", "text/plain", close)
@@ -211,6 +216,14 @@ class ProxyServer:
             self._history[key] = n + 1
         seed = self._faults.seed
         fault = self._faults.fault_for(request.method, request.target, n)
+        if self._faults.storm_seconds > 0 and self._faults.faultable(
+            request.method, request.target
+        ):
+            if self._first_faultable is None:
+                self._first_faultable = request.arrival
+            if self._faults.in_storm(request.arrival - self._first_faultable):
+                fault = "slowdown_503"
+                self.stats.storm_503 += 1
         delay, straggler = self.latency.first_byte(seed, request.method, request.target, n)
         if straggler:
             self.stats.stragglers += 1

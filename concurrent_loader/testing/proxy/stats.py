@@ -29,6 +29,7 @@ class Stats:
         self.responses_by_status: Counter[str] = Counter()
         self.faults: Counter[str] = Counter({name: 0 for name in FAULT_NAMES})
         self.stragglers = 0
+        self.storm_503 = 0
         self.bytes_sent = 0
         # Requests already in flight stay counted, so max never drops below current.
         self.max_inflight = self.inflight
@@ -43,6 +44,7 @@ class Stats:
             "responses_by_status": dict(self.responses_by_status),
             "faults": dict(self.faults),
             "stragglers": self.stragglers,
+            "storm_503": self.storm_503,
             "bytes_sent": self.bytes_sent,
             "inflight": self.inflight,
             "max_inflight": self.max_inflight,

@@ -1,4 +1,5 @@
-"""AdaptiveLimit alone: holders bounded by ``limit``, AIMD on throttles, FIFO hand-over."""
+"""AdaptiveLimit alone: holders bounded by ``limit``, hedge slots beyond it, FIFO hand-over,
+and the wait for a store that accepts GETs again."""
 
 from __future__ import annotations
 
@@ -20,35 +21,55 @@ def test_maximum_must_be_positive():
         AdaptiveLimit(0)
 
 
-def test_throttles_halve_the_limit_down_to_one():
-    limit = AdaptiveLimit(8, cooldown=3600)
-
-    async def main() -> list[int]:
-        seen = []
-        for _ in range(5):
-            await limit.acquire()
-            limit.release(throttled=True)
-            seen.append(limit.limit)
-        return seen
-
-    assert asyncio.run(main()) == [4, 2, 1, 1, 1]
-    assert limit.throttles == 5 and limit.in_flight == 0
+def throttle_round(limit: AdaptiveLimit) -> None:
+    """A whole round of GETs (as many as the limit) sent, and every one throttled."""
+    marks = [limit.sent() for _ in range(limit.limit)]
+    for mark in marks:
+        limit.done(mark, latency=None, throttled=True)
 
 
-def test_successes_after_the_cooldown_add_one_up_to_the_maximum():
-    limit = AdaptiveLimit(4, cooldown=0.0)
+def test_throttles_cut_the_limit_once_per_round_down_to_the_floor():
+    limit = AdaptiveLimit(8)
+    seen = []
+    for _ in range(4):
+        throttle_round(limit)
+        seen.append(limit.limit)
+    assert seen == [4, 4, 4, 4]  # halved by a round of all throttles, then the floor
+    assert limit.throttles == 8 + 4 + 4 + 4 and limit.storming
 
-    async def main() -> list[int]:
+
+def test_hedge_slots_are_beyond_the_limit_and_bounded():
+    limit = AdaptiveLimit(1, hedges=2)
+
+    async def main() -> None:
         await limit.acquire()
-        limit.release(throttled=True)
-        seen = [limit.limit]
-        for _ in range(4):
-            await limit.acquire()
-            limit.release()
-            seen.append(limit.limit)
-        return seen
+        assert limit.in_flight == 1 == limit.limit
+        assert limit.try_acquire_hedge() and limit.try_acquire_hedge()
+        assert not limit.try_acquire_hedge()
+        limit.release_hedge()
+        assert limit.try_acquire_hedge()
+        assert limit.hedges_in_flight == 2 and limit.in_flight == 1
 
-    assert asyncio.run(main()) == [2, 3, 4, 4, 4]
+    asyncio.run(main())
+
+
+def test_wait_for_success_ends_when_a_get_succeeds():
+    limit = AdaptiveLimit(8)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        waiting = asyncio.create_task(limit.wait_for_success(60))
+        await turns()
+        throttle_round(limit)  # a throttle wakes no one
+        await turns()
+        assert not waiting.done()
+        limit.done(limit.sent(), latency=0.01)
+        await asyncio.wait_for(waiting, 5)
+        assert loop.time() - started < 5
+        await asyncio.wait_for(limit.wait_for_success(0.01), 5)  # or its time runs out
+
+    asyncio.run(main())
 
 
 def test_waiters_are_admitted_in_arrival_order():
@@ -77,22 +98,22 @@ def test_waiters_are_admitted_in_arrival_order():
 
 
 def test_a_lowered_limit_admits_no_one_until_holders_drop_below_it():
-    limit = AdaptiveLimit(4, cooldown=3600)
+    limit = AdaptiveLimit(8)
 
     async def main() -> None:
-        for _ in range(4):
+        for _ in range(8):
             await limit.acquire()
         waiter = asyncio.create_task(limit.acquire())
         await turns()
-        limit.release(throttled=True)  # limit 2, 3 holders
+        throttle_round(limit)  # limit 4, 8 holders
+        assert limit.limit == 4
+        for holders in (7, 6, 5, 4):
+            limit.release()
+            await turns()
+            assert not waiter.done(), holders
+        limit.release()  # 3 holders: one slot free
         await turns()
-        assert not waiter.done()
-        limit.release()  # 2 holders: still none free
-        await turns()
-        assert not waiter.done()
-        limit.release()  # 1 holder
-        await turns()
-        assert waiter.done() and limit.in_flight == 2
+        assert waiter.done() and limit.in_flight == 4
 
     asyncio.run(main())
 

@@ -30,6 +30,7 @@ from concurrent_loader.errors import (
     Throttled,
 )
 from concurrent_loader.fetch import NO_OBSERVER, FetchClient, FetchObserver
+from concurrent_loader.fetch.tuning import FLOOR
 from concurrent_loader.stores import STALL, ByteRange, MemoryConfig
 
 URL = "memory://test/a"
@@ -321,8 +322,9 @@ def test_a_30_s_slowdown_storm_loses_nothing_with_the_default_settings():
     assert storm.throttled > len(objects)  # every object was throttled, most more than once
     assert observer.throttles == storm.throttled
     assert len(observer.responses) == len(objects)
-    assert min(lowest) == 1  # the in-flight limit backed off ...
-    assert client.limit.limit > 1  # ... and grew back once the storm was over
+    assert min(lowest) == FLOOR  # the in-flight limit backed off to its floor ...
+    after = [*lowest[lowest.index(FLOOR) :], client.limit.limit]
+    assert max(after) > FLOOR, lowest  # ... and grew back once the storm was over
     assert client.in_flight == 0
 
 
@@ -435,53 +437,46 @@ def test_requests_in_flight_reach_but_never_exceed_the_limit(limit):
     assert store.stats.total == 30
 
 
-def _throttle_once(key: str, attempt: int) -> object:
-    if key == "hot" and attempt == 0:
+def _throttle_hot_once(key: str, attempt: int) -> object:
+    if key.startswith("hot") and attempt == 0:
         return Throttled("slow down", url=f"memory://test/{key}", cause=Reason.THROTTLED)
     return None
 
 
-def test_throttle_halves_the_limit_for_the_cooldown():
-    objects = {f"{i}": b"x" for i in range(30)} | {"hot": b"x"}
-    store = MemoryConfig(objects, latency_s=0.002, script=_throttle_once)
+HOT = {f"hot{i}": b"x" for i in range(8)}
+
+
+def test_a_round_of_throttles_halves_the_limit_once_and_the_cooldown_holds_it():
+    objects = {f"{i}": b"x" for i in range(30)} | HOT
+    store = MemoryConfig(objects, latency_s=0.002, script=_throttle_hot_once)
     client = make_client(
         store,
         RetryConfig(base_delay=0.0, throttle_base_delay=0.0, throttle_cooldown=3600.0),
         max_inflight_requests=8,
     )
     observer = Recorder()
-    _gather(client, ["hot"], observer)
-    assert observer.throttles == 1 and len(observer.retries) == 1
-    assert client.limit.limit == 4 and client.limit.throttles == 1
+    _gather(client, list(HOT), observer)  # 8 GETs in flight, every one throttled once
+    assert observer.throttles == 8 and len(observer.retries) == 8
+    assert client.limit.limit == 4 and client.limit.throttles == 8  # one cut, not eight
     store.stats.max_in_flight = 0
     _gather(client, [f"{i}" for i in range(30)])
-    assert store.stats.max_in_flight == 4  # still cooling down: no growth
+    assert store.stats.max_in_flight == 4  # within the cool-down: no growth
     assert client.limit.limit == 4
 
 
-def test_limit_recovers_after_the_cooldown():
-    cooldown = 0.01
-    objects = {f"{i}": b"x" for i in range(30)} | {"hot": b"x"}
-    store = MemoryConfig(objects, latency_s=0.002, script=_throttle_once)
-    # A throttle's retry would start past the time budget: the object fails at once.
-    retry = FixedBackoff(
-        throttle_base_delay=60.0, max_total_seconds=1.0, throttle_cooldown=cooldown
+def test_the_limit_grows_back_without_a_cooldown_once_throttles_stop():
+    objects = {f"{i}": b"x" for i in range(60)} | HOT
+    store = MemoryConfig(objects, latency_s=0.002, script=_throttle_hot_once)
+    client = make_client(
+        store, RetryConfig(base_delay=0.0, throttle_base_delay=0.0), max_inflight_requests=8
     )
-    client = make_client(store, retry, max_inflight_requests=8)
 
     async def main() -> None:
-        with pytest.raises(FetchTimeout) as caught:
-            await client.get("hot")
-        assert isinstance(caught.value.__cause__, Throttled)
-        assert client.limit.limit == 4
-        await asyncio.sleep(2 * cooldown)
-        for i in range(4):  # each success after the cooldown adds one
-            await client.get(f"{i}")
-            assert client.limit.limit == 5 + i
-        await client.get("0")
-        assert client.limit.limit == 8  # never above the maximum
+        await asyncio.gather(*(client.get(k) for k in HOT))
+        assert client.limit.throttles == 8 and client.limit.limit < 8
         store.stats.max_in_flight = 0
-        await asyncio.gather(*(client.get(f"{i}") for i in range(30)))
+        await asyncio.gather(*(client.get(f"{i}") for i in range(60)))
+        assert client.limit.limit == 8  # never above the maximum
 
     asyncio.run(main())
     assert store.stats.max_in_flight == 8

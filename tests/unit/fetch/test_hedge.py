@@ -26,7 +26,14 @@ from concurrent_loader.errors import (
     Throttled,
 )
 from concurrent_loader.fetch import FetchClient
-from concurrent_loader.fetch.hedge import BURST, MIN_SAMPLES, HedgeBudget, HedgeDelay
+from concurrent_loader.fetch.hedge import (
+    BURST,
+    MIN_SAMPLES,
+    SCARCE_FACTOR,
+    START_TOKENS,
+    HedgeBudget,
+    HedgeDelay,
+)
 from concurrent_loader.metrics import StageStats
 from concurrent_loader.metrics.stats import COUNTERS
 from concurrent_loader.pipeline import BatchPipeline, PipelineOptions
@@ -90,6 +97,14 @@ class AttemptStore:
         pass
 
 
+def full_budget(client: FetchClient) -> FetchClient:
+    """``client`` with its hedge budget full, so its hedges go at the delay itself (a
+    scarce budget keeps its last tokens for GETs deeper in the tail)."""
+    assert client.hedging is not None
+    client.hedging.budget.tokens = BURST
+    return client
+
+
 def run_one(client: FetchClient, observer: Recorder | None = None) -> bytes:
     async def main() -> bytes:
         if observer is None:
@@ -108,7 +123,7 @@ def throttled() -> Throttled:
 
 def test_a_get_that_answers_within_the_delay_is_not_hedged():
     store = AttemptStore([DELAY / 5])
-    client = FetchClient(store, config_with(pinned()))
+    client = full_budget(FetchClient(store, config_with(pinned())))
     observer = Recorder()
     assert run_one(client, observer) == b"attempt 0"
     assert len(store.sent) == 1
@@ -118,7 +133,7 @@ def test_a_get_that_answers_within_the_delay_is_not_hedged():
 
 def test_a_slow_get_is_hedged_only_after_the_delay_and_the_first_to_finish_wins():
     store = AttemptStore([10.0, 0.0])
-    client = FetchClient(store, config_with(pinned()))
+    client = full_budget(FetchClient(store, config_with(pinned())))
     observer = Recorder()
     assert run_one(client, observer) == b"attempt 1"  # the hedge's bytes
     primary_sent, hedge_sent = store.sent
@@ -132,7 +147,7 @@ def test_a_slow_get_is_hedged_only_after_the_delay_and_the_first_to_finish_wins(
 
 def test_when_the_primary_finishes_first_the_hedge_is_cancelled():
     store = AttemptStore([2 * DELAY, 10.0])
-    client = FetchClient(store, config_with(pinned()))
+    client = full_budget(FetchClient(store, config_with(pinned())))
     observer = Recorder()
     assert run_one(client, observer) == b"attempt 0"
     assert store.cancelled == [1]
@@ -140,11 +155,22 @@ def test_when_the_primary_finishes_first_the_hedge_is_cancelled():
     assert store.in_flight == 0 and client.in_flight == 0
 
 
-def test_at_most_one_hedge_per_attempt():
-    store = AttemptStore([10 * DELAY, 10 * DELAY])
-    client = FetchClient(store, config_with(pinned()))
-    assert run_one(client) in (b"attempt 0", b"attempt 1")
-    assert len(store.sent) == 2
+def test_at_most_two_hedges_per_attempt_and_two_gets_in_flight():
+    # The hedge is as late as its GET: a second hedge replaces the primary (cancelled).
+    store = AttemptStore([10 * DELAY, 10 * DELAY, 10 * DELAY])
+    client = full_budget(FetchClient(store, config_with(pinned())))
+    assert run_one(client) in (b"attempt 1", b"attempt 2")
+    assert len(store.sent) == 3 and 0 in store.cancelled
+    assert store.sent[2] - store.sent[1] == pytest.approx(DELAY, abs=DELAY / 2)
+
+
+def test_a_second_hedge_rescues_an_object_whose_get_and_hedge_both_stall():
+    store = AttemptStore([STALL, STALL, 0.0])
+    client = full_budget(FetchClient(store, config_with(pinned())))
+    observer = Recorder()
+    assert run_one(client, observer) == b"attempt 2"
+    assert sorted(store.cancelled) == [0, 1] and store.in_flight == 0
+    assert (observer.hedges, observer.hedges_won) == (2, 1) and observer.retries == []
 
 
 def test_hedging_can_be_turned_off():
@@ -156,21 +182,30 @@ def test_hedging_can_be_turned_off():
     assert len(store.sent) == 1
 
 
-def test_no_hedge_without_a_free_request_slot():
+def test_a_hedge_is_sent_beyond_a_full_limit():
+    # The only request slot is held by the slow GET: the hedge takes a hedge slot.
+    store = AttemptStore([3 * DELAY, 0.0])
+    client = full_budget(FetchClient(store, config_with(pinned(), max_inflight_requests=1)))
+    assert run_one(client) == b"attempt 1"
+    assert len(store.sent) == 2 and store.cancelled == [0]
+    assert client.in_flight == 0
+
+
+def test_no_hedge_without_a_free_hedge_slot():
     store = AttemptStore([3 * DELAY])
-    client = FetchClient(store, config_with(pinned(), max_inflight_requests=1))
+    client = full_budget(FetchClient(store, config_with(pinned(), max_inflight_requests=1)))
+    client.limit.hedges_in_flight = client.limit.hedges  # as if other hedges held them all
     assert run_one(client) == b"attempt 0"
     assert len(store.sent) == 1
 
 
-def test_no_hedge_while_the_store_throttles():
-    # Throttled once: for the cool-down the slow retry is not hedged.
+def test_no_hedge_while_the_store_throttles_most_gets():
+    # A round (one GET at a limit of 1) all throttled: the slow retry is not hedged.
     store = AttemptStore([throttled(), 3 * DELAY])
-    client = FetchClient(store, config_with(pinned()))
+    client = full_budget(FetchClient(store, config_with(pinned(), max_inflight_requests=1)))
     observer = Recorder()
     assert run_one(client, observer) == b"attempt 1"
     assert len(store.sent) == 2 and observer.hedges == 0
-    assert client.limit.cooling_down
 
 
 # ---------------------------------------------------------------------------- failures
@@ -185,8 +220,8 @@ def test_a_transient_failure_of_one_waits_for_the_other():
                 raise ServerError("boom", url=URL, cause=Reason.SERVER_ERROR)
             return await super().get(key, byte_range)
 
-    store = FailingPrimary([None, 3 * DELAY])
-    client = FetchClient(store, config_with(pinned()))
+    store = FailingPrimary([None, 0.8 * DELAY])
+    client = full_budget(FetchClient(store, config_with(pinned())))
     observer = Recorder()
     assert run_one(client, observer) == b"attempt 1"
     assert len(store.sent) == 2
@@ -197,48 +232,61 @@ def test_a_transient_failure_of_one_waits_for_the_other():
 def test_an_error_a_retry_cannot_mend_ends_the_attempt_at_once():
     denied = AccessDenied("no", url=URL, cause=Reason.ACCESS_DENIED)
     store = AttemptStore([10.0, denied])
-    client = FetchClient(store, config_with(pinned()))
+    client = full_budget(FetchClient(store, config_with(pinned())))
     with pytest.raises(AccessDenied):
         run_one(client)
     assert store.cancelled == [0]
     assert len(store.sent) == 2 and client.in_flight == 0
 
 
-def test_when_both_fail_the_attempt_fails_with_the_primarys_error_and_is_retried():
+def test_a_failed_hedge_of_an_unanswered_get_ends_the_attempt_which_is_retried():
+    # The primary stalls; its hedge is throttled: waiting for the stall would cost the
+    # read timeout, so the attempt fails with the hedge's error and is retried at once.
+    store = AttemptStore([STALL, throttled(), 0.0])
+    client = full_budget(FetchClient(store, config_with(pinned())))
+    observer = Recorder()
+    assert run_one(client, observer) == b"attempt 2"  # the retry
+    (error,) = observer.retries
+    assert isinstance(error, Throttled)
+    assert any("still unanswered, was cancelled" in note for note in error.__notes__)
+    assert store.cancelled == [0] and client.in_flight == 0
+    assert observer.throttles == 1 and client.limit.throttles == 1
+
+
+def test_when_both_fail_the_attempt_fails_with_the_hedges_error_and_is_retried():
     class BothFail(AttemptStore):
         async def get(self, key: str, byte_range: ByteRange | None = None) -> Body:
             n = len(self.sent)
             if n == 0:
                 self.sent.append(asyncio.get_running_loop().time())
-                await asyncio.sleep(2 * DELAY)
+                await asyncio.sleep(1.5 * DELAY)
                 raise ServerError("primary", url=URL, cause=Reason.SERVER_ERROR)
             if n == 1:
                 self.sent.append(asyncio.get_running_loop().time())
-                raise throttled()
+                await asyncio.sleep(0.8 * DELAY)
+                raise ServerError("hedge", url=URL, cause=Reason.SERVER_ERROR)
             return await super().get(key, byte_range)
 
     store = BothFail([None, None, 0.0])
-    client = FetchClient(store, config_with(pinned()))
+    client = full_budget(FetchClient(store, config_with(pinned())))
     observer = Recorder()
     assert run_one(client, observer) == b"attempt 2"  # the retry
     (error,) = observer.retries
-    assert isinstance(error, ServerError)
-    assert any("its hedged GET failed too" in note for note in error.__notes__)
-    # The hedge's throttle was counted once, and halved the limit.
-    assert observer.throttles == 1 and client.limit.throttles == 1
+    assert isinstance(error, ServerError) and "hedge" in str(error)
+    assert any("the GET it hedged failed too" in note for note in error.__notes__)
 
 
-def test_the_attempt_deadline_cancels_both_gets():
-    store = AttemptStore([STALL, STALL, 0.0])
+def test_the_attempt_deadline_cancels_every_get():
+    store = AttemptStore([STALL, STALL, STALL, 0.0])
     config = FetchConfig(
-        timeouts=Timeouts(attempt=3 * DELAY),
+        timeouts=Timeouts(attempt=3.5 * DELAY),
         retry=RetryConfig(base_delay=0.0),
         hedge=pinned(),
     )
-    client = FetchClient(store, config)
+    client = full_budget(FetchClient(store, config))
     observer = Recorder()
-    assert run_one(client, observer) == b"attempt 2"
-    assert sorted(store.cancelled) == [0, 1]
+    assert run_one(client, observer) == b"attempt 3"
+    assert sorted(store.cancelled) == [0, 1, 2]
     (error,) = observer.retries
     assert isinstance(error, FetchTimeout) and error.cause is Reason.ATTEMPT_TIMEOUT
     assert store.in_flight == 0 and client.in_flight == 0
@@ -246,7 +294,7 @@ def test_the_attempt_deadline_cancels_both_gets():
 
 def test_cancelling_the_caller_cancels_both_gets_and_frees_their_slots():
     store = AttemptStore([STALL, STALL])
-    client = FetchClient(store, config_with(pinned()))
+    client = full_budget(FetchClient(store, config_with(pinned())))
 
     async def main() -> None:
         task = asyncio.create_task(client.get("a"))
@@ -279,14 +327,14 @@ def test_hedges_stay_within_the_budget_over_many_gets():
     asyncio.run(main())
     gets = waves * per_wave
     extra = store.stats.total - gets
-    assert 0 < extra <= 1 + hedge.budget * gets
+    assert 0 < extra <= START_TOKENS + hedge.budget * gets
     assert extra == observer.hedges
     assert len(observer.responses) == gets
 
 
-def test_the_budget_is_a_token_bucket_that_starts_with_one_token():
+def test_the_budget_is_a_token_bucket_that_starts_with_its_start_tokens():
     budget = HedgeBudget(0.25)
-    assert budget.spend() and not budget.spend()
+    assert all(budget.spend() for _ in range(int(START_TOKENS))) and not budget.spend()
     for _ in range(3):
         budget.earn()
     assert not budget.spend()
@@ -349,7 +397,7 @@ def test_invalid_hedge_settings_fail_at_construction(make):
 
 def test_hedging_is_on_by_default():
     hedge = FetchConfig().hedge
-    assert hedge.enabled and hedge.percentile == 95 and hedge.budget == 0.05
+    assert hedge.enabled and hedge.percentile == 98 and hedge.budget == 0.05
     assert 0 < hedge.min_delay < hedge.max_delay
 
 
@@ -380,7 +428,7 @@ def test_a_pipeline_gets_every_sample_once_in_order_and_counts_its_hedges(helper
 
 def test_stage_stats_count_hedges_sent_and_won():
     store = AttemptStore([10.0, 0.0])
-    client = FetchClient(store, config_with(pinned()))
+    client = full_budget(FetchClient(store, config_with(pinned())))
     stats = StageStats()
 
     async def main() -> None:
@@ -389,3 +437,34 @@ def test_stage_stats_count_hedges_sent_and_won():
     asyncio.run(main())
     counters = dict(zip(COUNTERS, stats.vector(), strict=False))
     assert (counters["hedges"], counters["hedges_won"], counters["objects"]) == (1, 1, 1)
+
+
+# ------------------------------------------------------------------ when the hedge goes
+
+
+def test_a_scarce_budget_hedges_only_deeper_in_the_tail():
+    store = AttemptStore([10 * DELAY, 0.0])
+    client = FetchClient(store, config_with(pinned()))
+    assert client.hedging is not None
+    client.hedging.budget.tokens = 1.0  # below RESERVE: scarce
+    assert run_one(client) == b"attempt 1"
+    assert store.sent[1] - store.sent[0] == pytest.approx(SCARCE_FACTOR * DELAY, abs=DELAY)
+
+
+def test_a_waiting_get_follows_the_estimate_as_it_falls():
+    # Sent before any latency was known (delay = max_delay = 5 s); the estimate then
+    # falls to 20 ms and the waiting GET is hedged at once, not 5 s after its send.
+    store = AttemptStore([STALL, 0.0])
+    hedge = HedgeConfig(min_delay=0.02, max_delay=5.0)
+    client = full_budget(FetchClient(store, config_with(hedge)))
+    assert client.hedging is not None
+
+    async def main() -> bytes:
+        task = asyncio.create_task(client.get("a"))
+        await asyncio.sleep(DELAY)
+        for _ in range(MIN_SAMPLES):
+            client.hedging.delay.observe(0.001)
+        return bytes(await asyncio.wait_for(task, 1.0))
+
+    assert asyncio.run(main()) == b"attempt 1"
+    assert store.sent[1] - store.sent[0] < 4 * DELAY

@@ -1,0 +1,167 @@
+"""How many GETs a process keeps in flight: a controller fed by every GET's outcome.
+
+:class:`LimitController` decides the limit that :class:`~.limits.AdaptiveLimit` enforces.
+It works in **rounds**, as TCP does per round-trip: a round begins at a decision and ends
+when as many GETs *sent since then* have ended as the limit then was (about one round
+trip when the limit is busy). Only those GETs count towards the next decision, so every
+decision sees the effect of the one before it, and a burst of throttles of GETs that were
+already in flight lowers the limit once, not once per GET.
+
+At the end of each round, in this order:
+
+1. **Queueing** (self-tuned only): once a window of at least :data:`WINDOW_SAMPLES`
+   latencies is complete, its median is compared with the baseline (the lowest window
+   median of the last :data:`BASELINE_S` seconds: long enough that sustained queueing
+   cannot pass itself off as the unloaded latency, short enough that the baseline follows
+   a store that gets slower over a day). A median over ``TOLERANCE`` x baseline + ``SLACK_S``
+   means GETs queue somewhere (the store, the network, this process's CPU) rather than
+   in the store's own latency, so the limit is scaled down towards where they would not
+   (by at most half). This is TCP Vegas' and Netflix concurrency-limits' gradient: by
+   Little's law, more GETs in flight than throughput x unloaded latency only add latency.
+2. **Growth**, only when the round was limit-bound (some GET had to wait for a slot: a
+   limit nobody reaches proves nothing) and showed no queueing: the limit grows by its
+   square root (the queue allowance of concurrency-limits' Gradient2).
+3. **Throttles** (503 SlowDown, 429): the limit is cut by half the fraction of the round's
+   GETs that were throttled (as DCTCP cuts its window by half the fraction of marked
+   packets). A store that throttles all GETs gets half as many per round, down to
+   ``minimum``; one that throttles a steady few percent regardless of load (as the
+   benchmark's fault matrix does) costs a busy limit a few percent per round, which its
+   growth makes up, so such noise does not collapse it to one GET in flight.
+
+The result is kept within ``[minimum, maximum]``.
+
+Self-tuned, the limit starts at ``maximum`` x :data:`INITIAL_SHARE`; pinned
+(``max_inflight_requests`` given), it starts at, and is never grown past, ``maximum``, and
+only throttles lower it.
+There is no fixed cool-down unless ``cooldown`` (``RetryConfig.throttle_cooldown``) asks
+for one: after a throttle, growth waits that many seconds.
+
+Pure logic with an injectable clock and no event loop, so tests script GETs one by one.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable
+
+__all__ = ["LimitController"]
+
+#: the self-tuned limit's first value, as a fraction of ``maximum``: all of it, because an
+#: epoch's first seconds are when GETs are most needed, and a limit that must first climb
+#: costs a short epoch more than a few GETs too many cost the store (the byte budget bounds
+#: memory either way); queueing and throttles then bring it down
+INITIAL_SHARE = 1.0
+#: the lowest limit throttles or queueing may push a limit of at least this to
+FLOOR = 4
+#: latencies per window before its median is compared with the baseline
+WINDOW_SAMPLES = 16
+#: seconds of window medians the baseline is the lowest of
+BASELINE_S = 30.0
+#: a window median up to this multiple of the baseline is not queueing...
+TOLERANCE = 2.0
+#: ...nor is one up to this many seconds above it (scheduling noise on a busy machine
+#: when the baseline is a millisecond or two)
+SLACK_S = 0.005
+
+
+class LimitController:
+    """The limit on GETs in flight, between ``minimum`` and ``maximum`` (module docstring).
+
+    Feed it :meth:`on_send` when a GET is sent (its return value is the GET's send mark),
+    and :meth:`on_done` when it ends. :attr:`limit` is the integer limit to enforce.
+    """
+
+    def __init__(
+        self,
+        maximum: int,
+        *,
+        self_tuned: bool,
+        cooldown: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if maximum < 1:
+            raise ValueError("maximum must be >= 1")
+        self.maximum = maximum
+        self.minimum = min(FLOOR, maximum)
+        self.self_tuned = self_tuned
+        self._value = float(max(1, round(maximum * INITIAL_SHARE)) if self_tuned else maximum)
+        self._cooldown = cooldown
+        self._clock = clock
+        self._sent = 0  # GETs sent so far: a GET's mark is its number
+        self._round_starts_at = 0  # the first mark of the current round
+        self._round_needs = self.limit  # GETs of the round that end it
+        self._round_gets = 0
+        self._round_throttles = 0
+        self._limit_bound = False
+        self._no_growth_until = 0.0
+        self._window: list[float] = []
+        self._medians: deque[tuple[float, float]] = deque()  # (when, window median)
+        self.throttles = 0
+        self.rounds = 0
+        #: the fraction of the last complete round's GETs that were throttled
+        self.last_throttled_fraction = 0.0
+
+    @property
+    def limit(self) -> int:
+        return max(1, int(self._value))
+
+    @property
+    def baseline_s(self) -> float | None:
+        """The unloaded latency estimate, once a window is complete."""
+        return min(median for _, median in self._medians) if self._medians else None
+
+    def on_send(self) -> int:
+        """A GET is sent; the mark to give back to :meth:`on_done`."""
+        mark = self._sent
+        self._sent += 1
+        return mark
+
+    def limit_reached(self) -> None:
+        """A GET waited for a slot (or took the last one): the limit bound this round."""
+        self._limit_bound = True
+
+    def on_done(self, mark: int, *, latency: float | None, throttled: bool = False) -> None:
+        """The GET sent with ``mark`` ended: in ``latency`` seconds when it succeeded,
+        throttled when the store asked for fewer requests, neither when it failed."""
+        if throttled:
+            self.throttles += 1
+            if self._cooldown:
+                self._no_growth_until = self._clock() + self._cooldown
+        elif latency is not None and self.self_tuned:
+            self._window.append(latency)
+        if mark < self._round_starts_at:
+            return  # sent before the last decision, which it could not have seen
+        self._round_gets += 1
+        self._round_throttles += throttled
+        if self._round_gets >= self._round_needs:
+            self._end_round()
+
+    def _end_round(self) -> None:
+        self.rounds += 1
+        gets, throttles = self._round_gets, self._round_throttles
+        self.last_throttled_fraction = throttles / gets
+        value = self._value
+        queueing = False
+        if len(self._window) >= WINDOW_SAMPLES:
+            median = statistics.median(self._window)
+            self._window.clear()
+            now = self._clock()
+            while self._medians and self._medians[0][0] < now - BASELINE_S:
+                self._medians.popleft()
+            self._medians.append((now, median))
+            target = TOLERANCE * min(m for _, m in self._medians) + SLACK_S
+            if median > target:
+                value *= max(0.5, target / median)
+                queueing = True
+        if not queueing and self._limit_bound and self._clock() >= self._no_growth_until:
+            value = min(float(self.maximum), value + math.sqrt(value))
+        if throttles:
+            value *= 1.0 - self.last_throttled_fraction / 2.0
+        self._value = min(float(self.maximum), max(float(self.minimum), value))
+        self._round_gets = self._round_throttles = 0
+        self._limit_bound = False
+        self._round_starts_at = self._sent
+        self._round_needs = self.limit

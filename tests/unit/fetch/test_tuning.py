@@ -1,0 +1,171 @@
+"""LimitController with scripted GETs: once-per-round cuts, the floor, recovery without a
+fixed cool-down, slow start, and the latency gradient of the self-tuned limit."""
+
+from __future__ import annotations
+
+import pytest
+
+from concurrent_loader.fetch.tuning import FLOOR, WINDOW_SAMPLES, LimitController
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def run_round(
+    c: LimitController,
+    *,
+    throttled: int = 0,
+    latency: float = 0.03,
+    bound: bool = True,
+    gets: int | None = None,
+) -> int:
+    """One round: ``gets`` (default: the limit) GETs sent and ended, the first ``throttled``
+    of them throttled, the others in ``latency`` s; returns the limit after it."""
+    n = c.limit if gets is None else gets
+    marks = [c.on_send() for _ in range(n)]
+    if bound:
+        c.limit_reached()
+    for i, mark in enumerate(marks):
+        if i < throttled:
+            c.on_done(mark, latency=None, throttled=True)
+        else:
+            c.on_done(mark, latency=latency)
+    return c.limit
+
+
+def test_maximum_must_be_positive():
+    with pytest.raises(ValueError):
+        LimitController(0, self_tuned=True)
+
+
+def test_a_burst_of_throttles_of_gets_already_in_flight_cuts_once():
+    c = LimitController(64, self_tuned=False)
+    marks = [c.on_send() for _ in range(200)]  # more than a round in flight
+    for mark in marks:
+        c.on_done(mark, latency=None, throttled=True)
+    # The first 64 end a round (all throttled: halved); the other 136 were sent before
+    # that cut and could not have seen it.
+    assert c.limit == 32
+    assert c.throttles == 200 and c.rounds == 1
+
+
+def test_the_cut_is_half_the_throttled_fraction():
+    c = LimitController(64, self_tuned=False)
+    # 1/8 throttled, not limit-bound (so no growth): 64 * (1 - 1/16)
+    assert run_round(c, throttled=8, bound=False) == 60
+    assert c.last_throttled_fraction == pytest.approx(0.125)
+
+
+def test_a_steady_ten_percent_of_throttles_keeps_a_busy_limit_high():
+    c = LimitController(64, self_tuned=False)
+    for _ in range(50):
+        run_round(c, throttled=max(1, c.limit // 10))
+    # cuts of 5 % per round are outgrown by sqrt(limit) per busy round
+    assert c.limit >= 48
+
+
+def test_a_storm_cuts_to_the_floor_and_it_grows_back_without_a_cooldown():
+    c = LimitController(64, self_tuned=False)
+    for _ in range(10):
+        run_round(c, throttled=10**6)
+    assert c.limit == FLOOR and c.last_throttled_fraction == 1.0
+    rounds = 0
+    while c.limit < 64:
+        run_round(c)
+        rounds += 1
+    assert rounds <= 15  # +sqrt(limit) a round: 4 -> 64 in about a dozen round trips
+
+
+def test_a_pinned_limit_never_exceeds_its_value_and_an_idle_one_does_not_grow():
+    c = LimitController(16, self_tuned=False)
+    run_round(c, throttled=16)
+    assert c.limit == 8
+    for _ in range(5):
+        run_round(c, bound=False)  # nobody waited for a slot: nothing proves more helps
+    assert c.limit == 8
+    for _ in range(10):
+        run_round(c)
+    assert c.limit == 16
+
+
+def test_a_limit_below_the_floor_stays_within_its_maximum():
+    c = LimitController(2, self_tuned=False)
+    run_round(c, throttled=2)
+    assert c.limit == 2 == c.minimum
+
+
+def test_the_cooldown_delays_growth_after_a_throttle():
+    clock = Clock()
+    c = LimitController(16, self_tuned=False, cooldown=5.0, clock=clock)
+    run_round(c, throttled=16)
+    for _ in range(5):
+        run_round(c)
+    assert c.limit == 8
+    clock.now = 5.0
+    run_round(c)
+    assert c.limit > 8
+
+
+def test_self_tuned_starts_at_the_cap_and_holds_while_latency_holds():
+    c = LimitController(64, self_tuned=True)
+    assert c.limit == 64
+    assert [run_round(c) for _ in range(4)] == [64, 64, 64, 64]
+
+
+def test_self_tuned_backs_off_when_latency_queues_and_settles():
+    """A scripted store: 20 ms at any load at first; then its capacity drops, and beyond 16
+    in flight GETs queue (latency grows as in_flight / 16 x 20 ms: a throughput ceiling,
+    Little's law)."""
+    clock = Clock()
+    c = LimitController(64, self_tuned=True, clock=clock)
+    for _ in range(5):
+        clock.now += 0.02
+        run_round(c, latency=0.020)
+    assert c.limit == 64 and c.baseline_s == pytest.approx(0.020)
+
+    def latency(in_flight: int) -> float:
+        return 0.020 * max(1.0, in_flight / 16)
+
+    limits = []
+    for _ in range(400):  # about 18 s of rounds, within the baseline's 30 s
+        clock.now += latency(c.limit)
+        limits.append(run_round(c, latency=latency(c.limit)))
+    settled = limits[-10:]
+    # Queueing is refused once latency passes 2 x 20 ms + 5 ms: 36 in flight; the limit
+    # probes one step (+sqrt) above that at most, never back to the cap.
+    assert all(16 <= value <= 44 for value in settled), limits
+    assert c.baseline_s == pytest.approx(0.020)
+
+
+def test_the_baseline_follows_a_store_that_got_slower():
+    clock = Clock()
+    c = LimitController(64, self_tuned=True, clock=clock)
+    for _ in range(3):
+        run_round(c, latency=0.010)
+    assert c.baseline_s == pytest.approx(0.010)
+    for _ in range(100):  # the store is now 5 x slower for everyone, at any load
+        clock.now += 1.0
+        run_round(c, latency=0.050)
+    assert c.baseline_s == pytest.approx(0.050)
+    assert c.limit == 64  # no longer mistaken for queueing
+
+
+def test_self_tuned_latency_cut_needs_a_full_window():
+    c = LimitController(8, self_tuned=True)
+    run_round(c, gets=WINDOW_SAMPLES - 1, latency=0.02)
+    assert c.baseline_s is None
+    run_round(c, gets=WINDOW_SAMPLES, latency=0.02)
+    assert c.baseline_s == pytest.approx(0.02)
+
+
+def test_failures_without_latency_neither_cut_nor_sample():
+    c = LimitController(8, self_tuned=True)
+    marks = [c.on_send() for _ in range(8)]
+    for mark in marks:
+        c.on_done(mark, latency=None)
+    assert c.limit == 8 and c.throttles == 0 and c.baseline_s is None
