@@ -61,7 +61,7 @@ async def _warm(
         raise TypeError(f"expected a CachedStore, got {type(cached).__name__}")
     hits_before = cache_tally().snapshot()[0]
     total = 0
-    slots = asyncio.Semaphore(fetch.max_inflight_requests)
+    slots = asyncio.Semaphore(fetch.inflight_cap)
 
     async def one(key: str) -> None:
         nonlocal total

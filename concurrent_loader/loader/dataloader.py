@@ -97,7 +97,8 @@ class ConcurrentDataLoader(DataLoader[T_co]):
     :class:`~concurrent_loader.pipeline.PipelineOptions`):
 
     - ``max_inflight_requests``: GETs in flight at most per process (default: the dataset's
-      ``FetchConfig.max_inflight_requests``, 64);
+      ``FetchConfig.max_inflight_requests``; None, its default, sizes it from what is
+      measured, up to ``FetchConfig.inflight_cap``);
     - ``max_inflight_bytes``: fetched-but-undecoded bytes held at most per process;
     - ``decode_threads``: decode threads per process (default: the process's share of CPUs);
     - ``getitem_threads``: threads per process calling ``__getitem__`` of a dataset that is
@@ -475,9 +476,16 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             self._shared_stats.total(),
             self._waits,
             elapsed=elapsed,
-            fetch_slots=(self.max_inflight_requests or self.options.getitem_threads) * processes,
+            fetch_slots=self._fetch_slots() * processes,
             decode_slots=self.decode_threads * processes,
         )
+
+    def _fetch_slots(self) -> int:
+        """The most GETs (or ``__getitem__`` calls) in flight per process."""
+        if self.max_inflight_requests is not None:
+            return self.max_inflight_requests
+        source = source_of(self.dataset)
+        return source.fetch_config.inflight_cap if source else self.options.getitem_threads
 
     # ------------------------------------------------------------------ introspection
 

@@ -23,7 +23,7 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
-from concurrent_loader import ObjectDataset, ObjectNotFound
+from concurrent_loader import FetchConfig, HedgeConfig, ObjectDataset, ObjectNotFound
 from concurrent_loader.loader import state as resume
 from concurrent_loader.loader.lookahead import Feed, Lookahead, predict_next_epoch
 from concurrent_loader.pipeline import BatchPipeline, Failure, PipelineOptions
@@ -47,7 +47,12 @@ def keys_of(helpers: Any, batches: list[list[int]]) -> list[str]:
 class Setup:
     def __init__(self, helpers: Any, script: Any = None, **options: Any) -> None:
         self.store = MemoryConfig(helpers.numbered_objects(COUNT), script=script)
-        self.dataset = ObjectDataset(self.store, decode=helpers.index_of)
+        # Hedging off: the GETs counted in flight are the limit's, not hedges beside them.
+        self.dataset = ObjectDataset(
+            self.store,
+            decode=helpers.index_of,
+            fetch_config=FetchConfig(hedge=HedgeConfig(enabled=False)),
+        )
         self.options = PipelineOptions(
             prefetch_batches=PREFETCH, decode_threads=2, stall_timeout_s=20, **options
         )
