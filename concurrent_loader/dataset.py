@@ -163,15 +163,18 @@ class ObjectDataset(Closing, Dataset[Any]):
         """Fetch a batch's objects concurrently (used by a stock DataLoader)."""
         return load_samples(self.source, [self._check_index(i) for i in indices], self._acquire)
 
+    #: what an item is called in an out-of-range error
+    _items = "objects"
+
     def _check_index(self, index: int) -> int:
-        n = len(self.keys)
+        n = len(self)
         if not isinstance(index, (int, np.integer)):
             raise TypeError(f"dataset indices must be integers, got {type(index).__name__}")
         index = int(index)
         if index < 0:
             index += n
         if not 0 <= index < n:
-            raise IndexError(f"index {index} out of range for a dataset of {n} objects")
+            raise IndexError(f"index {index} out of range for a dataset of {n} {self._items}")
         return index
 
     def _acquire(self) -> Runtime:

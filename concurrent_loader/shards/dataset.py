@@ -20,8 +20,6 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import numpy as np
-
 from ..config import FetchConfig
 from ..dataset import ObjectDataset
 from ..decode import ImageDecoder
@@ -121,19 +119,10 @@ class ShardDataset(ObjectDataset):
         """Samples per shard, in the order of :attr:`shards`."""
         return self.source.shard_lengths
 
+    _items = "samples"
+
     def __len__(self) -> int:
         return len(self.source)
-
-    def _check_index(self, index: int) -> int:
-        n = len(self.source)
-        if not isinstance(index, int | np.integer):
-            raise TypeError(f"dataset indices must be integers, got {type(index).__name__}")
-        index = int(index)
-        if index < 0:
-            index += n
-        if not 0 <= index < n:
-            raise IndexError(f"index {index} out of range for a dataset of {n} samples")
-        return index
 
     def __repr__(self) -> str:
         source = getattr(self, "source", None)
