@@ -15,7 +15,7 @@ import tracemalloc
 
 import pytest
 
-from concurrent_loader import ConcurrentDataLoader, FetchConfig, ObjectDataset
+from concurrent_loader import ConcurrentDataLoader, FetchConfig, HedgeConfig, ObjectDataset
 
 from ._support import upload_objects
 
@@ -131,11 +131,16 @@ def test_requests_in_flight_stay_under_max_inflight_requests(
 ):
     proxy = proxy_factory(latency_ms=100)
     limit = 4
+    # Hedges have slots of their own beyond the limit (FetchConfig.max_hedges_in_flight,
+    # tested in tests/unit/fetch): off here, so every GET in flight is one of the limit's.
+    no_hedges = HedgeConfig(enabled=False)
     ds = ObjectDataset(
         small_objects.url,
         small_objects.keys[:64],
         endpoint_url=proxy.endpoint_url,
-        fetch_config=FetchConfig(max_inflight_requests=limit) if where == "fetch_config" else None,
+        fetch_config=FetchConfig(
+            max_inflight_requests=limit if where == "fetch_config" else None, hedge=no_hedges
+        ),
     )
     options = {"max_inflight_requests": limit} if where == "loader" else {}
     # Four batches of eight in progress ask for 32 GETs at once.

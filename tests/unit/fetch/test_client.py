@@ -299,32 +299,39 @@ def test_a_30_s_slowdown_storm_loses_nothing_with_the_default_settings():
     # The default RetryConfig and a 30 s storm, with every duration scaled by 1/30: 1 s.
     factor = 1 / 30
     storm = Storm(30 * factor)
-    objects = {f"{i:03d}": f"body {i}".encode() for i in range(200)}
+    objects = {f"{i:03d}": f"body {i}".encode() for i in range(400)}
+    during, after = list(objects)[:200], list(objects)[200:]
     store = MemoryConfig(objects, script=storm)
     client = make_client(store, scaled(RetryConfig(), factor), max_inflight_requests=16)
     observer = Recorder()
     lowest: list[int] = []
+    recovered: list[int] = []
 
     async def main() -> list[bytes]:
-        async def watch() -> None:
+        async def watch(into: list[int]) -> None:
             while True:
-                lowest.append(client.limit.limit)
+                into.append(client.limit.limit)
                 await asyncio.sleep(0.01)
 
-        watcher = asyncio.create_task(watch())
-        try:
-            got = await asyncio.gather(*(client.get(k, observer=observer) for k in objects))
-        finally:
-            watcher.cancel()
-        return [bytes(b) for b in got]
+        async def wave(keys: list[str], into: list[int]) -> list[bytes]:
+            watcher = asyncio.create_task(watch(into))
+            try:
+                got = await asyncio.gather(*(client.get(k, observer=observer) for k in keys))
+            finally:
+                watcher.cancel()
+            into.append(client.limit.limit)
+            return [bytes(b) for b in got]
+
+        # Every object of the first wave is throttled; the second comes after the storm,
+        # all at once, so GETs wait for slots: the limit has a reason to grow back.
+        return await wave(during, lowest) + await wave(after, recovered)
 
     assert asyncio.run(main()) == list(objects.values())
-    assert storm.throttled > len(objects)  # every object was throttled, most more than once
+    assert storm.throttled > len(during)  # every object was throttled, most more than once
     assert observer.throttles == storm.throttled
     assert len(observer.responses) == len(objects)
     assert min(lowest) == FLOOR  # the in-flight limit backed off to its floor ...
-    after = [*lowest[lowest.index(FLOOR) :], client.limit.limit]
-    assert max(after) > FLOOR, lowest  # ... and grew back once the storm was over
+    assert max(recovered) > FLOOR, recovered  # ... and grew back once the storm was over
     assert client.in_flight == 0
 
 
