@@ -16,6 +16,8 @@ entry behind, on a writer thread. Guarantees:
 - A failing cache (a full disk, a permission, a deleted directory) never fails a read:
   it logs one WARNING per process and store, then reads go to the wrapped store (a failed
   read stops the use of the cache, a failed write stops writing).
+- A miss is counted once per read: a GET and its hedge (:mod:`..fetch.hedge`) that both
+  complete are one miss (the hedge is counted as a hedge).
 - Bounded: at most ``MAX_PENDING_BYTES`` wait for the writer; beyond that an object is
   not cached. ``close()`` finishes the pending writes and joins the writer.
 
@@ -35,6 +37,7 @@ import multiprocessing.util
 import os
 import random
 import threading
+import weakref
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -42,6 +45,7 @@ from urllib.parse import urlsplit
 from ..config import FetchConfig
 from ..errors import ConfigError, Reason
 from ..fetch import client_for
+from ..fetch.hedge import hedged_attempt
 from ..metrics.cache import cache_tally
 from ..stores.base import Body, ByteRange, Capabilities, ObjectInfo, Store, StoreConfig
 from .config import CacheConfig
@@ -158,6 +162,8 @@ class CachedStore:
         self._prefix = source_prefix(config.inner)
         self._max_wait_s = min(fetch.timeouts.attempt / 2, MAX_WAIT_S)
         self._tally = cache_tally()
+        #: hedged attempts whose miss is counted: a GET and its hedge are one miss
+        self._missed: weakref.WeakSet[object] = weakref.WeakSet()
         self._warned = False
         self._locking = True
         self._closed = False
@@ -257,7 +263,7 @@ class CachedStore:
                 directory.touch(name)
             except OSError as exc:
                 self._fail(exc, "marking a read")
-        return Body(data, None, entry.etag)
+        return Body(data, None, entry.etag, from_cache=True)
 
     # ------------------------------------------------------------------ misses
 
@@ -421,6 +427,11 @@ class CachedStore:
             )
 
     def _count_miss(self) -> None:
+        attempt = hedged_attempt.get()
+        if attempt is not None:
+            if attempt in self._missed:  # the other GET of this attempt completed too
+                return
+            self._missed.add(attempt)
         self._leftovers.misses += 1
         self._tally.miss()
 

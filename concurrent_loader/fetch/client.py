@@ -146,7 +146,9 @@ class OutcomeLayer:
         except BaseException:
             self.limit.done(mark, latency=None)  # cancelled or failed: no latency sample
             raise
-        self.limit.done(mark, latency=time.perf_counter() - started)
+        # A cache hit took no request: it is no sample of the store's latency.
+        latency = None if body.from_cache else time.perf_counter() - started
+        self.limit.done(mark, latency=latency)
         return body
 
 

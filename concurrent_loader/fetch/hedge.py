@@ -40,7 +40,9 @@ when one wins.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections import deque
+from collections.abc import Coroutine
 from typing import Any
 
 from ..config import HedgeConfig
@@ -50,7 +52,7 @@ from ..stores.base import Body
 from .getter import Getter, Request
 from .limits import AdaptiveLimit
 
-__all__ = ["HedgeBudget", "HedgeDelay", "HedgeLayer"]
+__all__ = ["HedgeBudget", "HedgeDelay", "HedgeLayer", "hedged_attempt"]
 
 FIRST = asyncio.FIRST_COMPLETED
 
@@ -142,19 +144,30 @@ class HedgeBudget:
         return True
 
 
+#: The hedged attempt a GET belongs to, seen by the layers below (None outside one): a GET
+#: and its hedge share it, so a store below tells a duplicate of a read from a new read
+#: (the cache counts one miss per attempt however many of its GETs complete).
+hedged_attempt: contextvars.ContextVar[object | None] = contextvars.ContextVar(
+    "hedged_attempt", default=None
+)
+
+
 class _Race:
     """The GETs of one attempt, oldest first, and what is known of them."""
 
-    def __init__(self, primary: asyncio.Task[Body], started: float) -> None:
-        self.gets = [primary]
-        self.started = [started]
+    def __init__(self) -> None:
+        self.gets: list[asyncio.Task[Body]] = []
+        self.started: list[float] = []
+        self._context = contextvars.copy_context()
+        self._context.run(hedged_attempt.set, self)
         self.settled: set[asyncio.Task[Body]] = set()
         self.error: BaseException | None = None  # the primary's transient failure
         self.retry_at = 0.0  # no hedge before this (none could be sent at the last try)
 
-    def add(self, hedge: asyncio.Task[Body], started: float) -> None:
-        self.gets.append(hedge)
-        self.started.append(started)
+    def start(self, get: Coroutine[Any, Any, Body], loop: asyncio.AbstractEventLoop) -> None:
+        """Run ``get`` as the attempt's next GET (in a context that names the attempt)."""
+        self.gets.append(loop.create_task(get, context=self._context.copy()))
+        self.started.append(loop.time())
 
     @property
     def youngest_started(self) -> float:
@@ -182,8 +195,8 @@ class HedgeLayer:
         loop = asyncio.get_running_loop()
         if self.limit.storming:  # no hedge: no task, no timer
             return await self._timed(request, loop)
-        primary = loop.create_task(self._timed(request, loop))
-        race = _Race(primary, loop.time())
+        race = _Race()
+        race.start(self._timed(request, loop), loop)
         try:
             while True:
                 remaining = None
@@ -220,11 +233,10 @@ class HedgeLayer:
         primary = race.gets[0]
         if len(race.gets) > 1 and not primary.done():
             primary.cancel()
-        hedge = loop.create_task(self._timed(request, loop))
+        race.start(self._timed(request, loop), loop)
         # A done callback, not a finally in the task: a task cancelled before its first
         # step never runs its body, and the slot would leak.
-        hedge.add_done_callback(self._release_hedge_slot)
-        race.add(hedge, loop.time())
+        race.gets[-1].add_done_callback(self._release_hedge_slot)
         self.sent += 1
         request.observer.on_hedge()
 
@@ -279,10 +291,12 @@ class HedgeLayer:
         return True
 
     async def _timed(self, request: Request, loop: asyncio.AbstractEventLoop) -> Body:
-        """One GET; its latency feeds the delay estimate when it succeeds."""
+        """One GET; its latency feeds the delay estimate when it succeeds (a cache hit sent
+        no request: its time is no sample of the store's latency)."""
         started = loop.time()
         body = await self.inner.get(request)
-        self.delay.observe(loop.time() - started)
+        if not body.from_cache:
+            self.delay.observe(loop.time() - started)
         return body
 
     def _release_hedge_slot(self, hedge: asyncio.Task[Body]) -> None:

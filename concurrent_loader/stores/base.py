@@ -71,12 +71,15 @@ class ObjectInfo:
 
 @dataclass(slots=True)
 class Body:
-    """A successful read: the bytes, the time to first byte when the transport knows it, and
-    the object's ETag when the store gives one (a cache keys and revalidates entries by it)."""
+    """A successful read: the bytes, the time to first byte when the transport knows it, the
+    object's ETag when the store gives one (a cache keys and revalidates entries by it), and
+    whether a node-local cache served it without a request to the store (then its time says
+    nothing about the store's latency, so the in-flight limit and the hedge delay ignore it)."""
 
     data: bytes | bytearray
     first_byte_s: float | None = None
     etag: str | None = None
+    from_cache: bool = False
 
 
 @runtime_checkable

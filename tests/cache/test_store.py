@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import gc
 import logging
@@ -12,11 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from concurrent_loader import FetchConfig
+from concurrent_loader import FetchConfig, HedgeConfig
 from concurrent_loader.cache import CacheConfig, CachedStoreConfig, with_cache
 from concurrent_loader.cache import directory as directory_module
 from concurrent_loader.cache.directory import name_for
 from concurrent_loader.errors import ConfigError, ObjectNotFound
+from concurrent_loader.fetch import FetchClient
+from concurrent_loader.fetch.hedge import hedged_attempt
 from concurrent_loader.metrics.cache import cache_tally
 from concurrent_loader.stores import ByteRange, LocalConfig, MemoryConfig
 
@@ -95,6 +98,72 @@ def test_the_store_errors_pass_through_and_nothing_is_cached(cache_config):
     with pytest.raises(ObjectNotFound):
         _read(config, ["missing.bin"])
     assert not any((Path(cache_config.directory) / "entries").rglob("*.bin"))
+
+
+class _Attempt:
+    """Stands for one hedged attempt (the fetch client's hedge layer sets its own)."""
+
+
+def _misses_of_two_gets_at_once(config: CachedStoreConfig, *, one_attempt: bool) -> int:
+    """Cache misses counted when two GETs of one uncached object run at once, both to the
+    end: as a GET and its hedge (one attempt), or as two reads."""
+
+    async def run() -> None:
+        store = config.open(FetchConfig())
+        loop = asyncio.get_running_loop()
+        context = contextvars.copy_context()
+        if one_attempt:
+            context.run(hedged_attempt.set, attempt)
+        try:
+            gets = [loop.create_task(store.get("00000.bin"), context=context.copy())]
+            gets.append(loop.create_task(store.get("00000.bin"), context=context.copy()))
+            await asyncio.gather(*gets)
+        finally:
+            await store.close()
+
+    attempt = _Attempt()
+    before = cache_tally().snapshot()
+    asyncio.run(run())
+    return cache_tally().snapshot()[1] - before[1]
+
+
+def test_a_get_and_its_hedge_are_one_miss_and_two_reads_are_two(cache_dir):
+    objects = numbered_objects(1)
+    for one_attempt, misses in ((True, 1), (False, 2)):
+        memory = MemoryConfig(objects, latency_s=0.01)
+        directory = cache_dir / str(one_attempt)
+        directory.mkdir(parents=True)
+        config = CachedStoreConfig(memory, CacheConfig(str(directory)).resolved())
+        assert _misses_of_two_gets_at_once(config, one_attempt=one_attempt) == misses
+        assert memory.stats.total == 2  # both reached the store either way
+
+
+def test_hits_are_no_latency_samples_for_the_in_flight_limit_or_the_hedge_delay(cache_config):
+    # Hits take no time, misses 30 ms. Were hits latency samples, the hedge delay would sink
+    # to its floor on hits alone, and with half the objects cached the misses would look
+    # like queueing (far above the hits' baseline) and cut the self-tuned limit.
+    objects = numbered_objects(768)
+    keys = sorted(objects)
+    cached = keys[::2]
+    _read(CachedStoreConfig(MemoryConfig(objects), cache_config), cached)  # no latency
+    config = CachedStoreConfig(MemoryConfig(objects, latency_s=0.03), cache_config)
+
+    async def run() -> tuple[float, int, int]:
+        store = config.open(FetchConfig())
+        client = FetchClient(store, FetchConfig())
+        assert client.hedging is not None
+        try:
+            await asyncio.gather(*(client.get(k) for k in cached))
+            delay_after_hits = client.hedging.delay.seconds
+            await asyncio.gather(*(client.get(k) for k in keys))
+            return delay_after_hits, client.limit.limit, client.limit.controller.rounds
+        finally:
+            await client.close()
+
+    delay_after_hits, limit, rounds = asyncio.run(run())
+    assert delay_after_hits == HedgeConfig().max_delay  # no latency known yet
+    assert rounds >= 4  # the controller decided, several times
+    assert limit == FetchConfig().inflight_cap
 
 
 def test_a_full_budget_under_fill_sends_the_rest_to_the_store(cache_dir):
