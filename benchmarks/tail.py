@@ -16,8 +16,9 @@ KB (random bytes, seeded), and reads them with ``--workers`` loader workers thro
   GET for ``--storm-seconds`` s; reports samples per second in ``--bin`` s bins, the
   pre-storm rate, and how long after the storm's end a bin first reached 90 % of it;
 - ``sweep``: one epoch per ``max_inflight_requests`` in ``--inflight`` and the self-tuned
-  default, at each fixed first-byte latency in ``--latencies`` (ms); reports samples/s and
-  the self-tuned rate over the best fixed one.
+  default, at each fixed first-byte latency in ``--latencies`` (ms), in ``--sweep-repeats``
+  interleaved rounds; reports the median samples/s of each and the self-tuned median over
+  the best fixed one.
 
 Every run checks that each sample arrived once, byte-identical, in the sampler's order (the
 benchmark fails otherwise) and reports the hedges sent against the budget (hedges over
@@ -37,6 +38,7 @@ import hashlib
 import itertools
 import json
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -249,20 +251,29 @@ def _storm(
 
 
 def _sweep(
-    bench: Bench, config: Any, latencies: Sequence[float], inflight: Sequence[int]
+    bench: Bench,
+    config: Any,
+    latencies: Sequence[float],
+    inflight: Sequence[int],
+    repeats: int,
 ) -> dict[str, Any]:
     from concurrent_loader.testing import ProxyProcess
 
     table: dict[str, Any] = {}
     for latency in latencies:
-        row: dict[str, Any] = {}
+        rates: dict[str, list[float]] = {}
         with ProxyProcess(bench.server.endpoint_url, latency_ms=latency) as proxy:
-            for n in [*inflight, None]:
-                fetch_config = dataclasses.replace(config, max_inflight_requests=n)
-                run = bench.epoch(fetch_config, proxy=proxy)
-                row[AUTO if n is None else str(n)] = run["samples_per_s"]
-                proxy.reset_stats()
-        best = max(v for k, v in row.items() if k != AUTO)
+            for _ in range(repeats):  # rounds, so a busy spell slows every setting alike
+                for n in [*inflight, None]:
+                    fetch_config = dataclasses.replace(config, max_inflight_requests=n)
+                    run = bench.epoch(fetch_config, proxy=proxy)
+                    rates.setdefault(AUTO if n is None else str(n), []).append(
+                        run["samples_per_s"]
+                    )
+                    proxy.reset_stats()
+        row: dict[str, Any] = {name: statistics.median(v) for name, v in rates.items()}
+        row["rounds"] = rates
+        best = max(v for k, v in row.items() if k not in (AUTO, "rounds"))
         row["auto / best fixed"] = row[AUTO] / best
         table[f"{latency:g}"] = row
     return table
@@ -283,6 +294,7 @@ def run(
     bin_s: float = 0.5,
     latencies: Sequence[float] = (0, 20, 50, 100, 200),
     inflight: Sequence[int] = (4, 16, 32, 64),
+    sweep_repeats: int = 1,
     step_ms: float = 50.0,
     smoke: bool = False,
 ) -> dict[str, Any]:
@@ -349,7 +361,7 @@ def run(
                 bench, config, preset, storm_start, storm_seconds, storm_passes, bin_s
             )
         if "sweep" in sections:
-            report["sweep"] = _sweep(bench, config, latencies, inflight)
+            report["sweep"] = _sweep(bench, config, latencies, inflight, sweep_repeats)
     budget = config.hedge.budget + 0.01
     shares = [r["hedge_share"] for r in report.get("runs", {}).values() if "hedge_share" in r]
     if "storm" in report:
@@ -422,8 +434,13 @@ def format_report(report: dict[str, Any]) -> str:
         )
     if "sweep" in report:
         table = report["sweep"]
-        names = [k for k in next(iter(table.values())) if k != "auto / best fixed"]
-        lines.append("samples/s by max_inflight_requests (auto: self-tuned) and first-byte latency")
+        names = [
+            k for k in next(iter(table.values())) if k not in ("auto / best fixed", "rounds")
+        ]
+        lines.append(
+            "samples/s by max_inflight_requests (auto: self-tuned) and first-byte latency"
+            " (median of each setting's rounds)"
+        )
         lines.append(
             f"{'latency ms':<12}" + "".join(f"{n:>10}" for n in names) + f"{'auto/best':>12}"
         )
@@ -467,6 +484,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--bin", type=float, default=0.5, help="seconds per throughput bin")
     parser.add_argument("--latencies", default="0,20,50,100,200", help="sweep latencies, ms")
     parser.add_argument("--inflight", default="4,16,32,64", help="sweep's fixed values")
+    parser.add_argument("--sweep-repeats", type=int, default=1, help="sweep rounds")
     parser.add_argument(
         "--step-ms", type=float, default=50.0, help="simulated training step per batch (0: none)"
     )
@@ -491,6 +509,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         bin_s=args.bin,
         latencies=_floats(args.latencies),
         inflight=[int(x) for x in _floats(args.inflight)],
+        sweep_repeats=args.sweep_repeats,
         step_ms=args.step_ms,
         smoke=args.smoke,
     )

@@ -41,7 +41,8 @@ def test_the_tail_benchmark_smoke_run_reports_every_figure():
     assert storm["throttles"] > 0  # the storm happened, and was ridden out
     assert storm["storm_start_s"] < storm["storm_end_s"] and storm["rates"]
     (row,) = report["sweep"].values()
-    assert set(row) == {"4", tail.AUTO, "auto / best fixed"} and _finite(row[tail.AUTO])
+    assert set(row) == {"4", tail.AUTO, "auto / best fixed", "rounds"}
+    assert _finite(row[tail.AUTO]) and row["rounds"][tail.AUTO] == [row[tail.AUTO]]
     text = tail.format_report(report)
     for needle in ("faults / clean", "local disk", "storm", "auto/best", "budget"):
         assert needle in text
