@@ -13,16 +13,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import psutil
 import pytest
+from _benchmark_run import run_benchmark
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 300
 
 
@@ -35,32 +30,18 @@ def test_the_smoke_run_checks_every_loader_and_both_caps(tmp_path):
     if importlib.util.find_spec("webdataset") is None:
         pytest.skip("webdataset is not installed: the reference reader of the shards")
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    cmd = [
-        sys.executable,
-        "-m",
+    returncode, output = run_benchmark(
         "benchmarks.shards_peers",
-        "--smoke",
-        "--out",
-        str(tmp_path / "out"),
-        "--data-dir",
-        str(tmp_path / "data"),
-    ]
-    # A session of its own: on timeout the whole group (server and proxies too) is ended.
-    proc = subprocess.Popen(
-        cmd,
-        cwd=REPO_ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
+        [
+            "--smoke",
+            "--out",
+            str(tmp_path / "out"),
+            "--data-dir",
+            str(tmp_path / "data"),
+        ],
+        RUN_TIMEOUT_S,
     )
-    try:
-        output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        pytest.fail(f"smoke run exceeded {RUN_TIMEOUT_S} s; output tail:\n{output[-4000:]}")
-    assert proc.returncode == 0, output[-4000:]
+    assert returncode == 0, output[-4000:]
 
     results = json.loads((tmp_path / "out" / "shards_peers.json").read_text())
     peers = results["peers"]

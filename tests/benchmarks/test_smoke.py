@@ -10,17 +10,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+from _benchmark_run import run_benchmark
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 780
 
 # Everything the project's environment installs must produce figures; LitData may be
@@ -43,35 +39,21 @@ LOADER_METRICS = (
 
 
 def _run_smoke(tmp_path: Path) -> tuple[int, str]:
-    cmd = [
-        sys.executable,
-        "-m",
+    returncode, output = run_benchmark(
         "benchmarks",
-        "--smoke",
-        "--no-progress",
-        "--out",
-        str(tmp_path / "out"),
-        "--data-dir",
-        str(tmp_path / "data"),
-        "--s3-dir",
-        str(tmp_path / "s3"),
-    ]
-    # A session of its own: on timeout the whole group (server and proxies too) is ended.
-    proc = subprocess.Popen(
-        cmd,
-        cwd=REPO_ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
+        [
+            "--smoke",
+            "--no-progress",
+            "--out",
+            str(tmp_path / "out"),
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--s3-dir",
+            str(tmp_path / "s3"),
+        ],
+        RUN_TIMEOUT_S,
     )
-    try:
-        output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        pytest.fail(f"smoke run exceeded {RUN_TIMEOUT_S} s; output tail:\n{output[-4000:]}")
-    return proc.returncode, output
+    return returncode, output
 
 
 def _finite(value: Any) -> bool:
