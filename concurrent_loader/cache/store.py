@@ -97,7 +97,8 @@ class CachedStoreConfig:
         inner = self.inner.capabilities
         if self.complete():
             return Capabilities(remote=False, listing=inner.listing, ranges=inner.ranges)
-        return inner
+        # An object read in parts would reach the cache as ranges, which it does not keep.
+        return dataclasses.replace(inner, whole_reads_up_to=MAX_PENDING_BYTES)
 
     def complete(self) -> bool:
         """Whether the cache seems to hold every object of the dataset: its ledger counts at

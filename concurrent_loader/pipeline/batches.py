@@ -317,12 +317,22 @@ class BatchPipeline:
 
     async def _read(self, read: Read) -> bytes | bytearray:
         """One read within the byte budget; its bytes stay held until released."""
-        budget, client, source = self._budget, self._client, self._source
-        assert budget is not None and client is not None and source is not None
+        budget, client = self._budget, self._client
+        assert budget is not None and client is not None
         # A large read goes as ranged GETs in flight, so one object can fill the link; the
         # parts in flight hold their bytes until copied into place, so they are reserved too.
+        # (Except a whole object a cache wants in one read: it fills its entry from that.)
         expected = read.byte_range.length if read.byte_range is not None else read.size
-        in_parts = self._parts.applies(expected) and source.store.capabilities.ranges
+        capabilities = client.store.capabilities  # the open store's, fixed when it opened
+        in_parts = (
+            self._parts.applies(expected)
+            and capabilities.ranges
+            and not (
+                read.byte_range is None
+                and expected is not None
+                and expected <= capabilities.whole_reads_up_to
+            )
+        )
         size_hint = self._parts.reservation(expected) if in_parts and expected else read.size
         reserved = await budget.reserve(size_hint)
         try:

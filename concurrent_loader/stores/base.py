@@ -37,12 +37,16 @@ class Capabilities:
       store also reads without an event loop (``get_blocking``, ``list_blocking``), and the
       pipeline reads and decodes in one thread-pool job;
     - ``listing``: ``list`` works (plain HTTP cannot list: keys come from the caller);
-    - ``ranges``: ``get`` honours ``byte_range``.
+    - ``ranges``: ``get`` honours ``byte_range``;
+    - ``whole_reads_up_to``: a whole object up to this many bytes is read with one ``get``,
+      never split into ranged parts (a cache fills its entry from one whole read; 0: any
+      large read may go in parts).
     """
 
     remote: bool
     listing: bool
     ranges: bool
+    whole_reads_up_to: int = 0
 
 
 @dataclass(frozen=True, slots=True)

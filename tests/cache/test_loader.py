@@ -64,3 +64,35 @@ def test_epoch_two_of_a_full_cache_skips_the_event_loop(cache_dir, monkeypatch):
     monkeypatch.setattr(CachedStore, "get", not_on_the_loop)
     assert sorted(i for batch in loader for i in batch.tolist()) == list(range(16))
     assert loader.stats()["cache_hits"] == 16
+
+
+def test_an_object_large_enough_for_parts_is_read_whole_and_cached(cache_dir):
+    # Listed sizes over PartsConfig.part_size would send each object as ranged parts, which
+    # the cache does not keep; a whole object it can keep is read in one GET instead.
+    from concurrent_loader.cache.store import MAX_PENDING_BYTES
+    from concurrent_loader.fetch.parts import DEFAULT_PART_SIZE
+
+    size = DEFAULT_PART_SIZE + 1024
+    assert size <= MAX_PENDING_BYTES
+    objects = {f"{i}.bin": bytes([i]) * size for i in range(3)}
+    memory = MemoryConfig(objects)
+    dataset = ObjectDataset(memory, cache=str(cache_dir))  # listed: sizes known
+    loader = ConcurrentDataLoader(dataset, batch_size=1)
+    for _ in range(2):
+        assert [bytes(batch[0]) for batch in loader] == [objects[k] for k in sorted(objects)]
+    assert memory.stats.total == 3  # one GET each, in the first epoch only
+    stats = loader.stats()
+    assert (stats["cache_hits"], stats["cache_misses"]) == (3, 3)
+
+
+def test_an_object_larger_than_the_cache_takes_is_still_read_in_parts(cache_dir):
+    from concurrent_loader.cache.store import MAX_PENDING_BYTES
+    from concurrent_loader.fetch.parts import DEFAULT_PART_SIZE
+
+    size = MAX_PENDING_BYTES + 1
+    memory = MemoryConfig({"big.bin": b"x" * size})
+    dataset = ObjectDataset(memory, cache=str(cache_dir))
+    loader = ConcurrentDataLoader(dataset, batch_size=1)
+    assert [len(batch[0]) for batch in loader] == [size]
+    parts = -(-size // DEFAULT_PART_SIZE)
+    assert memory.stats.total == parts + 1  # the parts, and the check that it did not grow
