@@ -36,6 +36,7 @@ from .runtime import Runtime, acquire_runtime
 from .sources import CallDecoder, ObjectDecoder, ObjectSource
 from .sources.load import load_samples
 from .stores import StoreConfig, store_config_for
+from .stores.base import BlockingStore
 
 __all__ = ["IMG_EXTENSIONS", "ImageFolder", "ObjectDataset"]
 
@@ -117,6 +118,7 @@ class ObjectDataset(Closing, Dataset[Any]):
         self.source = ObjectSource(self.store, table, self._decoder(), self.fetch_config, sizes)
         self._runtime: Runtime | None = None
         self._runtime_lock = threading.Lock()
+        self._blocking: tuple[int, BlockingStore] | None = None  # (pid, open store)
 
     # ------------------------------------------------------------------ construction hooks
 
@@ -157,11 +159,13 @@ class ObjectDataset(Closing, Dataset[Any]):
         return len(self.keys)
 
     def __getitem__(self, index: int) -> Any:
-        return load_samples(self.source, [self._check_index(index)], self._acquire)[0]
+        indices = [self._check_index(index)]
+        return load_samples(self.source, indices, self._acquire, self._blocking_store)[0]
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """Fetch a batch's objects concurrently (used by a stock DataLoader)."""
-        return load_samples(self.source, [self._check_index(i) for i in indices], self._acquire)
+        indices = [self._check_index(i) for i in indices]
+        return load_samples(self.source, indices, self._acquire, self._blocking_store)
 
     #: what an item is called in an out-of-range error
     _items = "objects"
@@ -190,16 +194,30 @@ class ObjectDataset(Closing, Dataset[Any]):
                 self._finalizer = weakref.finalize(self, _release_if_current, runtime)
             return runtime
 
+    def _blocking_store(self) -> BlockingStore:
+        """This process's open store for local reads, kept until :meth:`close` (opening one
+        per ``ds[i]`` would cost more than the read)."""
+        opened = self._blocking
+        if opened is None or opened[0] != os.getpid():
+            with self._runtime_lock:
+                opened = self._blocking
+                if opened is None or opened[0] != os.getpid():
+                    store: BlockingStore = self.source.store.open(self.source.fetch_config)  # type: ignore[assignment]
+                    opened = self._blocking = (os.getpid(), store)
+        return opened[1]
+
     def close(self) -> None:
-        """Give back the runtime lease taken by ``ds[i]`` calls in this process. Idempotent."""
+        """Give back what ``ds[i]`` calls opened in this process (the runtime lease, the open
+        store of local reads). Idempotent."""
         finalizer = getattr(self, "_finalizer", None)
         if finalizer is not None:
             finalizer()
         self._runtime = None
+        self._blocking = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for name in ("_runtime", "_runtime_lock", "_finalizer"):
+        for name in ("_runtime", "_runtime_lock", "_finalizer", "_blocking"):
             state.pop(name, None)
         return state
 
@@ -207,6 +225,7 @@ class ObjectDataset(Closing, Dataset[Any]):
         self.__dict__.update(state)
         self._runtime = None
         self._runtime_lock = threading.Lock()
+        self._blocking = None
 
     def __repr__(self) -> str:
         keys = getattr(self, "keys", None)  # absent while the constructor is still listing

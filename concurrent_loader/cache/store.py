@@ -102,18 +102,24 @@ class CachedStoreConfig:
 
     def complete(self) -> bool:
         """Whether the cache seems to hold every object of the dataset: its ledger counts at
-        least ``object_count`` entries and every sampled key has one (a few ``stat`` calls,
-        so a pipeline asks once as it starts). A miss on the local path is still fetched."""
+        least ``object_count`` entries and every sampled key has one (a few ``stat`` calls).
+        Once it did, this process takes it as complete from then on without looking again:
+        a miss on the local path is still fetched (and cached again)."""
         if not self.object_count or self.cache.revalidate:
             return False
+        if self in _FOUND_COMPLETE:
+            return True
         directory = self.cache.directory
         if ledger_entries(directory) < self.object_count:
             return False
         prefix = source_prefix(self.inner)
-        return all(
+        found = all(
             os.path.exists(entry_path(directory, name_for(prefix + self.inner.url_for(key))))
             for key in self.sample_keys
         )
+        if found:
+            _FOUND_COMPLETE.add(self)
+        return found
 
     def for_keys(self, keys: Sequence[str]) -> CachedStoreConfig:
         """This config for a dataset of ``keys`` (their count and a fixed sample of them)."""
@@ -134,6 +140,10 @@ class CachedStoreConfig:
 
     def __str__(self) -> str:
         return str(self.inner)
+
+
+#: the configs this process found complete (a dataset's config each: a handful)
+_FOUND_COMPLETE: set[CachedStoreConfig] = set()
 
 
 def source_prefix(inner: StoreConfig) -> str:

@@ -30,6 +30,7 @@ from ..runtime import Runtime
 from ..sources.coalesce import Coalescing
 from ..sources.shards import SampleDecoder, ShardSource
 from ..stores import StoreConfig, store_config_for
+from ..stores.base import BlockingStore
 from .index import index_shards
 
 __all__ = ["ImageSample", "ShardDataset"]
@@ -67,6 +68,7 @@ class ShardDataset(ObjectDataset):
         self.decode = decode
         self._runtime: Runtime | None = None
         self._runtime_lock = threading.Lock()
+        self._blocking: tuple[int, BlockingStore] | None = None  # (pid, open store)
         listed: dict[str, int] = {}
         if self.store.capabilities.listing:
             with progress_bar(progress, f"listing {self.store}") as tick:

@@ -1,7 +1,8 @@
 """Loading samples outside the pipeline: ``dataset[i]`` and ``dataset.__getitems__``.
 
 Remote reads go through this process's fetch client on its runtime, all of a batch's reads
-at once; local reads happen on the calling thread. Decoding happens on the calling thread.
+at once; local reads happen on the calling thread, through the store the caller keeps open
+for its process. Decoding happens on the calling thread.
 """
 
 from __future__ import annotations
@@ -19,12 +20,16 @@ __all__ = ["load_samples"]
 
 
 def load_samples(
-    source: SampleSource, indices: Sequence[int], runtime: Callable[[], Runtime]
+    source: SampleSource,
+    indices: Sequence[int],
+    runtime: Callable[[], Runtime],
+    blocking: Callable[[], BlockingStore],
 ) -> list[Any]:
-    """Samples ``indices`` of ``source``; ``runtime()`` gives a runtime when one is needed."""
+    """Samples ``indices`` of ``source``; ``runtime()`` gives a runtime when one is needed,
+    ``blocking()`` the open store of a source that is not remote."""
     store, config = source.store, source.fetch_config
     if not store.capabilities.remote:
-        opened: BlockingStore = store.open(config)  # type: ignore[assignment]
+        opened = blocking()
         return [
             source.decode(i, [opened.get_blocking(r.key, r.byte_range) for r in source.reads(i)])
             for i in indices

@@ -303,6 +303,10 @@ def test_the_local_path_once_the_cache_holds_the_dataset(cache_config):
     assert not dataclasses.replace(
         config, cache=dataclasses.replace(cache_config, revalidate=True)
     ).complete()
+    # Found complete once, it stays so in this process without looking again (a miss on
+    # the local path is fetched): entries gone since do not send it back to the loop.
+    shutil.rmtree(Path(cache_config.directory) / "entries")
+    assert config.complete() and not config.capabilities.remote
 
 
 def test_a_miss_on_the_local_path_is_fetched_and_cached_again(cache_config, monkeypatch):

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from concurrent_loader import FetchConfig, RetryConfig
+from concurrent_loader import FetchConfig, HedgeConfig, RetryConfig
 
 DIGITS = 6
 
@@ -53,9 +53,17 @@ def jitter(seed: int, max_s: float) -> Callable[[str, int], float]:
     return script
 
 
+def unhedged() -> FetchConfig:
+    """The default fetch config without hedging, for tests that count GETs exactly: on a busy
+    machine a GET can outlast the hedge delay, and its hedge is one more GET (in a slot of
+    its own, beyond the limit)."""
+    return FetchConfig(hedge=HedgeConfig(enabled=False))
+
+
 def no_backoff(**retry: Any) -> FetchConfig:
-    """A fetch config whose retries do not sleep (``base_delay=0``)."""
-    return FetchConfig(retry=RetryConfig(base_delay=0.0, **retry))
+    """A fetch config for exact attempt counts: retries do not sleep (``base_delay=0``),
+    and there are no hedges."""
+    return FetchConfig(retry=RetryConfig(base_delay=0.0, **retry), hedge=HedgeConfig(enabled=False))
 
 
 def loader_threads() -> list[threading.Thread]:
@@ -71,6 +79,7 @@ class Helpers:
     numbered_objects = staticmethod(numbered_objects)
     jitter = staticmethod(jitter)
     no_backoff = staticmethod(no_backoff)
+    unhedged = staticmethod(unhedged)
     loader_threads = staticmethod(loader_threads)
 
 

@@ -109,3 +109,16 @@ def test_image_folder_without_images_is_a_config_error():
     with pytest.raises(ConfigError) as caught:
         ImageFolder(MemoryConfig({"readme.txt": b"x", "top.jpg": b"y"}))
     assert caught.value.cause is Reason.EMPTY_PREFIX
+
+
+def test_items_of_a_local_root_share_one_open_store_per_process_until_close(tmp_path):
+    for name in ("a.bin", "b.bin"):
+        (tmp_path / name).write_bytes(name.encode())
+    dataset = ObjectDataset(str(tmp_path))
+    assert [dataset[0], dataset[1]] == [b"a.bin", b"b.bin"]
+    opened = dataset._blocking_store()
+    assert dataset[1] == b"b.bin" and dataset._blocking_store() is opened
+    dataset.close()
+    assert dataset[0] == b"a.bin" and dataset._blocking_store() is not opened
+    copy = pickle.loads(pickle.dumps(dataset))  # a worker's copy opens its own
+    assert copy[0] == b"a.bin" and copy._blocking_store() is not dataset._blocking_store()

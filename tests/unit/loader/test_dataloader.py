@@ -63,7 +63,7 @@ def test_batches_are_the_samplers_in_order_each_sample_once(
 ):
     store = MemoryConfig(helpers.numbered_objects(COUNT), script=helpers.jitter(7, 0.003))
     loader = ConcurrentDataLoader(
-        ObjectDataset(store, decode=helpers.index_of),
+        ObjectDataset(store, decode=helpers.index_of, fetch_config=helpers.unhedged()),
         batch_size=batch_size,
         shuffle=seed is not None,
         generator=torch.Generator().manual_seed(seed) if seed is not None else None,

@@ -115,7 +115,7 @@ def make_loader(helpers, seed: int, store: MemoryConfig | None = None) -> Concur
         helpers.numbered_objects(COUNT), script=helpers.jitter(seed, 0.002)
     )
     return ConcurrentDataLoader(
-        ObjectDataset(store, decode=helpers.index_of),
+        ObjectDataset(store, decode=helpers.index_of, fetch_config=helpers.unhedged()),
         batch_size=BATCH,
         shuffle=True,
         generator=torch.Generator().manual_seed(seed),

@@ -65,7 +65,8 @@ def test_stats_of_a_finished_run_match_the_store(helpers):
 
 def test_counts_go_on_across_epochs(helpers):
     store = MemoryConfig(helpers.numbered_objects(10))
-    loader = ConcurrentDataLoader(ObjectDataset(store, decode=helpers.index_of), batch_size=5)
+    dataset = ObjectDataset(store, decode=helpers.index_of, fetch_config=helpers.unhedged())
+    loader = ConcurrentDataLoader(dataset, batch_size=5)
     list(loader)
     list(loader)
     stats = loader.stats()

@@ -50,7 +50,7 @@ def test_batches_hold_exactly_the_planned_samples_in_order(
     helpers, batch_size, prefetch_batches, max_inflight_requests, drop_last
 ):
     store = MemoryConfig(helpers.numbered_objects(COUNT), script=helpers.jitter(batch_size, 0.003))
-    dataset = ObjectDataset(store, decode=helpers.index_of)
+    dataset = ObjectDataset(store, decode=helpers.index_of, fetch_config=helpers.unhedged())
     batches = split(shuffled(COUNT, seed=batch_size), batch_size, drop_last)
     got = run(
         dataset,
