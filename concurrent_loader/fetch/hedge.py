@@ -152,6 +152,14 @@ hedged_attempt: contextvars.ContextVar[object | None] = contextvars.ContextVar(
 )
 
 
+class _Attempt:
+    """What :data:`hedged_attempt` holds: a token per attempt, which refers to nothing (the
+    race itself would make a cycle through its context, and keep its bodies until the
+    cyclic collector ran)."""
+
+    __slots__ = ("__weakref__",)
+
+
 class _Race:
     """The GETs of one attempt, oldest first, and what is known of them."""
 
@@ -159,7 +167,7 @@ class _Race:
         self.gets: list[asyncio.Task[Body]] = []
         self.started: list[float] = []
         self._context = contextvars.copy_context()
-        self._context.run(hedged_attempt.set, self)
+        self._context.run(hedged_attempt.set, _Attempt())
         self.settled: set[asyncio.Task[Body]] = set()
         self.error: BaseException | None = None  # the primary's transient failure
         self.retry_at = 0.0  # no hedge before this (none could be sent at the last try)
