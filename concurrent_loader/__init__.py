@@ -40,6 +40,7 @@ from .loader import ConcurrentDataLoader, PartialBatch, PartialDict, PartialList
 from .pipeline import SkippedSample
 from .shards.dataset import ImageSample, ShardDataset
 from .sources.coalesce import Coalescing
+from .stores.readahead import Readahead
 
 __version__ = "0.1.0"
 
@@ -70,6 +71,7 @@ __all__ = [
     "PartialDict",
     "PartialList",
     "PartsConfig",
+    "Readahead",
     "Reason",
     "RetryConfig",
     "ServerError",

@@ -31,6 +31,7 @@ from ..sources.coalesce import Coalescing
 from ..sources.shards import SampleDecoder, ShardSource
 from ..stores import StoreConfig, store_config_for
 from ..stores.base import BlockingStore
+from ..stores.readahead import Readahead, ReadaheadConfig
 from .index import index_shards
 
 __all__ = ["ImageSample", "ShardDataset"]
@@ -45,7 +46,11 @@ class ShardDataset(ObjectDataset):
 
     Each shard's index is read from ``<shard>.idx`` (written by ``concurrent-loader
     pack``), or built once by scanning the shard with ranged GETs. ``coalescing`` says
-    when two samples of one shard in a batch are read with one GET. Store options
+    when two samples of one shard in a batch are read with one GET. ``readahead`` (for
+    reading in shard order, with :class:`~concurrent_loader.ShardOrderSampler`) reads a
+    remote shard in aligned spans that each process keeps a few of, so the samples that
+    follow in a span cost no GET (see :mod:`concurrent_loader.stores.readahead`); a batch's
+    reads are then not merged unless ``coalescing`` is given. Store options
     (``endpoint_url``, ``region``, credentials, ``transport``...) are as for
     :class:`~concurrent_loader.ObjectDataset`.
     """
@@ -59,6 +64,7 @@ class ShardDataset(ObjectDataset):
         *,
         decode: SampleDecoder | None = None,
         coalescing: Coalescing | None = None,
+        readahead: Readahead | None = None,
         fetch_config: FetchConfig | None = None,
         progress: bool = False,
         **store_options: Any,
@@ -101,8 +107,17 @@ class ShardDataset(ObjectDataset):
             indexes = index_shards(
                 self.store, self.fetch_config, keys, sizes, self._acquire, on_shard=tick
             )
+        store = self.store
+        if readahead is not None and store.capabilities.remote:
+            known = {
+                key: size if size is not None else index.size
+                for key, size, index in zip(keys, sizes, indexes, strict=True)
+            }
+            store = ReadaheadConfig(store, known, readahead)
+            if coalescing is None:  # the spans do what merging would, without re-reading
+                coalescing = Coalescing(enabled=False)
         self.source = ShardSource(
-            self.store, keys, indexes, sizes, self.fetch_config, decode, coalescing
+            store, keys, indexes, sizes, self.fetch_config, decode, coalescing
         )
         if len(self.source) == 0:
             raise ConfigError(

@@ -19,9 +19,11 @@ from concurrent_loader import (
     FetchConfig,
     HedgeConfig,
     ImageSample,
+    Readahead,
     ShardDataset,
 )
 from concurrent_loader.cli import main
+from concurrent_loader.streaming import ShardOrderSampler
 
 from .conftest import webdataset_samples
 
@@ -132,6 +134,45 @@ def test_coalescing_cuts_gets_per_sample(packed, s3_server, s3_env, proxy_factor
     # 480 samples in 7 shards of ~300 KB, all within the 1 MiB gap: about one GET per shard
     # a batch touches (at most 7 per batch of 64).
     assert per_sample["on"] <= 8 / 64, per_sample
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_readahead_in_shard_order_reads_each_span_once_per_process(
+    packed, s3_server, s3_env, proxy_factory, num_workers
+):
+    """Streaming order with read-ahead: the sampler's batches, byte for byte, and about one
+    GET per span each process reads (counted at the server), instead of one per sample."""
+    proxy = proxy_factory()
+    span = 64 * 1024
+    ds = ShardDataset(
+        packed.s3_url,
+        readahead=Readahead(span_bytes=span, max_bytes=16 * span),
+        endpoint_url=proxy.endpoint_url,
+        fetch_config=FetchConfig(hedge=HedgeConfig(enabled=False)),  # every GET a span's
+    )
+    sampler = ShardOrderSampler(ds.shard_lengths, buffer_size=64, seed=3)
+    loader = ConcurrentDataLoader(
+        ds,
+        batch_size=16,
+        sampler=sampler,
+        num_workers=num_workers,
+        multiprocessing_context="fork" if num_workers else None,
+    )
+    proxy.reset_stats()
+    batches = list(loader)
+    assert [keys_of(b) for b in batches] == [
+        [packed.order[i] for i in chunk]
+        for chunk in torch.tensor(list(sampler)).split(16)  # the same seed, the same order
+    ]
+    for batch in batches:
+        for key, data in zip(batch["__key__"], batch["bin"], strict=True):
+            assert data == packed.expected[key]["bin"]
+    gets = proxy.stats()["requests_by_method"]["GET"]
+    spans = sum(-(-(packed.local / s).stat().st_size // span) for s in packed.shards)
+    # Each process reads each span about once (2 processes: each reads the spans its
+    # batches touch); a span dropped and read again would need more than 16 kept at once.
+    assert gets <= spans * max(1, num_workers), (gets, spans)
+    assert gets < len(packed.order) / 4
 
 
 def test_exact_resume_mid_epoch(packed, s3_env):

@@ -1,0 +1,188 @@
+"""ReadaheadStore over the in-memory store: ranges served from spans read once, exact bytes
+across span boundaries, one GET per span at a time, the memory bound, failures, and the
+reads it leaves to the wrapped store."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from concurrent_loader import FetchConfig, Readahead
+from concurrent_loader.errors import ConfigError, Reason, ServerError
+from concurrent_loader.stores import MemoryConfig
+from concurrent_loader.stores.base import ByteRange
+from concurrent_loader.stores.readahead import ReadaheadConfig, ReadaheadStore
+
+SPAN = 1000
+BLOB = os.urandom(10 * SPAN + 123)  # ten whole spans and a short last one
+
+
+def config(memory: MemoryConfig, max_spans: int = 4) -> ReadaheadConfig:
+    return ReadaheadConfig(
+        memory, {"blob": len(BLOB)}, Readahead(span_bytes=SPAN, max_bytes=max_spans * SPAN)
+    )
+
+
+def read_all(store_config: ReadaheadConfig, ranges: list[ByteRange]) -> list[tuple[bytes, bool]]:
+    """Each range read in turn through one store: (bytes, served without a request)."""
+
+    async def run() -> list[tuple[bytes, bool]]:
+        store = store_config.open(FetchConfig())
+        try:
+            out = []
+            for r in ranges:
+                body = await store.get("blob", r)
+                out.append((bytes(body.data), body.from_cache))
+            return out
+        finally:
+            await store.close()
+
+    return asyncio.run(run())
+
+
+def test_ranges_in_order_cost_one_get_per_span_and_are_exact():
+    memory = MemoryConfig({"blob": BLOB})
+    ranges = [ByteRange(i, min(i + 97, len(BLOB))) for i in range(0, len(BLOB), 97)]
+    got = read_all(config(memory), ranges)
+    assert [data for data, _ in got] == [BLOB[r.start : r.end] for r in ranges]
+    assert memory.stats.total == 11  # the spans, each once (ranges crossing two included)
+    assert sum(hit for _, hit in got) == len(ranges) - 11
+
+
+def test_a_range_across_a_span_boundary_is_put_together_from_both():
+    memory = MemoryConfig({"blob": BLOB})
+    r = ByteRange(SPAN - 10, SPAN + 10)
+    assert read_all(config(memory), [r]) == [(BLOB[r.start : r.end], False)]
+    assert memory.stats.total == 2
+
+
+def test_the_last_span_stops_at_the_objects_end():
+    memory = MemoryConfig({"blob": BLOB})
+    r = ByteRange(len(BLOB) - 5, len(BLOB))
+    assert read_all(config(memory), [r])[0][0] == BLOB[-5:]
+
+
+@pytest.mark.parametrize(
+    "byte_range",
+    [None, ByteRange(0, SPAN + 1), ByteRange(len(BLOB) - 1, len(BLOB) + 1)],
+    ids=["whole object", "longer than a span", "past the known size"],
+)
+def test_reads_it_does_not_take_go_to_the_store_as_they_are(byte_range):
+    memory = MemoryConfig({"blob": BLOB})
+    store_config = config(memory)
+
+    async def run() -> None:
+        store = store_config.open(FetchConfig())
+        try:
+            for _ in range(2):
+                try:
+                    body = await store.get("blob", byte_range)
+                except Exception:  # past the end: the store's own error
+                    continue
+                assert not body.from_cache
+        finally:
+            await store.close()
+
+    asyncio.run(run())
+    assert memory.stats.total == 2  # nothing kept: each read was a GET
+
+
+def test_an_object_of_unknown_size_is_read_as_it_is():
+    memory = MemoryConfig({"blob": BLOB, "other": BLOB})
+    store_config = config(memory)
+
+    async def run() -> None:
+        store = store_config.open(FetchConfig())
+        try:
+            for _ in range(3):
+                assert bytes((await store.get("other", ByteRange(0, 10))).data) == BLOB[:10]
+        finally:
+            await store.close()
+
+    asyncio.run(run())
+    assert memory.stats.gets["other"] == 3
+
+
+def test_readers_of_one_span_share_its_get_and_a_cancelled_one_does_not_cancel_it():
+    memory = MemoryConfig({"blob": BLOB}, latency_s=0.05)
+    store_config = config(memory)
+
+    async def run() -> list[bytes]:
+        store = store_config.open(FetchConfig())
+        try:
+            loop = asyncio.get_running_loop()
+            reads = [loop.create_task(store.get("blob", ByteRange(i, i + 10))) for i in (0, 20)]
+            doomed = loop.create_task(store.get("blob", ByteRange(40, 50)))
+            await asyncio.sleep(0.01)
+            doomed.cancel()  # a hedge that lost, say
+            return [bytes((await r).data) for r in reads]
+        finally:
+            await store.close()
+
+    assert asyncio.run(run()) == [BLOB[0:10], BLOB[20:30]]
+    assert memory.stats.total == 1
+
+
+def test_kept_spans_stay_within_max_bytes_least_recently_read_dropped_first():
+    memory = MemoryConfig({"blob": BLOB})
+    store_config = config(memory, max_spans=2)
+    r = [ByteRange(n * SPAN, n * SPAN + 1) for n in range(3)]
+    got = read_all(store_config, [r[0], r[1], r[0], r[2], r[0], r[1]])
+    # spans 0, 1 kept; 0 read again (hit); 2 drops 1; 0 still kept (hit); 1 fetched again
+    assert [hit for _, hit in got] == [False, False, True, False, True, False]
+    assert memory.stats.total == 4
+
+
+def test_spans_in_flight_are_bounded_too_the_rest_read_as_they_are():
+    memory = MemoryConfig({"blob": BLOB}, latency_s=0.02)
+    store_config = config(memory, max_spans=2)
+
+    async def run() -> list[bytes]:
+        store = store_config.open(FetchConfig())
+        assert isinstance(store, ReadaheadStore)
+        try:
+            reads = [store.get("blob", ByteRange(n * SPAN, n * SPAN + 5)) for n in range(5)]
+            return [bytes(b.data) for b in await asyncio.gather(*reads)]
+        finally:
+            await store.close()
+
+    assert asyncio.run(run()) == [BLOB[n * SPAN : n * SPAN + 5] for n in range(5)]
+    ranges = memory.stats.gets["blob"]
+    assert ranges == 5  # 2 spans, and 3 ranges read as they are
+
+
+def test_a_failed_span_reaches_its_readers_and_is_fetched_again_next_time():
+    def script(key: str, attempt: int) -> object:
+        if attempt == 0:
+            return ServerError("boom", url="memory://test/blob", cause=Reason.SERVER_ERROR)
+        return None
+
+    memory = MemoryConfig({"blob": BLOB}, script=script)
+    store_config = config(memory)
+
+    async def run() -> bytes:
+        store = store_config.open(FetchConfig())
+        try:
+            with pytest.raises(ServerError):
+                await store.get("blob", ByteRange(0, 10))
+            return bytes((await store.get("blob", ByteRange(0, 10))).data)
+        finally:
+            await store.close()
+
+    assert asyncio.run(run()) == BLOB[:10]
+    assert memory.stats.total == 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"span_bytes": 0}, "span_bytes"),
+        ({"max_bytes": True}, "max_bytes"),
+        ({"span_bytes": 10, "max_bytes": 5}, "at least one span"),
+    ],
+)
+def test_bad_settings_are_config_errors(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        Readahead(**kwargs)
