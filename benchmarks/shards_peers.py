@@ -11,7 +11,9 @@ Two parts, each printed as a table and written to ``--out``/``shards_peers.json`
    (JPEG -> ``uint8 [3, S, S]``), batch size and number of workers, by:
 
    - ``ours-stream``: ``ConcurrentDataLoader`` with ``ShardOrderSampler`` over a shard
-     dataset (each sample one ranged GET of its member);
+     dataset (each sample one ranged GET of its member, a batch's reads coalesced);
+   - ``ours-stream-readahead``: the same with ``ShardDataset(readahead=Readahead())``: each
+     process reads the shards in aligned 8 MiB spans and serves the samples from them;
    - ``webdataset``: the ``webdataset`` library and a stock ``DataLoader``, each shard
      streamed with ``curl`` from a presigned URL (how it reads S3 without the AWS CLI);
    - ``litdata``: LitData's ``optimize`` of the same samples into its chunks, uploaded, and
@@ -198,7 +200,7 @@ class PairOf:
         return self.decode(sample["jpg"]), int(bytes(sample["cls"]))
 
 
-def ours_dataset(setup: Setup, decode: Callable[[Any], Any]) -> Any:
+def ours_dataset(setup: Setup, decode: Callable[[Any], Any], **options: Any) -> Any:
     """Ours over the shards: ``concurrent_loader.ShardDataset`` (its index built by scanning
     the shards, its batch reads coalesced) where this version of the library has it, else
     :class:`ShardStandIn` (one ranged GET per sample). Both number samples shard by shard in
@@ -211,12 +213,15 @@ def ours_dataset(setup: Setup, decode: Callable[[Any], Any]) -> Any:
         )
         return ShardStandIn(objects, setup.members, decode)
     return ShardDataset(
-        f"s3://{BUCKET}/shards/", decode=PairOf(decode), endpoint_url=setup.endpoint_url
+        f"s3://{BUCKET}/shards/",
+        decode=PairOf(decode),
+        endpoint_url=setup.endpoint_url,
+        **options,
     )
 
 
-def build_ours(setup: Setup, decode: Callable[[Any], Any]) -> DataLoader[Any]:
-    dataset = ours_dataset(setup, decode)
+def build_ours(setup: Setup, decode: Callable[[Any], Any], **options: Any) -> DataLoader[Any]:
+    dataset = ours_dataset(setup, decode, **options)
     sampler = ShardOrderSampler(dataset.shard_lengths, buffer_size=setup.args.buffer, seed=0)
     return ConcurrentDataLoader(
         dataset,
@@ -225,6 +230,14 @@ def build_ours(setup: Setup, decode: Callable[[Any], Any]) -> DataLoader[Any]:
         num_workers=setup.args.workers,
         max_inflight_requests=64,
     )
+
+
+def build_ours_readahead(setup: Setup, decode: Callable[[Any], Any]) -> DataLoader[Any]:
+    """Ours streaming with read-ahead: each process reads the shards in aligned spans
+    (``Readahead()`` defaults: 8 MiB spans, 64 MiB kept)."""
+    from concurrent_loader import Readahead
+
+    return build_ours(setup, decode, readahead=Readahead())
 
 
 # ---------------------------------------------------------------- peers
@@ -411,6 +424,7 @@ def run_peers(setup: Setup, spec: DatasetSpec, train_root: Path, work: Path) -> 
     print(f"ours reads through {results['ours_dataset']}", flush=True)
     builders: dict[str, Callable[[Setup, Callable[[Any], Any]], Any]] = {
         "ours-stream": build_ours,
+        "ours-stream-readahead": build_ours_readahead,
         "webdataset": build_webdataset,
         "litdata": build_litdata,
     }

@@ -46,7 +46,7 @@ def test_the_smoke_run_checks_every_loader_and_both_caps(tmp_path):
     results = json.loads((tmp_path / "out" / "shards_peers.json").read_text())
     peers = results["peers"]
     assert peers["checked_samples"] == 96
-    must_run = ["ours-stream", "webdataset"]
+    must_run = ["ours-stream", "ours-stream-readahead", "webdataset"]
     may_be_missing = ["litdata", "mosaic-streaming"]
     for name in must_run:
         assert _finite(peers["rows"][name]["images_per_s"]), name
