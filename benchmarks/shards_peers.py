@@ -12,8 +12,9 @@ Two parts, each printed as a table and written to ``--out``/``shards_peers.json`
 
    - ``ours-stream``: ``ConcurrentDataLoader`` with ``ShardOrderSampler`` over a shard
      dataset (each sample one ranged GET of its member, a batch's reads coalesced);
-   - ``ours-stream-readahead``: the same with ``ShardDataset(readahead=Readahead())``: each
-     process reads the shards in aligned 8 MiB spans and serves the samples from them;
+   - ``ours-stream-readahead``: the same with ``ShardDataset(readahead=Readahead())`` and
+     ``ShardOrderSampler(workers=W, batch_size=B)``: each worker reads shards of its own,
+     in aligned 8 MiB spans, and serves the samples from them;
    - ``webdataset``: the ``webdataset`` library and a stock ``DataLoader``, each shard
      streamed with ``curl`` from a presigned URL (how it reads S3 without the AWS CLI);
    - ``litdata``: LitData's ``optimize`` of the same samples into its chunks, uploaded, and
@@ -220,9 +221,16 @@ def ours_dataset(setup: Setup, decode: Callable[[Any], Any], **options: Any) -> 
     )
 
 
-def build_ours(setup: Setup, decode: Callable[[Any], Any], **options: Any) -> DataLoader[Any]:
+def build_ours(
+    setup: Setup,
+    decode: Callable[[Any], Any],
+    sampler_options: dict[str, Any] | None = None,
+    **options: Any,
+) -> DataLoader[Any]:
     dataset = ours_dataset(setup, decode, **options)
-    sampler = ShardOrderSampler(dataset.shard_lengths, buffer_size=setup.args.buffer, seed=0)
+    sampler = ShardOrderSampler(
+        dataset.shard_lengths, buffer_size=setup.args.buffer, seed=0, **(sampler_options or {})
+    )
     return ConcurrentDataLoader(
         dataset,
         batch_size=setup.args.batch_size,
@@ -233,11 +241,13 @@ def build_ours(setup: Setup, decode: Callable[[Any], Any], **options: Any) -> Da
 
 
 def build_ours_readahead(setup: Setup, decode: Callable[[Any], Any]) -> DataLoader[Any]:
-    """Ours streaming with read-ahead: each process reads the shards in aligned spans
-    (``Readahead()`` defaults: 8 MiB spans, 64 MiB kept)."""
+    """Ours streaming with read-ahead: each worker reads shards of its own
+    (``ShardOrderSampler(workers=, batch_size=)``) in aligned spans (``Readahead()``
+    defaults: 8 MiB spans, 64 MiB kept per process)."""
     from concurrent_loader import Readahead
 
-    return build_ours(setup, decode, readahead=Readahead())
+    per_worker = {"workers": max(1, setup.args.workers), "batch_size": setup.args.batch_size}
+    return build_ours(setup, decode, per_worker, readahead=Readahead())
 
 
 # ---------------------------------------------------------------- peers

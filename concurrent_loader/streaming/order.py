@@ -23,7 +23,14 @@ from collections.abc import Iterator, Sequence
 
 from ..errors import ConfigError, Reason
 
-__all__ = ["assign_shards", "epoch_random", "rank_stream", "shard_permutation", "target_count"]
+__all__ = [
+    "assign_shards",
+    "epoch_random",
+    "interleave_batches",
+    "rank_stream",
+    "shard_permutation",
+    "target_count",
+]
 
 
 def epoch_random(purpose: str, seed: int, epoch: int, rank: int = 0) -> random.Random:
@@ -84,3 +91,21 @@ def rank_stream(
             yield from range(offsets[s], offsets[s] + lengths[s])
 
     return itertools.islice(itertools.cycle(once()) if count else iter(()), count)
+
+
+def interleave_batches(streams: Sequence[Iterator[int]], batch_size: int) -> Iterator[int]:
+    """Batch ``k`` (``batch_size`` indices) from stream ``k % len(streams)``, so that a
+    DataLoader whose worker ``w`` makes batches ``w, w + W, ...`` gives each worker the
+    indices of one stream. Every index of every stream comes once. A stream that runs out
+    drops out of the turn, and the batches after it mix streams (only near the end of an
+    epoch, when the streams differ in length): locality suffers there, nothing else."""
+    live = list(streams)
+    turn = 0
+    while live:
+        turn %= len(live)
+        batch = list(itertools.islice(live[turn], batch_size))
+        yield from batch
+        if len(batch) < batch_size:
+            del live[turn]  # exhausted: the next stream takes this turn
+        else:
+            turn += 1

@@ -37,7 +37,14 @@ from torch.utils.data import Sampler
 from ..errors import ConfigError, Reason
 from ..loader.state import world
 from .buffer import shuffle_within_window
-from .order import assign_shards, epoch_random, rank_stream, shard_permutation, target_count
+from .order import (
+    assign_shards,
+    epoch_random,
+    interleave_batches,
+    rank_stream,
+    shard_permutation,
+    target_count,
+)
 
 __all__ = ["ShardOrderSampler"]
 
@@ -65,6 +72,8 @@ class ShardOrderSampler(Sampler[int]):
         drop_last: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
+        workers: int = 1,
+        batch_size: int = 1,
     ) -> None:
         lengths = [int(n) for n in shard_lengths]
         if any(n < 0 for n in lengths):
@@ -78,6 +87,11 @@ class ShardOrderSampler(Sampler[int]):
                 f"buffer_size must be an int >= 1, got {buffer_size!r}",
                 cause=Reason.INVALID_ARGUMENT,
             )
+        for name, value in (("workers", workers), ("batch_size", batch_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(
+                    f"{name} must be an int >= 1, got {value!r}", cause=Reason.INVALID_ARGUMENT
+                )
         if (rank is None) != (world_size is None):
             raise ConfigError(
                 "give both rank and world_size, or neither", cause=Reason.INVALID_ARGUMENT
@@ -94,6 +108,8 @@ class ShardOrderSampler(Sampler[int]):
         self.drop_last = drop_last
         self.rank = rank
         self.world_size = world_size
+        self.workers = workers
+        self.batch_size = batch_size
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -119,10 +135,32 @@ class ShardOrderSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         rank, _ = self._world()
         shards, count = self.plan()
-        stream = rank_stream(self.shard_lengths, self.offsets, shards, count)
+        nonempty = [s for s in shards if self.shard_lengths[s] > 0]
+        if self.workers == 1 or len(nonempty) < self.workers:
+            return self._mixed(rank_stream(self.shard_lengths, self.offsets, shards, count), rank)
+        # One stream per worker, each over whole shards of its own, batch k from stream
+        # k % workers: the loader's worker k % workers reads only its own shards.
+        per_worker = assign_shards(self.shard_lengths, nonempty, self.workers)
+        streams = [
+            self._mixed(
+                rank_stream(
+                    self.shard_lengths, self.offsets, own, sum(self.shard_lengths[s] for s in own)
+                ),
+                rank,
+                worker,
+            )
+            for worker, own in enumerate(per_worker)
+        ]
+        once = interleave_batches(streams, self.batch_size)
+        # Equal counts across ranks: pad by starting the rank's order again, or cut.
+        return itertools.islice(itertools.cycle(once), count)
+
+    def _mixed(self, stream: Iterator[int], rank: int, worker: int = 0) -> Iterator[int]:
+        """``stream`` through this epoch's shuffle buffer (as it is without ``shuffle``)."""
         if not self.shuffle:
             return stream
-        rng = epoch_random("buffer", self.seed, self.epoch, rank)
+        purpose = "buffer" if worker == 0 else f"buffer-worker-{worker}"
+        rng = epoch_random(purpose, self.seed, self.epoch, rank)
         return shuffle_within_window(stream, self.buffer_size, rng)
 
     def __len__(self) -> int:

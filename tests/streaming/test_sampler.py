@@ -161,6 +161,8 @@ def test_rank_and_world_size_are_read_when_iteration_starts(monkeypatch):
         {"shard_lengths": [3], "buffer_size": 2.5},
         {"shard_lengths": [3], "rank": 0},
         {"shard_lengths": [3], "rank": 2, "world_size": 2},
+        {"shard_lengths": [3], "workers": 0},
+        {"shard_lengths": [3], "batch_size": True},
     ],
 )
 def test_bad_arguments_are_config_errors(kwargs):
@@ -173,3 +175,54 @@ def test_more_ranks_than_shards_is_a_config_error():
     sampler = ShardOrderSampler([5, 5], rank=0, world_size=3)
     with pytest.raises(ConfigError, match="2 non-empty shards cannot be split"):
         list(sampler)
+
+
+@pytest.mark.parametrize("lengths", [EQUAL, UNEQUAL])
+@pytest.mark.parametrize(("workers", "batch_size"), [(2, 8), (3, 5), (4, 16)])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_with_workers_each_workers_batches_come_from_shards_of_its_own(
+    lengths, workers, batch_size, shuffle
+):
+    shard = shard_of(lengths)
+    for epoch in range(2):
+        sampler = ShardOrderSampler(
+            lengths, workers=workers, batch_size=batch_size, shuffle=shuffle, buffer_size=16
+        )
+        sampler.set_epoch(epoch)
+        got = list(sampler)
+        assert sorted(got) == list(range(sum(lengths)))  # every sample once
+        assert len(sampler) == len(got)
+        batches = [got[k : k + batch_size] for k in range(0, len(got), batch_size)]
+        # A shard belongs to the worker whose batch first reads it; batch k is "pure" when
+        # it is whole and every shard in it belongs to worker k % workers.
+        owner: dict[int, int] = {}
+        pure = []
+        for k, batch in enumerate(batches):
+            for i in batch:
+                owner.setdefault(shard[i], k % workers)
+            pure.append(
+                len(batch) == batch_size and all(owner[shard[i]] == k % workers for i in batch)
+            )
+        mixed_from = pure.index(False) if False in pure else len(pure)
+        # Until the shortest stream runs out, every batch is pure; the streams' lengths
+        # differ by at most the longest shard, so only the last few batches mix.
+        assert len(batches) - mixed_from <= workers * (-(-max(lengths) // batch_size) + 1)
+
+
+def test_workers_beyond_the_shards_share_one_stream():
+    sampler = ShardOrderSampler([5, 5], workers=4, batch_size=2)
+    assert sorted(sampler) == list(range(10))
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_workers_within_ranks_keep_the_ranks_whole_shards_and_equal_counts(drop_last):
+    shard = shard_of(UNEQUAL)
+    per_rank = ranks(UNEQUAL, 2, workers=2, batch_size=4, drop_last=drop_last, buffer_size=8)
+    assert len({len(got) for got in per_rank}) == 1
+    mine = [{shard[i] for i in got} for got in per_rank]
+    assert not mine[0] & mine[1]
+    everything = Counter(i for got in per_rank for i in got)
+    if drop_last:
+        assert max(everything.values()) == 1
+    else:
+        assert set(everything) == set(range(sum(UNEQUAL)))
