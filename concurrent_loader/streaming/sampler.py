@@ -24,7 +24,14 @@ Guarantees, for given (``shard_lengths``, ``seed``, epoch, rank, world size):
   differ by at most one shard's length before equalising;
 - locality: at any point the samples waiting in the buffer lie within ``buffer_size``
   consecutive samples of the rank's shard-order stream, so within
-  ``ceil(buffer_size / shard_length) + 1`` shards (see :mod:`.buffer`).
+  ``ceil(buffer_size / shard_length) + 1`` shards (see :mod:`.buffer`);
+- with ``workers=W`` and ``batch_size=B`` (the loader's ``num_workers`` and
+  ``batch_size``), a rank's shards are split again, whole, between ``W`` streams, each
+  with its own buffer, and batch ``k`` is taken from stream ``k % W``: the loader's worker
+  ``k % W``, which makes batch ``k``, reads only the shards of its own stream, until the
+  shortest stream runs out near the epoch's end (the streams' sample counts differ by at
+  most the longest shard). Every sample still comes once (per rank, before equalising).
+  With fewer non-empty shards than workers there is one stream.
 """
 
 from __future__ import annotations
@@ -59,7 +66,8 @@ class ShardOrderSampler(Sampler[int]):
     it, shard order and tar order. ``buffer_size``: the shuffle window, in samples.
     ``rank`` / ``world_size``: None reads them from ``torch.distributed`` when iteration
     starts (or ``len()`` is taken), so the sampler may be made before
-    ``init_process_group``.
+    ``init_process_group``. ``workers`` / ``batch_size``: give the loader's ``num_workers``
+    and ``batch_size`` so that each worker reads whole shards of its own (see the module).
     """
 
     def __init__(
