@@ -107,18 +107,22 @@ class ShardDataset(ObjectDataset):
             indexes = index_shards(
                 self.store, self.fetch_config, keys, sizes, self._acquire, on_shard=tick
             )
-        store = self.store
-        if readahead is not None and store.capabilities.remote:
-            known = {
-                key: size if size is not None else index.size
-                for key, size, index in zip(keys, sizes, indexes, strict=True)
-            }
-            store = ReadaheadConfig(store, known, readahead)
-            if coalescing is None:  # the spans do what merging would, without re-reading
-                coalescing = Coalescing(enabled=False)
+        spans = readahead is not None and self.store.capabilities.remote
+        if spans and coalescing is None:  # the spans do what merging would, without re-reading
+            coalescing = Coalescing(enabled=False)
         self.source = ShardSource(
-            store, keys, indexes, sizes, self.fetch_config, decode, coalescing
+            self.store, keys, indexes, sizes, self.fetch_config, decode, coalescing
         )
+        if spans and readahead is not None:
+            self.source.store = ReadaheadConfig(
+                self.store,
+                {
+                    key: size if size is not None else index.size
+                    for key, size, index in zip(keys, sizes, indexes, strict=True)
+                },
+                readahead,
+                {key: self.source.sample_ranges(s) for s, key in enumerate(keys)},
+            )
         if len(self.source) == 0:
             raise ConfigError(
                 f"the {len(keys)} shards under {self.store} hold no samples",

@@ -125,6 +125,15 @@ class ShardSource:
             int(self._header_offsets[members[0]]), max(self._end(index), min(end, limit))
         )
 
+    def sample_ranges(self, shard: int) -> tuple[np.ndarray, np.ndarray]:
+        """The byte ranges :meth:`reads` asks of shard ``shard``, one per sample in tar order:
+        (starts, ends), both ascending (neighbours overlap by at most a header block)."""
+        first = int(self._shard_starts[shard])
+        spans = [self._span(i) for i in range(first, first + self.shard_lengths[shard])]
+        starts = np.fromiter((s.start for s in spans), dtype=np.int64, count=len(spans))
+        ends = np.fromiter((s.end for s in spans), dtype=np.int64, count=len(spans))
+        return starts, ends
+
     def url_for(self, index: int) -> str:
         return self.store.url_for(self.shards[self.shard_of(index)])
 

@@ -1,39 +1,49 @@
 """Read-ahead: small ranges of large objects read as larger aligned spans kept in memory.
 
 A reader that walks a large object (a tar shard streamed in shard order, see
-:class:`~concurrent_loader.ShardOrderSampler`) asks for many small ranges close together,
-each of them a GET of its own. :class:`ReadaheadStore`, a store around a store, answers a
-range from the span it falls in (the aligned block of :attr:`Readahead.span_bytes` bytes,
-cut at the object's end), which it GETs once and keeps, so the next ranges of that span
-cost no request. Guarantees:
+:class:`~concurrent_loader.streaming.ShardOrderSampler`) asks for many small ranges close
+together, each of them a GET of its own. :class:`ReadaheadStore`, a store around a store,
+answers a range from the span it falls in (the aligned block of :attr:`Readahead.span_bytes`
+bytes, cut at the object's end), which it GETs once and keeps, so the next ranges of that
+span cost no request. Guarantees:
 
 - a range's bytes are exactly those a ranged GET of it returns (one that crosses a span
   boundary is put together from both spans);
 - one GET per span at a time: ranges of a span asked for while its GET is in flight wait
   for that GET, and a reader cancelled meanwhile (a hedge that lost) does not cancel it;
-- bounded: at most :attr:`Readahead.max_bytes` of spans are kept, the least recently read
-  dropped first, and at most as many again are being fetched; a range whose span would
-  exceed that, a range longer than a span, a whole-object read, and a range of an object
-  whose size is not known go to the wrapped store as they are;
+- bounded: the spans kept and in flight hold at most :attr:`Readahead.max_bytes`. When the
+  caller says which ranges it will read (``ranges``: a dataset's sample ranges, each read
+  once an epoch), a span is dropped as soon as every range in it has been read; a span
+  not read while ranges of ``max_bytes`` in all were read through this store is dropped as
+  stale (the reader has moved on); for an object without ``ranges``, the least recently
+  read span goes first. A range
+  whose span finds no room is read from the wrapped store as it is, so a window of ranges
+  in use wider than ``max_bytes`` costs single GETs for the overflow, never spans fetched
+  again and again;
+- a whole-object read, a range longer than a span, and a range of an object whose size is
+  not known go to the wrapped store as they are;
 - a span whose GET failed is not kept: the error reaches every reader waiting for it, and
   the next read of that span (the fetch client's retry) GETs it again;
 - a range served from a kept span is marked ``from_cache`` (it took no request: no latency
   sample for the in-flight limit or the hedge delay).
 
-It suits sequential reading only: read in random order, a span is fetched for one small
-range and dropped before the next range of it comes, so the bytes fetched grow by up to
-``span_bytes`` per range. The memory it holds (spans kept and in flight) is outside the
-loader's byte budget (``max_inflight_bytes``), per process.
+It suits reading in order (a shard-order stream, with a shuffle window whose samples fit in
+``max_bytes``): read in random order, spans fill ``max_bytes`` for one range each, and then
+ranges go one GET each as without it. Its memory is outside the loader's byte budget
+(``max_inflight_bytes``), per process.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import dataclasses
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import partial
+
+import numpy as np
 
 from ..config import FetchConfig
 from ..errors import ConfigError, Reason
@@ -43,14 +53,19 @@ __all__ = ["Readahead", "ReadaheadConfig", "ReadaheadStore"]
 
 _MiB = 1024 * 1024
 
+#: ascending offsets (a list, or a numpy array: compact for a shard of many samples)
+Offsets = Sequence[int] | np.ndarray
+
 
 @dataclass(frozen=True)
 class Readahead:
-    """Read ranges as aligned spans of ``span_bytes``, keeping at most ``max_bytes`` of them
-    per process (and fetching at most as many bytes of spans at once)."""
+    """Read ranges as aligned spans of ``span_bytes``, with at most ``max_bytes`` of spans
+    kept and in flight per process. ``max_bytes`` should hold the spans a reader's window
+    touches: for a shuffle buffer of ``buffer_size`` samples, about ``buffer_size`` times
+    the mean sample size plus two spans."""
 
     span_bytes: int = 8 * _MiB
-    max_bytes: int = 64 * _MiB
+    max_bytes: int = 128 * _MiB
 
     def __post_init__(self) -> None:
         for name in ("span_bytes", "max_bytes"):
@@ -70,13 +85,16 @@ class Readahead:
 
 @dataclass(frozen=True, eq=False)
 class ReadaheadConfig:
-    """``inner`` read through spans (:class:`Readahead`); ``sizes`` are the objects' sizes
-    (an object not in it is read as it is). Compared and hashed by identity: each process
-    keeps one fetch client per config object."""
+    """``inner`` read through spans (:class:`Readahead`). ``sizes``: the objects' sizes (an
+    object not in it is read as it is). ``ranges``: for an object, the (starts, ends) of
+    the ranges that will be read of it, each ascending, so that a span is dropped once
+    they are all read. Compared and hashed by identity: each process keeps one fetch
+    client per config object."""
 
     inner: StoreConfig
     sizes: Mapping[str, int]
     readahead: Readahead = Readahead()
+    ranges: Mapping[str, tuple[Offsets, Offsets]] = field(default_factory=dict)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -95,6 +113,18 @@ class ReadaheadConfig:
         return str(self.inner)
 
 
+@dataclass(eq=False)
+class _Span:
+    """A kept span: its bytes, the ranges in it still to be read (None: not known), the
+    distinct ranges read of it, and when it was last read (in bytes read, see
+    ``ReadaheadStore._clock``)."""
+
+    data: bytes | bytearray
+    expected: int | None
+    read: set[tuple[int, int]]
+    last_read: int
+
+
 class ReadaheadStore:
     """Reads through spans; see the module docstring. Open and use it on one loop."""
 
@@ -104,11 +134,14 @@ class ReadaheadStore:
         self.capabilities = self.inner.capabilities
         self._span = config.readahead.span_bytes
         self._max_bytes = config.readahead.max_bytes
-        #: spans kept, least recently read first: (key, span number) -> bytes
-        self._kept: OrderedDict[tuple[str, int], bytes | bytearray] = OrderedDict()
+        #: spans kept, least recently read first
+        self._kept: OrderedDict[tuple[str, int], _Span] = OrderedDict()
         self._kept_bytes = 0
         self._fetching: dict[tuple[str, int], asyncio.Task[Body]] = {}
         self._fetching_bytes = 0
+        #: bytes of the ranges asked for so far (through spans or not): staleness is
+        #: measured on it, so it moves on even while every range goes as it is
+        self._clock = 0
 
     def url_for(self, key: str) -> str:
         return self.inner.url_for(key)
@@ -125,58 +158,103 @@ class ReadaheadStore:
             or byte_range.length > self._span
         ):
             return await self.inner.get(key, byte_range)
-        first, last = byte_range.start // self._span, (byte_range.end - 1) // self._span
-        if not all(self._can_have(key, n) for n in range(first, last + 1)):
+        numbers = range(byte_range.start // self._span, (byte_range.end - 1) // self._span + 1)
+        self._clock += byte_range.length
+        if not all(self._room_for(key, n, size) for n in numbers):
             return await self.inner.get(key, byte_range)
         pieces: list[bytes] = []
         requested = False
-        for n in range(first, last + 1):
+        for n in numbers:
             data, fetched = await self._span_of(key, n, size)
             requested |= fetched
             offset = n * self._span
             start, end = max(byte_range.start - offset, 0), min(byte_range.end - offset, len(data))
             with memoryview(data) as view:
                 pieces.append(bytes(view[start:end]))
+        for n in numbers:
+            self._read_from(key, n, byte_range)
         body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
         return Body(body, None, None, from_cache=not requested)
 
-    def _can_have(self, key: str, n: int) -> bool:
-        """Whether span ``n`` is kept, being fetched, or may be fetched now."""
+    # ------------------------------------------------------------------ room
+
+    def _room_for(self, key: str, n: int, size: int) -> bool:
+        """Whether span ``n`` is kept, on its way, or can be fetched now (making room by
+        dropping stale spans, then spans of objects without ``ranges``)."""
         span_id = (key, n)
-        return (
-            span_id in self._kept
-            or span_id in self._fetching
-            or self._fetching_bytes + self._span <= self._max_bytes
-        )
+        if span_id in self._kept or span_id in self._fetching:
+            return True
+        need = min((n + 1) * self._span, size) - n * self._span
+        if self._kept_bytes + self._fetching_bytes + need <= self._max_bytes:
+            return True
+        stale = self._clock - self._max_bytes
+        for candidate in [s for s, span in self._kept.items() if span.last_read < stale]:
+            self._drop(candidate)
+        for candidate in [s for s, span in self._kept.items() if span.expected is None]:
+            if self._kept_bytes + self._fetching_bytes + need <= self._max_bytes:
+                break
+            self._drop(candidate)
+        return self._kept_bytes + self._fetching_bytes + need <= self._max_bytes
+
+    def _drop(self, span_id: tuple[str, int]) -> None:
+        span = self._kept.pop(span_id)
+        self._kept_bytes -= len(span.data)
+
+    def _expected(self, key: str, n: int, size: int) -> int | None:
+        """How many of ``key``'s known ranges overlap span ``n`` (None: not known)."""
+        known = self.config.ranges.get(key)
+        if known is None:
+            return None
+        starts, ends = known
+        low, high = n * self._span, min((n + 1) * self._span, size)
+        return bisect.bisect_left(starts, high) - bisect.bisect_right(ends, low)
+
+    def _read_from(self, key: str, n: int, byte_range: ByteRange) -> None:
+        """Count a read of span ``n``; a span whose known ranges have all been read goes."""
+        span = self._kept.get((key, n))
+        if span is None:
+            return
+        span.last_read = self._clock
+        self._kept.move_to_end((key, n))
+        span.read.add((byte_range.start, byte_range.end))
+        if span.expected is not None and len(span.read) >= span.expected:
+            self._drop((key, n))
+
+    # ------------------------------------------------------------------ fetching
 
     async def _span_of(self, key: str, n: int, size: int) -> tuple[bytes | bytearray, bool]:
         """Span ``n`` of ``key`` and whether this read waited for its GET."""
         span_id = (key, n)
         kept = self._kept.get(span_id)
         if kept is not None:
-            self._kept.move_to_end(span_id)
-            return kept, False
+            return kept.data, False
         task = self._fetching.get(span_id)
         if task is None:
             span = ByteRange(n * self._span, min((n + 1) * self._span, size))
             task = asyncio.get_running_loop().create_task(self.inner.get(key, span))
             self._fetching[span_id] = task
             self._fetching_bytes += span.length
-            task.add_done_callback(partial(self._landed, span_id, span.length))
+            expected = self._expected(key, n, size)
+            task.add_done_callback(partial(self._arrive, span_id, span.length, expected))
         body = await asyncio.shield(task)  # a cancelled reader leaves the GET to the others
         return body.data, True
 
-    def _landed(self, span_id: tuple[str, int], length: int, task: asyncio.Task[Body]) -> None:
+    def _arrive(
+        self,
+        span_id: tuple[str, int],
+        length: int,
+        expected: int | None,
+        task: asyncio.Task[Body],
+    ) -> None:
         del self._fetching[span_id]
         self._fetching_bytes -= length
         if task.cancelled() or task.exception() is not None:
             return  # its readers got the error; the next read of the span GETs it again
         data = task.result().data
-        self._kept[span_id] = data
+        self._kept[span_id] = _Span(data, expected, set(), self._clock)
         self._kept_bytes += len(data)
-        while self._kept_bytes > self._max_bytes:
-            _, dropped = self._kept.popitem(last=False)
-            self._kept_bytes -= len(dropped)
+
+    # ------------------------------------------------------------------ the rest
 
     def list(self) -> AsyncIterator[ObjectInfo]:
         return self.inner.list()

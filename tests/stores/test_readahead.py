@@ -5,6 +5,7 @@ reads it leaves to the wrapped store."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 
 import pytest
@@ -13,6 +14,7 @@ from concurrent_loader import FetchConfig, Readahead
 from concurrent_loader.errors import ConfigError, Reason, ServerError
 from concurrent_loader.stores import MemoryConfig
 from concurrent_loader.stores.base import ByteRange
+from concurrent_loader.stores.memory import MemoryStore
 from concurrent_loader.stores.readahead import ReadaheadConfig, ReadaheadStore
 
 SPAN = 1000
@@ -186,3 +188,71 @@ def test_a_failed_span_reaches_its_readers_and_is_fetched_again_next_time():
 def test_bad_settings_are_config_errors(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         Readahead(**kwargs)
+
+
+def ranges_of(cuts: list[int]) -> tuple[list[int], list[int]]:
+    """Consecutive ranges between ``cuts``, as a dataset would list them."""
+    return cuts[:-1], cuts[1:]
+
+
+def test_a_span_goes_once_every_range_known_in_it_was_read():
+    memory = MemoryConfig({"blob": BLOB})
+    cuts = [*range(0, len(BLOB), 250), len(BLOB)]
+    store_config = ReadaheadConfig(
+        memory,
+        {"blob": len(BLOB)},
+        Readahead(span_bytes=SPAN, max_bytes=4 * SPAN),
+        {"blob": ranges_of(cuts)},
+    )
+
+    async def run() -> list[int]:
+        store = store_config.open(FetchConfig())
+        assert isinstance(store, ReadaheadStore)
+        kept = []
+        try:
+            for start, end in itertools.pairwise(cuts):
+                assert (
+                    bytes((await store.get("blob", ByteRange(start, end))).data) == BLOB[start:end]
+                )
+                kept.append(store._kept_bytes)
+            return kept
+        finally:
+            await store.close()
+
+    kept = asyncio.run(run())
+    assert memory.stats.total == 11  # each span once
+    assert kept[3] == 0 and kept[-1] == 0  # span 0 went with its 4th range; the last too
+    assert max(kept) <= SPAN
+
+
+def test_a_window_wider_than_max_bytes_reads_the_overflow_as_it_is_and_no_span_twice(
+    monkeypatch,
+):
+    # Ranges read in an order that keeps many spans half read: all ten spans are started
+    # before any is finished, with room for three. The overflow goes as single GETs, never
+    # as a span fetched again.
+    fetched: list[tuple[int, int]] = []
+    read = MemoryStore._read
+
+    def recording(self, key, byte_range):
+        fetched.append((byte_range.start, byte_range.end))
+        return read(self, key, byte_range)
+
+    monkeypatch.setattr(MemoryStore, "_read", recording)
+    memory = MemoryConfig({"blob": BLOB})
+    cuts = list(range(0, 10 * SPAN + 1, 500))  # two ranges per span
+    store_config = ReadaheadConfig(
+        memory,
+        {"blob": len(BLOB)},
+        Readahead(span_bytes=SPAN, max_bytes=3 * SPAN),
+        {"blob": ranges_of(cuts)},
+    )
+    firsts = [ByteRange(c, c + 500) for c in cuts[:-1:2]]
+    seconds = [ByteRange(c + 500, c + 1000) for c in cuts[:-1:2]]
+    got = read_all(store_config, firsts + seconds)
+    assert [data for data, _ in got] == [BLOB[r.start : r.end] for r in firsts + seconds]
+    spans = [r for r in fetched if r[1] - r[0] == SPAN]
+    singles = [r for r in fetched if r[1] - r[0] == 500]
+    assert len(spans) == len(set(spans)) >= 3  # no span fetched twice
+    assert len(spans) + len(singles) == len(fetched)
+    assert sum(b - a for a, b in fetched) <= 10 * SPAN + 20 * 500
