@@ -15,9 +15,10 @@ import logging
 import os
 
 from ..stores.base import StoreConfig
+from .cached import CachedStoreConfig
 from .config import POLICIES, CacheConfig, cache_config_for
 from .directory import CacheDirectory, clear_cache, describe_cache, ledger_bytes
-from .store import CachedStore, CachedStoreConfig
+from .store import CachedStore
 
 __all__ = [
     "POLICIES",

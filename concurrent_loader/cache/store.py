@@ -1,4 +1,5 @@
-"""The cache as a store wrapping a store: :class:`CachedStoreConfig` and :class:`CachedStore`.
+"""The cache as a store wrapping a store: :class:`CachedStore` (its config is
+:class:`~.cached.CachedStoreConfig`).
 
 It sits at the bottom of the fetch client's layers, in place of the store (step 6 of the
 path of a key in ``ARCHITECTURE.md``): ``get(key)`` reads the entry from the cache
@@ -31,25 +32,19 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import dataclasses
 import logging
 import multiprocessing.util
-import os
-import random
 import threading
 import weakref
-from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass
-from urllib.parse import urlsplit
+from collections.abc import AsyncIterator, Iterator
 
 from ..config import FetchConfig
-from ..errors import ConfigError, Reason
 from ..fetch import client_for
 from ..fetch.hedge import hedged_attempt
 from ..metrics.cache import cache_tally
-from ..stores.base import Body, ByteRange, Capabilities, ObjectInfo, Store, StoreConfig
-from .config import CacheConfig
-from .directory import CacheDirectory, entry_path, ledger_entries, name_for
+from ..stores.base import Body, ByteRange, ObjectInfo, Store
+from .cached import MAX_PENDING_BYTES, CachedStoreConfig, source_prefix
+from .directory import CacheDirectory, name_for
 from .entry import CorruptEntry, Entry, TooLarge, data_checksum, footer, read_entry
 from .leftovers import Leftovers
 
@@ -57,104 +52,13 @@ __all__ = ["MAX_PENDING_BYTES", "CachedStore", "CachedStoreConfig"]
 
 log = logging.getLogger(__name__)
 
-#: bytes of fetched objects waiting for the writer, at most, per store
-MAX_PENDING_BYTES = 32 * 1024 * 1024
 #: entries up to this size are read on the event loop's thread (a thread hop costs more
 #: than reading an image); larger ones on a thread, so the loop never stalls on a big read
 MAX_INLINE_READ_BYTES = 4 * 1024 * 1024
-#: keys of the dataset sampled to tell whether the cache holds all of it
-SAMPLE_KEYS = 64
 #: the longest wait for another process's GET of the same object
 MAX_WAIT_S = 30.0
 _FIRST_WAIT_S = 0.001
 _LONGEST_WAIT_S = 0.05
-
-
-@dataclass(frozen=True)
-class CachedStoreConfig:
-    """``inner`` (a remote store's config) read through the node-local cache ``cache``."""
-
-    inner: StoreConfig
-    cache: CacheConfig
-    #: the dataset's size and a sample of its keys (:meth:`for_keys`): once the cache holds
-    #: that many entries, the sample's included, reads take the local path
-    object_count: int = 0
-    sample_keys: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not self.inner.capabilities.remote:
-            raise ConfigError(
-                f"{self.inner.url_for('')} is on local disk already: it needs no cache",
-                url=self.inner.url_for(""),
-                cause=Reason.INVALID_ARGUMENT,
-            )
-
-    @property
-    def capabilities(self) -> Capabilities:
-        """The wrapped store's, except ``remote`` is False while the cache holds the whole
-        dataset (:meth:`complete`): then the pipeline reads and decodes each sample in one
-        thread-pool job, as from a local directory, with no event loop in the way."""
-        inner = self.inner.capabilities
-        if self.complete():
-            return Capabilities(remote=False, listing=inner.listing, ranges=inner.ranges)
-        # An object read in parts would reach the cache as ranges, which it does not keep.
-        return dataclasses.replace(inner, whole_reads_up_to=MAX_PENDING_BYTES)
-
-    def complete(self) -> bool:
-        """Whether the cache seems to hold every object of the dataset: its ledger counts at
-        least ``object_count`` entries and every sampled key has one (a few ``stat`` calls).
-        Once it did, this process takes it as complete from then on without looking again:
-        a miss on the local path is still fetched (and cached again)."""
-        if not self.object_count or self.cache.revalidate:
-            return False
-        if self in _FOUND_COMPLETE:
-            return True
-        directory = self.cache.directory
-        if ledger_entries(directory) < self.object_count:
-            return False
-        prefix = source_prefix(self.inner)
-        found = all(
-            os.path.exists(entry_path(directory, name_for(prefix + self.inner.url_for(key))))
-            for key in self.sample_keys
-        )
-        if found:
-            _FOUND_COMPLETE.add(self)
-        return found
-
-    def for_keys(self, keys: Sequence[str]) -> CachedStoreConfig:
-        """This config for a dataset of ``keys`` (their count and a fixed sample of them)."""
-        count = len(keys)
-        picks = random.Random(0).sample(range(count), min(count, SAMPLE_KEYS))
-        return dataclasses.replace(
-            self, object_count=count, sample_keys=tuple(keys[i] for i in sorted(picks))
-        )
-
-    def url_for(self, key: str) -> str:
-        return self.inner.url_for(key)
-
-    def resolved(self) -> CachedStoreConfig:
-        return dataclasses.replace(self, inner=self.inner.resolved(), cache=self.cache.resolved())
-
-    def open(self, fetch: FetchConfig) -> CachedStore:
-        return CachedStore(self, fetch)
-
-    def __str__(self) -> str:
-        return str(self.inner)
-
-
-#: the configs this process found complete (a dataset's config each: a handful)
-_FOUND_COMPLETE: set[CachedStoreConfig] = set()
-
-
-def source_prefix(inner: StoreConfig) -> str:
-    """What tells apart two stores whose URLs read alike: the endpoint (without any user
-    info), for a store that has one."""
-    endpoint = getattr(inner, "endpoint_url", None)
-    if not endpoint:
-        return ""
-    parts = urlsplit(endpoint)
-    port = f":{parts.port}" if parts.port else ""
-    return f"{parts.scheme}://{parts.hostname}{port}{parts.path.rstrip('/')} "
 
 
 class CachedStore:

@@ -17,7 +17,8 @@ from ..config import FetchConfig
 from ..fetch import client_for
 from ..metrics.cache import cache_tally
 from ..runtime import Runtime, acquire_runtime
-from .store import CachedStore, CachedStoreConfig
+from .cached import CachedStoreConfig
+from .store import CachedStore
 
 __all__ = ["FLUSH_EVERY", "WarmReport", "warm_cache"]
 

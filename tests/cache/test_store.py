@@ -310,9 +310,9 @@ def test_the_local_path_once_the_cache_holds_the_dataset(cache_config):
 
 
 def test_a_miss_on_the_local_path_is_fetched_and_cached_again(cache_config, monkeypatch):
-    from concurrent_loader.cache import store as store_module
+    from concurrent_loader.cache import cached
 
-    monkeypatch.setattr(store_module, "SAMPLE_KEYS", 2)
+    monkeypatch.setattr(cached, "SAMPLE_KEYS", 2)
     objects = numbered_objects(10)
     memory = MemoryConfig(objects)
     keys = sorted(objects)

@@ -1,0 +1,124 @@
+"""A remote store's config read through the node-local cache: :class:`CachedStoreConfig`.
+
+What a dataset holds and pickles to its workers (the store it opens is
+:class:`~.store.CachedStore`). It also tells whether the cache holds the whole dataset
+(:meth:`CachedStoreConfig.complete`), which sends the pipeline down the local directories'
+path, and which whole reads the cache wants in one piece
+(``Capabilities.whole_reads_up_to``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from ..config import FetchConfig
+from ..errors import ConfigError, Reason
+from ..stores.base import Capabilities, StoreConfig
+from .config import CacheConfig
+from .directory import entry_path, ledger_entries, name_for
+
+if TYPE_CHECKING:
+    from .store import CachedStore
+
+__all__ = ["MAX_PENDING_BYTES", "CachedStoreConfig", "source_prefix"]
+
+#: bytes of fetched objects waiting for the cache's writer, at most, per store: a larger
+#: object is not cached
+MAX_PENDING_BYTES = 32 * 1024 * 1024
+#: keys of the dataset sampled to tell whether the cache holds all of it
+SAMPLE_KEYS = 64
+
+
+@dataclass(frozen=True)
+class CachedStoreConfig:
+    """``inner`` (a remote store's config) read through the node-local cache ``cache``."""
+
+    inner: StoreConfig
+    cache: CacheConfig
+    #: the dataset's size and a sample of its keys (:meth:`for_keys`): once the cache holds
+    #: that many entries, the sample's included, reads take the local path
+    object_count: int = 0
+    sample_keys: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.inner.capabilities.remote:
+            raise ConfigError(
+                f"{self.inner.url_for('')} is on local disk already: it needs no cache",
+                url=self.inner.url_for(""),
+                cause=Reason.INVALID_ARGUMENT,
+            )
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """The wrapped store's, except ``remote`` is False while the cache holds the whole
+        dataset (:meth:`complete`): then the pipeline reads and decodes each sample in one
+        thread-pool job, as from a local directory, with no event loop in the way."""
+        inner = self.inner.capabilities
+        if self.complete():
+            return Capabilities(remote=False, listing=inner.listing, ranges=inner.ranges)
+        # An object read in parts would reach the cache as ranges, which it does not keep.
+        return dataclasses.replace(inner, whole_reads_up_to=MAX_PENDING_BYTES)
+
+    def complete(self) -> bool:
+        """Whether the cache seems to hold every object of the dataset: its ledger counts at
+        least ``object_count`` entries and every sampled key has one (a few ``stat`` calls).
+        Once it did, this process takes it as complete from then on without looking again:
+        a miss on the local path is still fetched (and cached again)."""
+        if not self.object_count or self.cache.revalidate:
+            return False
+        if self in _FOUND_COMPLETE:
+            return True
+        directory = self.cache.directory
+        if ledger_entries(directory) < self.object_count:
+            return False
+        prefix = source_prefix(self.inner)
+        found = all(
+            os.path.exists(entry_path(directory, name_for(prefix + self.inner.url_for(key))))
+            for key in self.sample_keys
+        )
+        if found:
+            _FOUND_COMPLETE.add(self)
+        return found
+
+    def for_keys(self, keys: Sequence[str]) -> CachedStoreConfig:
+        """This config for a dataset of ``keys`` (their count and a fixed sample of them)."""
+        count = len(keys)
+        picks = random.Random(0).sample(range(count), min(count, SAMPLE_KEYS))
+        return dataclasses.replace(
+            self, object_count=count, sample_keys=tuple(keys[i] for i in sorted(picks))
+        )
+
+    def url_for(self, key: str) -> str:
+        return self.inner.url_for(key)
+
+    def resolved(self) -> CachedStoreConfig:
+        return dataclasses.replace(self, inner=self.inner.resolved(), cache=self.cache.resolved())
+
+    def open(self, fetch: FetchConfig) -> CachedStore:
+        from .store import CachedStore  # the store imports this module
+
+        return CachedStore(self, fetch)
+
+    def __str__(self) -> str:
+        return str(self.inner)
+
+
+#: the configs this process found complete (a dataset's config each: a handful)
+_FOUND_COMPLETE: set[CachedStoreConfig] = set()
+
+
+def source_prefix(inner: StoreConfig) -> str:
+    """What tells apart two stores whose URLs read alike: the endpoint (without any user
+    info), for a store that has one."""
+    endpoint = getattr(inner, "endpoint_url", None)
+    if not endpoint:
+        return ""
+    parts = urlsplit(endpoint)
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{parts.hostname}{port}{parts.path.rstrip('/')} "
