@@ -30,9 +30,12 @@ __all__ = ["fresh_credentials", "frozen_heap"]
 
 
 def fresh_credentials(dataset: Dataset[object]) -> None:
-    """Resolve the dataset's S3 credential snapshot again if it is about to expire."""
-    source = source_of(dataset)
-    credentials = getattr(getattr(source, "store", None), "credentials", None)
+    """Resolve the dataset's S3 credential snapshot again if it is about to expire (that of
+    the S3 store inside a wrapper, a cache or read-ahead, too)."""
+    store = getattr(source_of(dataset), "store", None)
+    while store is not None and not hasattr(store, "credentials"):
+        store = getattr(store, "inner", None)  # a store config wrapping another
+    credentials = getattr(store, "credentials", None)
     if isinstance(credentials, CredentialSource):
         credentials.refresh_snapshot()
 

@@ -371,6 +371,17 @@ def test_a_snapshot_near_expiry_is_refreshed_once_before_workers_start(objects, 
     assert credentials.snapshot.access_key == s3_server.access_key
 
 
+def test_the_snapshot_of_an_s3_store_inside_a_cache_is_refreshed_too(objects, s3_env, tmp_path):
+    from concurrent_loader.loader.starting import fresh_credentials
+
+    dataset = ObjectDataset(objects.url, objects.keys[:4], cache=str(tmp_path / "cache"))
+    credentials = dataset.store.inner.credentials  # the S3 store's, under the cache
+    stale = CredentialSnapshot("AKIDSTALE", "stale", "token", time.time() + 300)
+    object.__setattr__(credentials, "snapshot", stale)
+    fresh_credentials(dataset)
+    assert credentials.snapshot is not stale
+
+
 def test_a_usable_snapshot_is_left_as_it_is(monkeypatch):
     def no_botocore(self: CredentialSource) -> Any:
         raise AssertionError("resolved again")
