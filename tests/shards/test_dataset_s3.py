@@ -146,7 +146,9 @@ def test_readahead_in_shard_order_reads_each_span_once_per_process(
     span = 64 * 1024
     ds = ShardDataset(
         packed.s3_url,
-        readahead=Readahead(span_bytes=span, max_bytes=16 * span),
+        # Room for every span (31): how far ahead the pipeline runs, which is timing, never
+        # leaves a sample without room (then read alone: the unit tests cover that).
+        readahead=Readahead(span_bytes=span, max_bytes=64 * span),
         endpoint_url=proxy.endpoint_url,
         fetch_config=FetchConfig(hedge=HedgeConfig(enabled=False)),  # every GET a span's
     )
@@ -172,9 +174,9 @@ def test_readahead_in_shard_order_reads_each_span_once_per_process(
             assert data == packed.expected[key]["bin"]
     gets = proxy.stats()["requests_by_method"]["GET"]
     spans = sum(-(-(packed.local / s).stat().st_size // span) for s in packed.shards)
-    # Each span about once in all: a worker's span goes once its samples are all read
-    # (and the streams' last batches, which mix, may read a few spans twice).
-    assert gets <= spans + 4, (gets, spans)
+    # Each span once; with 2 workers the streams' last batches, which mix, may read a few
+    # spans of the other worker's shards too.
+    assert gets <= spans + (8 if num_workers else 0), (gets, spans)
 
 
 def test_exact_resume_mid_epoch(packed, s3_env):
