@@ -58,8 +58,11 @@ FIRST = asyncio.FIRST_COMPLETED
 
 #: latencies the delay is estimated from (the most recent GETs)
 WINDOW = 256
-#: GETs that must have completed before the estimate replaces ``max_delay``
-MIN_SAMPLES = 20
+#: GETs that must have completed before the estimate replaces ``max_delay``: a whole first
+#: round at the default in-flight cap, because the first GETs of a burst to complete are its
+#: fastest (the rest queue at the store), and an estimate from them alone is so low that it
+#: spends the hedge budget on that burst's ordinary GETs, leaving none for its stalls
+MIN_SAMPLES = 64
 #: new latencies between two recomputations of the percentile
 RECOMPUTE_EVERY = 16
 #: hedges the budget can save up
