@@ -107,13 +107,14 @@ class ShardDataset(ObjectDataset):
             indexes = index_shards(
                 self.store, self.fetch_config, keys, sizes, self._acquire, on_shard=tick
             )
-        spans = readahead is not None and self.store.capabilities.remote
-        if spans and coalescing is None:  # the spans do what merging would, without re-reading
-            coalescing = Coalescing(enabled=False)
+        if not self.store.capabilities.remote:
+            readahead = None  # shards on local disk are read in place
+        if readahead is not None and coalescing is None:
+            coalescing = Coalescing(enabled=False)  # the spans do what merging would
         self.source = ShardSource(
             self.store, keys, indexes, sizes, self.fetch_config, decode, coalescing
         )
-        if spans and readahead is not None:
+        if readahead is not None:
             self.source.store = ReadaheadConfig(
                 self.store,
                 {
