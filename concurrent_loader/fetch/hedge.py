@@ -169,15 +169,19 @@ class _Race:
     def __init__(self) -> None:
         self.gets: list[asyncio.Task[Body]] = []
         self.started: list[float] = []
-        self._context = contextvars.copy_context()
-        self._context.run(hedged_attempt.set, _Attempt())
+        self._attempt = _Attempt()
         self.settled: set[asyncio.Task[Body]] = set()
         self.error: BaseException | None = None  # the primary's transient failure
         self.retry_at = 0.0  # no hedge before this (none could be sent at the last try)
 
     def start(self, get: Coroutine[Any, Any, Body], loop: asyncio.AbstractEventLoop) -> None:
-        """Run ``get`` as the attempt's next GET (in a context that names the attempt)."""
-        self.gets.append(loop.create_task(get, context=self._context.copy()))
+        """Run ``get`` as the attempt's next GET, in a context that names the attempt (the
+        task copies the caller's context, with the attempt set for that moment)."""
+        token = hedged_attempt.set(self._attempt)
+        try:
+            self.gets.append(loop.create_task(get))
+        finally:
+            hedged_attempt.reset(token)
         self.started.append(loop.time())
 
     @property
