@@ -157,8 +157,8 @@ hedged_attempt: contextvars.ContextVar[object | None] = contextvars.ContextVar(
 
 class _Attempt:
     """What :data:`hedged_attempt` holds: a token per attempt, which refers to nothing (the
-    race itself would make a cycle through its context, and keep its bodies until the
-    cyclic collector ran)."""
+    race itself would make a cycle, race -> task -> its context -> race, that kept the
+    bodies until the cyclic collector ran)."""
 
     __slots__ = ("__weakref__",)
 
