@@ -12,6 +12,10 @@ shuffled epoch of :class:`~concurrent_loader.ShardDataset` (decode: JPEG -> uint
   shard coalesced (the default gap, 1 MiB);
 - ``ours-s3 gap=X``: the same with another gap threshold (``--gaps``), ``off`` for one GET
   per sample;
+- ``ours-s3 readahead=SPAN/MAX`` (``--readahead``): the default gap, and samples cut
+  from aligned spans of SPAN bytes kept in memory up to MAX per process
+  (:class:`~concurrent_loader.Readahead`): in random order, one GET per span while MAX
+  holds the spans in use, then one GET per sample for the overflow;
 - with ``--objects``, ``objects-local`` and ``objects-s3``: the same JPEGs one object each
   (:class:`~concurrent_loader.ImageFolder`), for the per-object path's ratio in this run.
 
@@ -67,6 +71,14 @@ def _gap(text: str) -> Any:
     return Coalescing(enabled=False) if text == "off" else Coalescing(max_gap=parse_size(text))
 
 
+def _readahead(text: str) -> Any:
+    from concurrent_loader import Readahead
+    from concurrent_loader.shards.pack import parse_size
+
+    span, _, most = text.partition("/")
+    return Readahead(span_bytes=parse_size(span), max_bytes=parse_size(most))
+
+
 def _labels_and_keys(ds: Any) -> tuple[list[int], list[str] | None]:
     """Each sample's label and, for shards, its key: what every batch is checked against."""
     if hasattr(ds, "shards"):
@@ -115,6 +127,7 @@ def run(
     image_size: int = 224,
     latency_ms: float = 50.0,
     gaps: Sequence[str] = ("off",),
+    readaheads: Sequence[str] = (),
     objects: bool = False,
     repeats: int = 3,
     seed: int = 0,
@@ -178,6 +191,14 @@ def run(
                         coalescing=_gap(gap),
                         **credentials,
                     )
+                for readahead in readaheads:
+                    datasets[f"ours-s3 readahead={readahead}"] = ShardDataset(
+                        f"s3://{BUCKET}/{PREFIX}",
+                        decode=decode,
+                        coalescing=Coalescing(),
+                        readahead=_readahead(readahead),
+                        **credentials,
+                    )
                 if objects:
                     # The same JPEGs one object each (ImageFolder): the per-object path's
                     # S3-vs-local ratio under the same machine load, for reference.
@@ -233,6 +254,7 @@ def run(
             name: {
                 "images_per_s": medians[name],
                 "images_per_s_all": [r["images_per_s"] for r in runs[name]],
+                "epoch_s": statistics.median(r["epoch_s"] for r in runs[name]),
                 "x_local": medians[name] / medians["ours-local"],
                 **traffic.get(name, {}),
             }
@@ -252,15 +274,17 @@ def format_report(report: dict[str, Any]) -> str:
     )
     lines = [
         head,
-        "| run | img/s median (all) | x ours-local | GETs per sample | bytes sent / sample byte |",
-        "|---|---|---|---|---|",
+        "| run | img/s median (all) | x ours-local | whole epoch s (median) | GETs per sample "
+        "| bytes sent / sample byte |",
+        "|---|---|---|---|---|---|",
     ]
     for name, r in report["runs"].items():
         every = ", ".join(f"{v:.0f}" for v in r["images_per_s_all"])
         gets = f"{r['gets_per_sample']:.3f}" if "gets_per_sample" in r else "-"
         sent = f"{r['bytes_sent_per_sample_byte']:.2f}" if "gets_per_sample" in r else "-"
         lines.append(
-            f"| {name} | {r['images_per_s']:.1f} ({every}) | {r['x_local']:.2f} | {gets} | {sent} |"
+            f"| {name} | {r['images_per_s']:.1f} ({every}) | {r['x_local']:.2f} "
+            f"| {r['epoch_s']:.2f} | {gets} | {sent} |"
         )
     runs = report["runs"]
     if "objects-s3" in runs:
@@ -285,6 +309,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--gaps", default="off", help="more gap thresholds to run, comma-separated (off, 8MiB)"
     )
     parser.add_argument(
+        "--readahead",
+        default="",
+        help="read-ahead rows, comma-separated SPAN/MAX (8MiB/512MiB): spans kept in memory",
+    )
+    parser.add_argument(
         "--objects",
         action="store_true",
         help="also read the same JPEGs one object each (ImageFolder), local and S3, for reference",
@@ -306,6 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         image_size=args.image_size,
         latency_ms=args.latency_ms,
         gaps=[g for g in args.gaps.split(",") if g],
+        readaheads=[r for r in args.readahead.split(",") if r],
         objects=args.objects,
         repeats=args.repeats,
         seed=args.seed,
