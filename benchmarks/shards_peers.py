@@ -15,6 +15,8 @@ Two parts, each printed as a table and written to ``--out``/``shards_peers.json`
    - ``ours-stream-readahead``: the same with ``ShardDataset(readahead=Readahead())`` and
      ``ShardOrderSampler(workers=W, batch_size=B)``: each worker reads shards of its own,
      in aligned 8 MiB spans, and serves the samples from them;
+   - ``ours-random-readahead``: random access, a seeded permutation of all samples
+     (map-style), with read-ahead room for every span of the shards in each worker;
    - ``webdataset``: the ``webdataset`` library and a stock ``DataLoader``, each shard
      streamed with ``curl`` from a presigned URL (how it reads S3 without the AWS CLI);
    - ``litdata``: LitData's ``optimize`` of the same samples into its chunks, uploaded, and
@@ -250,6 +252,26 @@ def build_ours_readahead(setup: Setup, decode: Callable[[Any], Any]) -> DataLoad
     return build_ours(setup, decode, per_worker, readahead=Readahead())
 
 
+def build_ours_random(setup: Setup, decode: Callable[[Any], Any]) -> DataLoader[Any]:
+    """Ours in random access: a seeded random permutation of every sample (map-style, as
+    ``shuffle=True`` draws it), read-ahead sized to hold the shards (8 MiB spans), so a
+    span is one GET per worker however the order scatters its samples."""
+    from concurrent_loader import Readahead
+
+    span = 8 * 1024 * 1024
+    shard_bytes = sum((setup.shard_dir / name).stat().st_size for name in setup.shards)
+    room = (shard_bytes // span + len(setup.shards) + 2) * span  # every span, cut or whole
+    dataset = ours_dataset(setup, decode, readahead=Readahead(span_bytes=span, max_bytes=room))
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(0)).tolist()
+    return ConcurrentDataLoader(
+        dataset,
+        batch_size=setup.args.batch_size,
+        sampler=order,
+        num_workers=setup.args.workers,
+        max_inflight_requests=64,
+    )
+
+
 # ---------------------------------------------------------------- peers
 
 
@@ -435,6 +457,7 @@ def run_peers(setup: Setup, spec: DatasetSpec, train_root: Path, work: Path) -> 
     builders: dict[str, Callable[[Setup, Callable[[Any], Any]], Any]] = {
         "ours-stream": build_ours,
         "ours-stream-readahead": build_ours_readahead,
+        "ours-random-readahead": build_ours_random,
         "webdataset": build_webdataset,
         "litdata": build_litdata,
     }

@@ -28,9 +28,10 @@ span cost no request. Guarantees:
   sample for the in-flight limit or the hedge delay).
 
 It suits reading in order (a shard-order stream, with a shuffle window whose samples fit in
-``max_bytes``): read in random order, spans fill ``max_bytes`` for one range each, and then
-ranges go one GET each as without it. Its memory is outside the loader's byte budget
-(``max_inflight_bytes``), per process.
+``max_bytes``), and random order when ``max_bytes`` holds every span of the objects in use
+(random order touches them all early, and each is then one GET); with less room, spans fill
+``max_bytes`` and the ranges beyond go one GET each as without it. Its memory is outside
+the loader's byte budget (``max_inflight_bytes``), per process.
 """
 
 from __future__ import annotations
