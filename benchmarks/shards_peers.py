@@ -233,6 +233,11 @@ def build_ours(
     sampler = ShardOrderSampler(
         dataset.shard_lengths, buffer_size=setup.args.buffer, seed=0, **(sampler_options or {})
     )
+    return _ours_loader(setup, dataset, sampler)
+
+
+def _ours_loader(setup: Setup, dataset: Any, sampler: Any) -> DataLoader[Any]:
+    """Every ours row's loader: the run's batch size and workers, 64 GETs in flight."""
     return ConcurrentDataLoader(
         dataset,
         batch_size=setup.args.batch_size,
@@ -245,7 +250,7 @@ def build_ours(
 def build_ours_readahead(setup: Setup, decode: Callable[[Any], Any]) -> DataLoader[Any]:
     """Ours streaming with read-ahead: each worker reads shards of its own
     (``ShardOrderSampler(workers=, batch_size=)``) in aligned spans (``Readahead()``
-    defaults: 8 MiB spans, 64 MiB kept per process)."""
+    defaults: 8 MiB spans, 128 MiB kept per process)."""
     from concurrent_loader import Readahead
 
     per_worker = {"workers": max(1, setup.args.workers), "batch_size": setup.args.batch_size}
@@ -263,13 +268,7 @@ def build_ours_random(setup: Setup, decode: Callable[[Any], Any]) -> DataLoader[
     room = (shard_bytes // span + len(setup.shards) + 2) * span  # every span, cut or whole
     dataset = ours_dataset(setup, decode, readahead=Readahead(span_bytes=span, max_bytes=room))
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(0)).tolist()
-    return ConcurrentDataLoader(
-        dataset,
-        batch_size=setup.args.batch_size,
-        sampler=order,
-        num_workers=setup.args.workers,
-        max_inflight_requests=64,
-    )
+    return _ours_loader(setup, dataset, order)
 
 
 # ---------------------------------------------------------------- peers
