@@ -149,7 +149,9 @@ class HedgeConfig:
     round (hedging a store in a SlowDown storm would hit it harder). Hedges spend a token
     bucket that each GET fills by ``budget`` (at most 10 tokens, 5 at the start): over
     ``n`` GETs at most ``5 + budget * n`` hedges are sent, so a store that is slow for
-    everyone sees at most ``budget`` more GETs, never twice as many. If the hedge fails
+    everyone sees at most ``budget`` more GETs, never twice as many. Hedges are paced, at
+    most four per delay, oldest GET first, so GETs that come due together (a burst that
+    only queues at the store) do not take every token at once. If the hedge fails
     (transiently) while its GET still has no answer, the attempt fails with the hedge's
     error and is retried: the GET that outlasted the delay and its hedge is presumed
     stalled, and is cancelled rather than waited for until ``Timeouts.read``.

@@ -9,9 +9,7 @@ accounting, so:
   client's recent GET latencies, within a floor and a ceiling, followed as it changes; a
   cancelled loser counts with the time it ran, a lower bound: leaving it out would hide
   the very tail the estimate is for, so the percentile would sink and hedge ever more
-  GETs), or :data:`SCARCE_FACTOR` times it while the budget holds fewer than
-  :data:`RESERVE` tokens, so that the last tokens go to GETs deep in the tail (stalls,
-  stragglers) rather than to the ordinary tail;
+  GETs);
 - a hedge is sent only if the budget (:class:`HedgeBudget`) has a token, the store did
   not throttle most GETs of the last round, and one of the limit's hedge slots is free at
   once: a hedge never queues, and it does not take one of the limit's slots, because the
@@ -19,6 +17,12 @@ accounting, so:
   hedge that waited for a slot behind its own stalled GET would never be sent. At most
   ``FetchConfig.max_hedges_in_flight`` hedges are in flight beyond the limit, so the GETs
   in flight stay within ``limit + max_hedges_in_flight`` (the transport's connection cap);
+- hedges are paced: at most one per ``delay / PACE`` seconds (:data:`PACE`); GETs that
+  come due meanwhile wait their turn, oldest first. This tells a queue from a tail: a
+  burst of GETs that only queue at the store (the first round of a process, sent at
+  once) passes the delay together and mostly completes within a fraction of it, while a
+  stalled GET is still unanswered when its turn comes. Unpaced, such a burst took the
+  budget's tokens in one instant and left none for the stalls among it;
 - at most one hedge per attempt. The first of the two to return bytes wins; the other is
   cancelled (the transport closes a cancelled connection) and awaited, so its slot is
   free again when the attempt returns. An error that a retry cannot mend (404, 403, ...)
@@ -70,11 +74,8 @@ BURST = 10.0
 #: hedges per attempt: a second one only when the first is as late, and it replaces the
 #: primary, so an object has at most two GETs in flight
 MAX_HEDGES = 2
-#: below this many tokens the budget is scarce: only GETs :data:`SCARCE_FACTOR` times
-#: the delay into the tail are hedged, so the last tokens go to stalls and stragglers
-#: rather than to the ordinary tail that is past the percentile by a hair
-RESERVE = 3.0
-SCARCE_FACTOR = 4.0
+#: hedges per delay at most (see the module docstring): turns are ``delay / PACE`` apart
+PACE = 4.0
 #: tokens at the start: a process's first GETs, some stalled before enough latencies are
 #: known, are hedged without waiting for tokens that only GETs can earn
 START_TOKENS = 5.0
@@ -173,6 +174,7 @@ class _Race:
         self.settled: set[asyncio.Task[Body]] = set()
         self.error: BaseException | None = None  # the primary's transient failure
         self.retry_at = 0.0  # no hedge before this (none could be sent at the last try)
+        self.granted = False  # its turn to hedge came (see HedgeLayer._turn)
 
     def start(self, get: Coroutine[Any, Any, Body], loop: asyncio.AbstractEventLoop) -> None:
         """Run ``get`` as the attempt's next GET, in a context that names the attempt (the
@@ -204,6 +206,12 @@ class HedgeLayer:
         self.budget = HedgeBudget(config.budget)
         self.sent = 0
         self.won = 0
+        # Attempts due for a hedge that wait their turn, each with the future that wakes
+        # it; the next turn is not before ``_next_turn``, and ``_turn_timer`` gives it.
+        self._waiting: dict[_Race, asyncio.Future[None]] = {}
+        self._next_turn = 0.0
+        self._turn_timer: asyncio.TimerHandle | None = None
+        self._turn_loop: asyncio.AbstractEventLoop | None = None
 
     async def get(self, request: Request) -> Body:
         self.budget.earn()
@@ -215,20 +223,29 @@ class HedgeLayer:
         try:
             while True:
                 remaining = None
+                turn = None
                 if len(race.gets) <= MAX_HEDGES:
                     due = max(race.youngest_started + self._hedge_after(), race.retry_at)
                     remaining = due - loop.time()
                     if remaining <= 0:
-                        self._hedge(request, race, loop)
-                        continue
+                        turn = self._turn(race, loop)
+                        if turn is None:
+                            self._hedge(request, race, loop)
+                            continue
+                        remaining = None  # it waits for its turn, not for a time
+                    elif race.granted:  # the delay grew: no longer due, the turn passes
+                        self._pass_turn(race, loop)
                 waits: list[asyncio.Future[Any]] = [t for t in race.gets if not t.done()]
-                if remaining is not None:
+                if turn is not None:
+                    waits.append(turn)
+                elif remaining is not None:
                     waits.append(self.delay.changed())  # the timer follows the estimate
                 await asyncio.wait(waits, timeout=remaining, return_when=FIRST)
                 body = self._settle(request, race, loop)
                 if body is not None:
                     return body
         finally:
+            self._leave(race, loop)
             for task in race.gets:
                 task.cancel()  # a no-op for a finished task
             await asyncio.wait(race.gets)
@@ -236,15 +253,66 @@ class HedgeLayer:
                 if not task.cancelled():
                     task.exception()  # retrieved: the loser's error is not news
 
+    # -- turns: hedges paced delay / PACE apart, oldest attempt first ----------------------
+
+    def _turn(self, race: _Race, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None] | None:
+        """None if ``race``, due, may hedge now; else the future that wakes it for its turn."""
+        if race.granted or (not self._waiting and loop.time() >= self._next_turn):
+            race.granted = False
+            return None
+        turn = self._waiting.get(race)
+        if turn is None or turn.done():
+            turn = self._waiting[race] = loop.create_future()
+        self._wind_turns(loop)
+        return turn
+
+    def _wind_turns(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Have the next turn given when it comes, if an attempt waits for it (a timer
+        left on another loop, one that ended, is replaced)."""
+        timer = self._turn_timer
+        if timer is not None and self._turn_loop is not loop:
+            timer.cancel()
+            timer = self._turn_timer = None
+        if self._waiting and timer is None:
+            self._turn_timer = loop.call_at(self._next_turn, self._give_turn)
+            self._turn_loop = loop
+
+    def _give_turn(self) -> None:
+        """The next turn came: it goes to the oldest waiting attempt."""
+        self._turn_timer = None
+        if not self._waiting:
+            return
+        race = min(self._waiting, key=lambda r: r.youngest_started)
+        turn = self._waiting.pop(race)
+        race.granted = True
+        if not turn.done():
+            turn.set_result(None)
+
+    def _pass_turn(self, race: _Race, loop: asyncio.AbstractEventLoop) -> None:
+        """``race`` was given a turn it does not use: the next waiting attempt has it."""
+        race.granted = False
+        self._wind_turns(loop)
+
+    def _leave(self, race: _Race, loop: asyncio.AbstractEventLoop) -> None:
+        """The attempt ended: it waits for no turn, and one it was given passes on."""
+        self._waiting.pop(race, None)
+        if race.granted:
+            self._pass_turn(race, loop)
+
     def _hedge(self, request: Request, race: _Race, loop: asyncio.AbstractEventLoop) -> None:
-        """The youngest GET outlasted the delay: send a hedge if allowed. When the first
-        hedge is itself that late, the primary (the oldest, most likely stalled) is
-        cancelled, so an object never has more than two GETs in flight."""
+        """The youngest GET outlasted the delay and it is its turn: send a hedge if allowed
+        (the next turn is then ``delay / PACE`` away). When the first hedge is itself that
+        late, the primary (the oldest, most likely stalled) is cancelled, so an object
+        never has more than two GETs in flight."""
         if not self._take_hedge_slot():
             # No token or hedge slot now: look again one delay later (a timer per late
-            # GET, not a poll), rather than leave a stalled GET to its read timeout.
+            # GET, not a poll), rather than leave a stalled GET to its read timeout. The
+            # turn passes to the next waiting attempt at once.
             race.retry_at = loop.time() + self._hedge_after()
+            self._wind_turns(loop)
             return
+        self._next_turn = loop.time() + self.delay.seconds / PACE
+        self._wind_turns(loop)
         primary = race.gets[0]
         if len(race.gets) > 1 and not primary.done():
             primary.cancel()
@@ -293,8 +361,7 @@ class HedgeLayer:
 
     def _hedge_after(self) -> float:
         """Seconds a GET may go unanswered before it is hedged, now."""
-        scarce = self.budget.tokens < RESERVE
-        return self.delay.seconds * (SCARCE_FACTOR if scarce else 1.0)
+        return self.delay.seconds
 
     def _take_hedge_slot(self) -> bool:
         """A slot for a hedge if the budget, the store's mood and the limit allow one."""

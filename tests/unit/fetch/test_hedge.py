@@ -29,7 +29,7 @@ from concurrent_loader.fetch import FetchClient
 from concurrent_loader.fetch.hedge import (
     BURST,
     MIN_SAMPLES,
-    SCARCE_FACTOR,
+    PACE,
     START_TOKENS,
     HedgeBudget,
     HedgeDelay,
@@ -65,6 +65,7 @@ class AttemptStore:
         self.answers = list(answers)
         self.sent: list[float] = []
         self.cancelled: list[int] = []
+        self.keys: list[str] = []
         self.in_flight = 0
 
     def url_for(self, key: str) -> str:
@@ -73,6 +74,7 @@ class AttemptStore:
     async def get(self, key: str, byte_range: ByteRange | None = None) -> Body:
         n = len(self.sent)
         self.sent.append(asyncio.get_running_loop().time())
+        self.keys.append(key)
         answer = self.answers[n]
         self.in_flight += 1
         try:
@@ -98,8 +100,7 @@ class AttemptStore:
 
 
 def full_budget(client: FetchClient) -> FetchClient:
-    """``client`` with its hedge budget full, so its hedges go at the delay itself (a
-    scarce budget keeps its last tokens for GETs deeper in the tail)."""
+    """``client`` with its hedge budget full, so no hedge of a test waits for a token."""
     assert client.hedging is not None
     client.hedging.budget.tokens = BURST
     return client
@@ -442,13 +443,37 @@ def test_stage_stats_count_hedges_sent_and_won():
 # ------------------------------------------------------------------ when the hedge goes
 
 
-def test_a_scarce_budget_hedges_only_deeper_in_the_tail():
-    store = AttemptStore([10 * DELAY, 0.0])
-    client = FetchClient(store, config_with(pinned()))
+def run_together(client: FetchClient, keys: Sequence[str]) -> list[bytes]:
+    """GETs of ``keys`` sent in that order, in the same instant."""
+
+    async def main() -> list[bytes]:
+        return [bytes(body) for body in await asyncio.gather(*map(client.get, keys))]
+
+    return asyncio.run(main())
+
+
+def test_gets_due_together_are_hedged_a_turn_apart_oldest_first():
+    store = AttemptStore([STALL, STALL, STALL, 0.0, 0.0, 0.0])
+    client = full_budget(FetchClient(store, config_with(pinned())))
+    assert run_together(client, ["a", "b", "c"]) == [b"attempt 3", b"attempt 4", b"attempt 5"]
+    assert store.keys == ["a", "b", "c", "a", "b", "c"]
+    turn = DELAY / PACE
+    assert store.sent[3] - store.sent[0] >= DELAY - 0.001
+    assert store.sent[4] - store.sent[3] >= turn - 0.001  # a timer never fires early
+    assert store.sent[5] - store.sent[4] >= turn - 0.001
+
+
+def test_a_get_that_answers_before_its_turn_is_not_hedged_and_the_turn_passes_on():
+    # Three GETs come due together (a burst): "a" is hedged at once, "b" answers before
+    # its turn (it only queued), and the turn goes to "c", still unanswered (a stall).
+    delay = 0.2
+    store = AttemptStore([STALL, (1 + 0.5 / PACE) * delay, STALL, 0.0, 0.0])
+    client = full_budget(FetchClient(store, config_with(pinned(delay))))
+    assert run_together(client, ["a", "b", "c"]) == [b"attempt 3", b"attempt 1", b"attempt 4"]
+    assert store.keys == ["a", "b", "c", "a", "c"]
+    assert store.sent[4] - store.sent[3] >= delay / PACE - 0.001
     assert client.hedging is not None
-    client.hedging.budget.tokens = 1.0  # below RESERVE: scarce
-    assert run_one(client) == b"attempt 1"
-    assert store.sent[1] - store.sent[0] == pytest.approx(SCARCE_FACTOR * DELAY, abs=DELAY)
+    assert client.hedging.sent == 2
 
 
 def test_a_waiting_get_follows_the_estimate_as_it_falls():
