@@ -58,8 +58,6 @@ from .limits import AdaptiveLimit
 
 __all__ = ["HedgeBudget", "HedgeDelay", "HedgeLayer", "hedged_attempt"]
 
-FIRST = asyncio.FIRST_COMPLETED
-
 #: latencies the delay is estimated from (the most recent GETs)
 WINDOW = 256
 #: GETs that must have completed before the estimate replaces ``max_delay``: a whole first
@@ -191,6 +189,32 @@ class _Race:
         return self.started[-1]
 
 
+async def _first_done(
+    futures: list[asyncio.Future[Any]], timeout: float | None, loop: asyncio.AbstractEventLoop
+) -> None:
+    """Until one of ``futures`` is done or ``timeout`` seconds have passed: what
+    ``asyncio.wait(..., return_when=FIRST_COMPLETED)`` does, without the sets and the
+    checks it builds on every call (this runs for every GET)."""
+    if not futures:
+        raise ValueError("nothing to wait for")
+    waiter = loop.create_future()
+
+    def wake(_: object = None) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    handle = loop.call_later(timeout, wake) if timeout is not None else None
+    for future in futures:
+        future.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        if handle is not None:
+            handle.cancel()
+        for future in futures:
+            future.remove_done_callback(wake)
+
+
 class HedgeLayer:
     """One attempt as up to two GETs of the same object (see the module docstring).
 
@@ -240,15 +264,19 @@ class HedgeLayer:
                     waits.append(turn)
                 elif remaining is not None:
                     waits.append(self.delay.changed())  # the timer follows the estimate
-                await asyncio.wait(waits, timeout=remaining, return_when=FIRST)
+                await _first_done(waits, remaining, loop)
                 body = self._settle(request, race, loop)
                 if body is not None:
                     return body
         finally:
             self._leave(race, loop)
+            losers = False
             for task in race.gets:
-                task.cancel()  # a no-op for a finished task
-            await asyncio.wait(race.gets)
+                if not task.done():
+                    task.cancel()
+                    losers = True
+            if losers:  # waited for, so their slots are free when the attempt returns
+                await asyncio.wait(race.gets)
             for task in race.gets:
                 if not task.cancelled():
                     task.exception()  # retrieved: the loser's error is not news
