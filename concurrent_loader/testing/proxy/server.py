@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -137,7 +138,6 @@ class ProxyServer:
         upstream = Upstream(self._upstream_host, self._upstream_port, self.stats)
         self.stats.client_connections += 1
         self.stats.client_connections_total += 1
-        loop = asyncio.get_running_loop()
         try:
             while not client.closed:
                 try:
@@ -153,7 +153,7 @@ class ProxyServer:
                     )
                     break
                 try:
-                    request = Request(head, loop.time())
+                    request = Request(head, time.monotonic())
                 except ValueError as exc:
                     body = str(exc).encode()
                     await client.send(
@@ -192,7 +192,7 @@ class ProxyServer:
         if request.path == STATS_PATH and request.method == "GET":
             figures = self.stats.to_dict()
             if self._first_faultable is not None:  # seconds since the storm's clock started
-                figures["storm_clock_s"] = asyncio.get_running_loop().time() - self._first_faultable
+                figures["storm_clock_s"] = time.monotonic() - self._first_faultable
             body = json.dumps(figures).encode()
             reply = simple_response(200, "OK", body, "application/json", close)
         elif request.path == RESET_PATH and request.method == "POST":
@@ -233,8 +233,11 @@ class ProxyServer:
         return fault, max(0.0, delay)
 
     async def _hold_first_byte(self, request: Request, delay: float) -> None:
-        wait = request.arrival + delay - asyncio.get_running_loop().time()
-        if wait > 0:
+        # On the system's clock, not the loop's: uvloop's loop time is cached at each turn
+        # and kept in milliseconds, and its timers may fire up to a millisecond before the
+        # delay has passed in real time.
+        deadline = request.arrival + delay
+        while (wait := deadline - time.monotonic()) > 0:
             await asyncio.sleep(wait)
 
     async def _proxy_one(self, request: Request, client: Client, upstream: Upstream) -> bool:
