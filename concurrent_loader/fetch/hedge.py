@@ -249,7 +249,7 @@ class HedgeLayer:
                 remaining = None
                 turn = None
                 if len(race.gets) <= MAX_HEDGES:
-                    due = max(race.youngest_started + self._hedge_after(), race.retry_at)
+                    due = max(race.youngest_started + self.delay.seconds, race.retry_at)
                     remaining = due - loop.time()
                     if remaining <= 0:
                         turn = self._turn(race, loop)
@@ -336,7 +336,7 @@ class HedgeLayer:
             # No token or hedge slot now: look again one delay later (a timer per late
             # GET, not a poll), rather than leave a stalled GET to its read timeout. The
             # turn passes to the next waiting attempt at once.
-            race.retry_at = loop.time() + self._hedge_after()
+            race.retry_at = loop.time() + self.delay.seconds
             self._wind_turns(loop)
             return
         self._next_turn = loop.time() + self.delay.seconds / PACE
@@ -386,10 +386,6 @@ class HedgeLayer:
                 raise error
             race.error = error
         return None
-
-    def _hedge_after(self) -> float:
-        """Seconds a GET may go unanswered before it is hedged, now."""
-        return self.delay.seconds
 
     def _take_hedge_slot(self) -> bool:
         """A slot for a hedge if the budget, the store's mood and the limit allow one."""
