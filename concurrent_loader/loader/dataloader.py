@@ -51,7 +51,10 @@ from ..errors import ConfigError, Reason, SkipBudgetExceeded, WorkerError
 from ..fetch.parts import PartsConfig
 from ..metrics import SharedStats, StallLedger, loader_stats
 from ..pipeline import Partial, PipelineOptions, SkippedSample, source_of
+from ..sources import SampleSource
+from ..sources.base import CoalescingSource
 from . import state as resume
+from .headstart import HeadStart, Ready
 from .iterator import EpochIterator, _drop_tracebacks
 from .lookahead import predict_next_epoch
 from .plan import EpochPlan, Lock
@@ -117,7 +120,13 @@ class ConcurrentDataLoader(DataLoader[T_co]):
       None: never); it logs a WARNING before;
     - ``parts``: how a read larger than its part size is split into ranged GETs in flight
       (:class:`~concurrent_loader.fetch.PartsConfig`: ``part_size`` 8 MiB,
-      ``parts_in_flight`` 8), for stores that serve byte ranges.
+      ``parts_in_flight`` 8), for stores that serve byte ranges;
+    - ``prefetch_next_epoch``: fetch the next epoch's first batches while an epoch ends, when
+      its plan can be predicted (default True): persistent workers fetch them in their
+      pipelines (:mod:`.lookahead`); otherwise the main process fetches their bodies for
+      the next epoch's new workers (:mod:`.headstart`: ``fork`` workers or
+      ``num_workers=0``). What a changed plan leaves unused is dropped, never delivered; after
+      the last epoch, that costs one prefetch window of GETs.
 
     ``len(loader)`` is the number of batches. An ``IterableDataset`` is loaded as a stock
     DataLoader loads it (none of the options above apply to it).
@@ -154,6 +163,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         log_every_s: float | None = None,
         stall_timeout_s: float | None = 300.0,
         parts: PartsConfig | None = None,
+        prefetch_next_epoch: bool = True,
     ) -> None:
         if isinstance(max_skipped, float) and not 0 <= max_skipped < 1:
             raise ConfigError(
@@ -211,6 +221,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         self.max_skipped = max_skipped
         self.log_every_s = log_every_s
         self.stall_timeout_s = stall_timeout_s
+        self.prefetch_next_epoch = prefetch_next_epoch
         self.options = options
         self.skipped: list[SkippedSample] = []
 
@@ -230,6 +241,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         self._inner_generator = torch.Generator()
         self._persistent: tuple[DataLoader[Any], PlannedBatches] | None = None
         self._persistent_started = False
+        self._head_start: HeadStart | None = None
 
     # ------------------------------------------------------------------ epochs
 
@@ -304,7 +316,12 @@ class ConcurrentDataLoader(DataLoader[T_co]):
                 f"the state resumes after batch {skip}, but this epoch has {len(batches)} batches",
                 cause=Reason.INVALID_ARGUMENT,
             )
-        inner = self._inner_loader(batches, skip, collate, self._predict_next_epoch())
+        ready: Ready | None = None
+        if self._head_start is not None:  # bodies fetched ahead for this epoch's first batches
+            head, self._head_start = self._head_start, None
+            ready = head.take(batches[skip : skip + self._head_start_batches()])
+        predicted = self._predict_next_epoch()
+        inner = self._inner_loader(batches, skip, collate, predicted, ready)
         starts_workers = self.num_workers > 0 and new_iterator
         if starts_workers:
             fresh_credentials(self.dataset)
@@ -312,6 +329,17 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             # Said once above, as torch says it once per iterator.
             warnings.filterwarnings("ignore", message="This DataLoader will create")
             inner_batches = iter(inner)
+        if ready and starts_workers:
+            ready.clear()  # the forked workers have their copy
+        source = source_of(self.dataset)
+        if predicted and source is not None and not self.persistent_workers:
+            config = self.options.fetch_config(source.fetch_config)
+            self._head_start = HeadStart(
+                source,
+                config,
+                predicted[: self._head_start_batches()],
+                self.options.max_inflight_bytes or config.max_inflight_bytes,
+            )
         if self.persistent_workers:
             self._persistent_started = True
         self.skipped = []
@@ -325,12 +353,25 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             base_seed_drawn=base_seed_drawn,
             done=skip == len(batches),
         )
-        return EpochIterator(self, inner_batches, self._progress)
+        return EpochIterator(
+            self,
+            inner_batches,
+            self._progress,
+            head_start=self._head_start,
+            head_start_lead=self._head_start_batches(),
+        )
 
     def _predict_next_epoch(self) -> list[list[Any]]:
         """The next epoch's batches, for persistent workers to fetch ahead (see
-        :mod:`.lookahead`); empty when they do not or it cannot be predicted."""
-        if not (self.persistent_workers and self.in_order and source_of(self.dataset)):
+        :mod:`.lookahead`) or for the main process's head start on the next epoch's new
+        workers (:mod:`.headstart`); empty when neither applies or it cannot be predicted."""
+        source = source_of(self.dataset)
+        if source is None or not self.prefetch_next_epoch:
+            return []
+        if self.persistent_workers:
+            if not self.in_order:
+                return []
+        elif not self._head_starts(source):
             return []
         sampler = self._epoch_sampler()  # the next epoch's: the epoch number is counted
         predicted = predict_next_epoch(
@@ -338,8 +379,26 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             batched=self.batch_sampler is not None,
             users=sampler is self.sampler or sampler is self.batch_sampler,
             generators=self._generators,
+            draws_base_seed=not self.persistent_workers,
+            seed_generator=self.generator,
         )
         return predicted or []
+
+    def _head_starts(self, source: SampleSource) -> bool:
+        """Whether the main process fetches the next epoch's first batches ahead (see
+        :mod:`.headstart`): whole-object reads from a remote store, for the main process's
+        own pipeline or for workers that inherit them (``fork``)."""
+        if not source.store.capabilities.remote or isinstance(source, CoalescingSource):
+            return False
+        if self.num_workers == 0:
+            return True
+        context = self.multiprocessing_context or torch.multiprocessing
+        return bool(context.get_start_method() == "fork")
+
+    def _head_start_batches(self) -> int:
+        """How many of an epoch's first batches the head start fetches: each process's
+        ``prefetch_batches``, the batches it has in progress once it runs."""
+        return self.prefetch_batches * max(1, self.num_workers)
 
     def _inner_loader(
         self,
@@ -347,6 +406,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         skip: int,
         collate: Callable[[list[Any]], Any],
         predicted: list[list[Any]],
+        ready: Ready | None,
     ) -> DataLoader[Any]:
         """The plain DataLoader over this epoch's plan: a new one each epoch, except with
         persistent workers, which keep the one (and the shared plans: this epoch's and the
@@ -371,7 +431,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             next_plan = EpochPlan()
             next_plan.write(predicted, may_grow=True, room=batches)
         planned = PlannedBatches(
-            self.dataset, plan, collate, self.options, self._shared_stats, claims, next_plan
+            self.dataset, plan, collate, self.options, self._shared_stats, claims, next_plan, ready
         )
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="This DataLoader will create")

@@ -32,6 +32,7 @@ from ..errors import LoaderError
 from ..metrics import SharedStats
 from ..pipeline import BatchPipeline, Failure, PipelineOptions, source_of
 from ..runtime import Runtime, acquire_runtime
+from .headstart import Ready
 from .lookahead import Lookahead
 from .plan import EpochPlan, Lock
 
@@ -66,7 +67,16 @@ def _leave_ctrl_c_to_the_main_process() -> None:
 
 
 _OWN = frozenset(
-    {"_cl_dataset", "_cl_plan", "_cl_collate", "_cl_options", "_cl_stats", "_cl_claims", "_cl_next"}
+    {
+        "_cl_dataset",
+        "_cl_plan",
+        "_cl_collate",
+        "_cl_options",
+        "_cl_stats",
+        "_cl_claims",
+        "_cl_next",
+        "_cl_ready",
+    }
 )
 
 # This worker process's next-epoch prefetch (persistent workers), closed at the process's end.
@@ -97,6 +107,7 @@ class PlannedBatches(IterableDataset[Any]):
         shared_stats: SharedStats,
         claims: Lock | None = None,
         next_plan: EpochPlan | None = None,
+        ready: Ready | None = None,
     ) -> None:
         object.__setattr__(self, "_cl_dataset", dataset)
         object.__setattr__(self, "_cl_plan", plan)
@@ -105,6 +116,7 @@ class PlannedBatches(IterableDataset[Any]):
         object.__setattr__(self, "_cl_stats", shared_stats)
         object.__setattr__(self, "_cl_claims", claims)
         object.__setattr__(self, "_cl_next", next_plan)
+        object.__setattr__(self, "_cl_ready", ready)
 
     # ------------------------------------------------------------------ the user's dataset
 
@@ -150,6 +162,7 @@ class PlannedBatches(IterableDataset[Any]):
                 self._cl_stats,
                 self._cl_claims,
                 self._cl_next,
+                self._cl_ready,
             ),
         )
 
@@ -185,6 +198,7 @@ class PlannedBatches(IterableDataset[Any]):
             # Counting goes on from what earlier epochs (or processes) left in the row.
             stats=shared.read(row),
             publish=lambda stats: shared.write(row, stats),
+            ready=self._cl_ready,
         )
 
     def _produce(

@@ -94,8 +94,11 @@ class BatchPipeline:
         options: PipelineOptions,
         stats: StageStats | None = None,
         publish: Callable[[StageStats], None] | None = None,
+        ready: dict[Read, bytes | bytearray] | None = None,
     ) -> None:
         self._skip = options.on_error == "skip"
+        # Bodies the main process fetched ahead (see loader.headstart): each used once.
+        self._ready = ready if ready is not None else {}
         self._publish = publish
         self._dataset = dataset
         self._source = source_of(dataset)
@@ -128,11 +131,7 @@ class BatchPipeline:
             self._mode = "getitem"
             threads = options.getitem_threads
         else:
-            config = source.fetch_config
-            if options.max_inflight_requests is not None:
-                config = dataclasses.replace(
-                    config, max_inflight_requests=options.max_inflight_requests
-                )
+            config = options.fetch_config(source.fetch_config)
             threads = options.decode_threads
             if not source.store.capabilities.remote:
                 self._mode = "local"
@@ -334,6 +333,11 @@ class BatchPipeline:
             )
         )
         size_hint = self._parts.reservation(expected) if in_parts and expected else read.size
+        if self._ready:
+            body = self._ready.pop(read, None)
+            if body is not None:
+                budget.settle(await budget.reserve(len(body)), len(body))
+                return body
         reserved = await budget.reserve(size_hint)
         try:
             if in_parts:

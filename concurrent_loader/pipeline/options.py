@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 
-from ..config import SELF_TUNED_CAP
+from ..config import SELF_TUNED_CAP, FetchConfig
 from ..errors import ConfigError, Reason
 from ..fetch.parts import PartsConfig
 
@@ -37,6 +38,13 @@ class PipelineOptions:
     on_error: str = "raise"
     stall_timeout_s: float | None = 300.0
     parts: PartsConfig = field(default_factory=PartsConfig)
+
+    def fetch_config(self, base: FetchConfig) -> FetchConfig:
+        """``base`` (a source's) with ``max_inflight_requests`` pinned when given: the config
+        of this process's fetch client (one client per config and process)."""
+        if self.max_inflight_requests is None:
+            return base
+        return dataclasses.replace(base, max_inflight_requests=self.max_inflight_requests)
 
     def __post_init__(self) -> None:
         if self.stall_timeout_s is not None and not self.stall_timeout_s > 0:

@@ -1,0 +1,156 @@
+"""The main process's head start on the next epoch, for loaders whose workers end with each
+epoch (``persistent_workers=False``; persistent workers have :mod:`.lookahead`).
+
+Each such epoch starts new worker processes, which send their first GETs only once started:
+one round trip, new connections and the first decodes in a row, where a local disk has the
+first files at once. So while an epoch ends, the main process fetches the bodies of the next
+epoch's first batches (those of its predicted plan, see :func:`.lookahead.predict_next_epoch`)
+into memory; the next epoch's workers, forked with them, decode those at once and send
+their own GETs for the batches after, which arrive while they decode.
+
+Guarantees:
+
+- Only bytes move: decoding (the user's transforms and the random numbers they draw) stays
+  in the worker that delivers the sample, as without a head start.
+- Never a wrong sample: a body is kept under the read (key and byte range) it answers, and a
+  worker uses it only for that read; a plan that changed (``set_epoch``, ``load_state_dict``,
+  a sampler changed by the user) leaves the bodies unused, so a missed prediction costs GETs,
+  not samples. A GET that fails here is left to the worker, which reads the object again and
+  reports the error as usual.
+- Bounded: the first ``prefetch_batches`` batches of each worker's share at most, within one
+  process's ``max_inflight_bytes`` (reads of unknown size are left to the workers), through
+  this process's fetch client and its ``max_inflight_requests``.
+- Nothing left running between epochs: the fetch starts a few batches before the epoch's
+  end, holds a runtime lease only until the epoch ends (or is abandoned: ``break``, garbage
+  collection), then GETs still in flight are cancelled and the lease given back: only the
+  bodies that arrived stay, until the next epoch starts.
+- Used only where workers receive it for free: workers started by ``fork`` (they inherit the
+  main process's memory; the main process drops its copy once they are started) or the main
+  process itself (``num_workers=0``). Workers started by ``spawn`` or ``forkserver`` would
+  receive a pickled copy each, after a start-up of about a second that hides the round trip
+  anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from ..config import FetchConfig
+from ..fetch import client_for
+from ..runtime import Runtime, acquire_runtime
+from ..sources import Read, SampleSource
+
+__all__ = ["HeadStart", "Ready"]
+
+log = logging.getLogger(__name__)
+
+#: Bodies fetched ahead, by the read they answer.
+Ready = dict[Read, bytes | bytearray]
+
+
+def reads_of(source: SampleSource, batches: Sequence[Sequence[Any]]) -> list[Read]:
+    """The reads of ``batches``' samples, in order (positions only: other indices go to the
+    dataset's ``__getitem__``)."""
+    reads: list[Read] = []
+    for batch in batches:
+        for index in batch:
+            if type(index) is int:
+                reads.extend(source.reads(index))
+    return reads
+
+
+class HeadStart:
+    """Fetches the reads of ``batches`` (an epoch's first batches) in the background, within
+    ``max_bytes``, through this process's client for ``config`` (the one its own pipeline
+    uses, whose request limit they share), until :meth:`stop`; :meth:`take` hands over what
+    arrived."""
+
+    def __init__(
+        self,
+        source: SampleSource,
+        config: FetchConfig,
+        batches: Sequence[Sequence[Any]],
+        max_bytes: int,
+    ) -> None:
+        self._source = source
+        self._config = config
+        self._batches = batches
+        self._max_bytes = max_bytes
+        self._arrived: Ready = {}
+        self._runtime: Runtime | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._started = False
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        """Start fetching (once; later calls do nothing)."""
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+            reads, budget = [], self._max_bytes
+            for read in dict.fromkeys(reads_of(self._source, self._batches)):
+                if read.size is None or read.size > budget:
+                    continue
+                budget -= read.size
+                reads.append(read)
+            if not reads:
+                return
+            runtime = self._runtime = acquire_runtime()
+            runtime.submit(self._fetch(runtime, reads))
+
+    async def _fetch(self, runtime: Runtime, reads: list[Read]) -> None:
+        self._task = asyncio.current_task()
+        source = self._source
+        client = await client_for(runtime, source.store, self._config)
+
+        async def one(read: Read) -> None:
+            try:
+                self._arrived[read] = await client.get(read.key, read.byte_range)
+            except Exception as exc:  # the worker reads it again and reports it
+                log.debug("head start: %s not fetched ahead (%s)", read.key, type(exc).__name__)
+
+        await asyncio.gather(*(one(read) for read in reads))
+
+    def stop(self) -> None:
+        """Cancel the GETs still in flight and give the runtime back; what arrived stays."""
+        with self._lock:
+            runtime, self._runtime = self._runtime, None
+        if runtime is None:
+            return
+        if runtime.closed:  # closed at the interpreter's exit
+            runtime.release()
+            return
+        if runtime.in_loop_thread():  # a collection on the loop's thread: cannot wait here
+            runtime.call_soon(self._cancel_now)
+            with self._lock:
+                self._runtime = runtime  # released by the next stop() or take()
+            return
+        try:
+            runtime.run(self._cancel())
+        finally:
+            runtime.release()
+
+    def _cancel_now(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _cancel(self) -> None:
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait([task])
+
+    def take(self, batches: Sequence[Sequence[Any]]) -> Ready:
+        """Stop; the bodies that arrived for the reads of ``batches`` (the epoch that starts
+        now: a changed plan finds fewer, or none)."""
+        self.stop()
+        arrived, self._arrived = self._arrived, {}
+        wanted = reads_of(self._source, batches)
+        ready = {read: arrived[read] for read in wanted if read in arrived}
+        log.debug("head start: %d of %d reads fetched ahead", len(ready), len(wanted))
+        return ready
