@@ -17,9 +17,10 @@ Guarantees:
   a sampler changed by the user) leaves the bodies unused, so a missed prediction costs GETs,
   not samples. A GET that fails here is left to the worker, which reads the object again and
   reports the error as usual.
-- Bounded: the first ``prefetch_batches`` batches of each worker's share at most, within one
-  process's ``max_inflight_bytes`` (reads of unknown size are left to the workers), through
-  this process's fetch client and its ``max_inflight_requests``.
+- Bounded: the first ``prefetch_batches`` batches of each worker's share at most, and bodies
+  of one process's ``max_inflight_bytes`` at most (reads whose listed size would pass it are
+  not sent; a body of unlisted size that would is dropped on arrival), through this
+  process's fetch client and its ``max_inflight_requests``.
 - Nothing left running between epochs: the fetch starts a few batches before the epoch's
   end, holds a runtime lease only until the epoch ends (or is abandoned: ``break``, garbage
   collection), then GETs still in flight are cancelled and the lease given back: only the
@@ -81,6 +82,7 @@ class HeadStart:
         self._batches = batches
         self._max_bytes = max_bytes
         self._arrived: Ready = {}
+        self._kept = 0  # bytes of the bodies in _arrived
         self._runtime: Runtime | None = None
         self._task: asyncio.Task[None] | None = None
         self._started = False
@@ -94,9 +96,10 @@ class HeadStart:
             self._started = True
             reads, budget = [], self._max_bytes
             for read in dict.fromkeys(reads_of(self._source, self._batches)):
-                if read.size is None or read.size > budget:
-                    continue
-                budget -= read.size
+                if read.size is not None:
+                    if read.size > budget:
+                        continue
+                    budget -= read.size
                 reads.append(read)
             if not reads:
                 return
@@ -110,9 +113,13 @@ class HeadStart:
 
         async def one(read: Read) -> None:
             try:
-                self._arrived[read] = await client.get(read.key, read.byte_range)
+                body = await client.get(read.key, read.byte_range)
             except Exception as exc:  # the worker reads it again and reports it
                 log.debug("head start: %s not fetched ahead (%s)", read.key, type(exc).__name__)
+                return
+            if self._kept + len(body) <= self._max_bytes:  # sizes not listed: kept by arrival
+                self._kept += len(body)
+                self._arrived[read] = body
 
         await asyncio.gather(*(one(read) for read in reads))
 
@@ -149,7 +156,7 @@ class HeadStart:
         """Stop; the bodies that arrived for the reads of ``batches`` (the epoch that starts
         now: a changed plan finds fewer, or none)."""
         self.stop()
-        arrived, self._arrived = self._arrived, {}
+        arrived, self._arrived, self._kept = self._arrived, {}, 0
         wanted = reads_of(self._source, batches)
         ready = {read: arrived[read] for read in wanted if read in arrived}
         log.debug("head start: %d of %d reads fetched ahead", len(ready), len(wanted))
