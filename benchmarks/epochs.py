@@ -80,6 +80,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         num_workers=spec["workers"],
         persistent_workers=spec["persistent"],
         max_inflight_requests=spec["max_inflight_requests"],
+        head_start=True,  # without persistent workers: the next epoch's first batches ahead
     )
     epochs = []
     for _ in range(spec["epochs"]):

@@ -267,9 +267,7 @@ def _sweep(
                 for n in [*inflight, None]:
                     fetch_config = dataclasses.replace(config, max_inflight_requests=n)
                     run = bench.epoch(fetch_config, proxy=proxy)
-                    rates.setdefault(AUTO if n is None else str(n), []).append(
-                        run["samples_per_s"]
-                    )
+                    rates.setdefault(AUTO if n is None else str(n), []).append(run["samples_per_s"])
                     proxy.reset_stats()
         row: dict[str, Any] = {name: statistics.median(v) for name, v in rates.items()}
         row["rounds"] = rates
@@ -434,9 +432,7 @@ def format_report(report: dict[str, Any]) -> str:
         )
     if "sweep" in report:
         table = report["sweep"]
-        names = [
-            k for k in next(iter(table.values())) if k not in ("auto / best fixed", "rounds")
-        ]
+        names = [k for k in next(iter(table.values())) if k not in ("auto / best fixed", "rounds")]
         lines.append(
             "samples/s by max_inflight_requests (auto: self-tuned) and first-byte latency"
             " (median of each setting's rounds)"

@@ -121,12 +121,14 @@ class ConcurrentDataLoader(DataLoader[T_co]):
     - ``parts``: how a read larger than its part size is split into ranged GETs in flight
       (:class:`~concurrent_loader.fetch.PartsConfig`: ``part_size`` 8 MiB,
       ``parts_in_flight`` 8), for stores that serve byte ranges;
-    - ``prefetch_next_epoch``: fetch the next epoch's first batches while an epoch ends, when
-      its plan can be predicted (default True): persistent workers fetch them in their
-      pipelines (:mod:`.lookahead`); otherwise the main process fetches their bodies for
-      the next epoch's new workers (:mod:`.headstart`: ``fork`` workers or
-      ``num_workers=0``). What a changed plan leaves unused is dropped, never delivered; after
-      the last epoch, that costs one prefetch window of GETs.
+    - ``prefetch_next_epoch``: persistent workers fetch the next epoch's first batches while an
+      epoch ends, when its plan can be predicted (default True; :mod:`.lookahead`). What a
+      changed plan leaves unused is dropped, never delivered; after the last epoch, that
+      costs one prefetch window of GETs;
+    - ``head_start``: without persistent workers, the main process fetches the bodies of the
+      next epoch's first batches while an epoch ends, for the next epoch's new workers
+      (:mod:`.headstart`: ``fork`` workers or ``num_workers=0``; default False: it moves
+      those GETs into the epoch before, and ``stats()`` does not count them).
 
     ``len(loader)`` is the number of batches. An ``IterableDataset`` is loaded as a stock
     DataLoader loads it (none of the options above apply to it).
@@ -164,6 +166,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         stall_timeout_s: float | None = 300.0,
         parts: PartsConfig | None = None,
         prefetch_next_epoch: bool = True,
+        head_start: bool = False,
     ) -> None:
         if isinstance(max_skipped, float) and not 0 <= max_skipped < 1:
             raise ConfigError(
@@ -222,6 +225,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         self.log_every_s = log_every_s
         self.stall_timeout_s = stall_timeout_s
         self.prefetch_next_epoch = prefetch_next_epoch
+        self.head_start = head_start
         self.options = options
         self.skipped: list[SkippedSample] = []
 
@@ -371,7 +375,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         if self.persistent_workers:
             if not self.in_order:
                 return []
-        elif not self._head_starts(source):
+        elif not (self.head_start and self._head_starts(source)):
             return []
         sampler = self._epoch_sampler()  # the next epoch's: the epoch number is counted
         predicted = predict_next_epoch(

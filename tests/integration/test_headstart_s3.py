@@ -42,6 +42,7 @@ def test_new_workers_start_from_the_bodies_fetched_ahead(image_dataset, s3_env, 
         multiprocessing_context=context,
         generator=torch.Generator().manual_seed(3),
         prefetch_batches=2,
+        head_start=True,
     )
     want = stock_order(len(ds), 3, 2)
     requests = []

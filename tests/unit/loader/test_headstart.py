@@ -37,7 +37,7 @@ def make_loader(helpers, store: MemoryConfig, seed: int, **kwargs) -> Concurrent
         generator=torch.Generator().manual_seed(seed),
         collate_fn=list,
         prefetch_batches=PREFETCH,
-        **kwargs,
+        **{"head_start": True, **kwargs},
     )
 
 
@@ -85,7 +85,7 @@ def test_a_changed_plan_gets_exactly_its_own_samples(helpers):
 
 def test_turned_off_nothing_is_fetched_ahead(helpers):
     store = MemoryConfig(helpers.numbered_objects(COUNT), script=helpers.jitter(5, 0.002))
-    loader = make_loader(helpers, store, seed=7, prefetch_next_epoch=False)
+    loader = make_loader(helpers, store, seed=7, head_start=False)
     slowly(loader)
     assert store.stats.gets == Counter(helpers.key_for(i) for i in range(COUNT))
 
