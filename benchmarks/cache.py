@@ -56,8 +56,6 @@ def _epoch(dataset: Any, workers: int, seed: int, want: collections.Counter[int]
         shuffle=True,
         num_workers=workers,
         generator=torch.Generator().manual_seed(seed),
-        # Each epoch's GETs are counted as the cache's: none fetched ahead for the next.
-        prefetch_next_epoch=False,
     )
     got: collections.Counter[int] = collections.Counter()
     started = time.perf_counter()

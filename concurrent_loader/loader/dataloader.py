@@ -370,10 +370,10 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         :mod:`.lookahead`) or for the main process's head start on the next epoch's new
         workers (:mod:`.headstart`); empty when neither applies or it cannot be predicted."""
         source = source_of(self.dataset)
-        if source is None or not self.prefetch_next_epoch:
+        if source is None:
             return []
         if self.persistent_workers:
-            if not self.in_order:
+            if not (self.prefetch_next_epoch and self.in_order):
                 return []
         elif not (self.head_start and self._head_starts(source)):
             return []

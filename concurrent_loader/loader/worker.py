@@ -96,7 +96,8 @@ def _lookahead() -> Lookahead:
 class PlannedBatches(IterableDataset[Any]):
     """Worker ``w`` of ``W`` yields its batches of the plan, collated, in order: batches
     ``w, w+W, ...`` (a fixed share), or, given ``claims`` (a lock), the batches it claims.
-    In the main process (no workers) it yields every batch."""
+    In the main process (no workers) it yields every batch. Given ``ready`` (bodies the main
+    process fetched ahead, :mod:`.headstart`), its pipeline reads those reads from memory."""
 
     def __init__(
         self,

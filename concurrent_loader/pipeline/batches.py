@@ -318,6 +318,11 @@ class BatchPipeline:
         """One read within the byte budget; its bytes stay held until released."""
         budget, client = self._budget, self._client
         assert budget is not None and client is not None
+        if self._ready:
+            body = self._ready.pop(read, None)
+            if body is not None:
+                budget.settle(await budget.reserve(len(body)), len(body))
+                return body
         # A large read goes as ranged GETs in flight, so one object can fill the link; the
         # parts in flight hold their bytes until copied into place, so they are reserved too.
         # (Except a whole object a cache wants in one read: it fills its entry from that.)
@@ -333,11 +338,6 @@ class BatchPipeline:
             )
         )
         size_hint = self._parts.reservation(expected) if in_parts and expected else read.size
-        if self._ready:
-            body = self._ready.pop(read, None)
-            if body is not None:
-                budget.settle(await budget.reserve(len(body)), len(body))
-                return body
         reserved = await budget.reserve(size_hint)
         try:
             if in_parts:

@@ -30,12 +30,7 @@ def read_all(ds: ObjectDataset, *, runtime_closed: bool = True) -> dict[str, byt
     if runtime_closed:  # else its executor's thread waits, idle: nothing to join
         join_executor_threads()
     loader = ConcurrentDataLoader(
-        ds,
-        batch_size=3,
-        shuffle=True,
-        num_workers=2,
-        generator=torch.Generator().manual_seed(2),
-        prefetch_next_epoch=False,  # the tests count one epoch's requests and connections
+        ds, batch_size=3, shuffle=True, num_workers=2, generator=torch.Generator().manual_seed(2)
     )
     got = [body for batch in loader for body in batch]
     assert len(got) == len(ds)

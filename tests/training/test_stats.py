@@ -57,11 +57,7 @@ def check_shape(stats: dict) -> None:
 def test_counts_match_what_the_server_saw(image_dataset, s3_env, proxy_factory, num_workers):
     proxy = proxy_factory()  # no faults: every object is fetched exactly once
     ds = hashed_dataset(image_dataset, endpoint_url=proxy.endpoint_url)
-    # Counts each epoch's GETs against the proxy's: none fetched ahead for the next epoch
-    # (the main process's head start is not in loader.stats()).
-    loader = ConcurrentDataLoader(
-        ds, batch_size=5, num_workers=num_workers, prefetch_next_epoch=False
-    )
+    loader = ConcurrentDataLoader(ds, batch_size=5, num_workers=num_workers)
     before = loader.stats()
     assert before["requests"] == before["bytes"] == before["batches"] == 0
     proxy.reset_stats()

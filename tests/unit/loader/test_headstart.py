@@ -30,6 +30,7 @@ def stock_epochs(seed: int, epochs: int, reseed_before: int | None = None) -> li
 
 
 def make_loader(helpers, store: MemoryConfig, seed: int, **kwargs) -> ConcurrentDataLoader:
+    kwargs.setdefault("head_start", True)
     return ConcurrentDataLoader(
         ObjectDataset(store, decode=helpers.index_of, fetch_config=helpers.unhedged()),
         batch_size=BATCH,
@@ -37,7 +38,7 @@ def make_loader(helpers, store: MemoryConfig, seed: int, **kwargs) -> Concurrent
         generator=torch.Generator().manual_seed(seed),
         collate_fn=list,
         prefetch_batches=PREFETCH,
-        **{"head_start": True, **kwargs},
+        **kwargs,
     )
 
 

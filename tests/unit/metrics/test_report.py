@@ -45,7 +45,6 @@ def test_stats_of_a_finished_run_match_the_store(helpers):
         collate_fn=list,
         on_error="skip",
         max_skipped=1,
-        prefetch_next_epoch=False,  # counts one epoch's GETs: none fetched ahead
     )
     assert len(list(loader)) == 8
     stats = loader.stats()
@@ -67,7 +66,7 @@ def test_stats_of_a_finished_run_match_the_store(helpers):
 def test_counts_go_on_across_epochs(helpers):
     store = MemoryConfig(helpers.numbered_objects(10))
     dataset = ObjectDataset(store, decode=helpers.index_of, fetch_config=helpers.unhedged())
-    loader = ConcurrentDataLoader(dataset, batch_size=5, prefetch_next_epoch=False)
+    loader = ConcurrentDataLoader(dataset, batch_size=5)
     list(loader)
     list(loader)
     stats = loader.stats()
