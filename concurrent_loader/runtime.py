@@ -138,6 +138,10 @@ class _ForkGate:
             self._forking = False
             self._cond.notify_all()
 
+    @property
+    def forking(self) -> bool:
+        return self._forking  # read without the lock: a hint, checked between jobs
+
 
 class _GatedExecutor(concurrent.futures.ThreadPoolExecutor):
     """The loop's default executor (``run_in_executor``, ``asyncio.to_thread``): every job
@@ -171,6 +175,11 @@ class GatedThreadPool(concurrent.futures.ThreadPoolExecutor):
         self, fn: Callable[..., T], /, *args: Any, **kwargs: Any
     ) -> concurrent.futures.Future[T]:
         return super().submit(self._gate.job, fn, *args, **kwargs)
+
+    def forking(self) -> bool:
+        """Whether this process is about to fork: a long job should end (and resubmit its
+        rest) so that the fork need not wait for it."""
+        return self._gate.forking
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         try:

@@ -119,7 +119,6 @@ class BatchPipeline:
         self._budget: ByteBudget | None = None
         self._blocking: BlockingStore | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        self._decodes = DecodeQueue()
         info = get_worker_info()
         self._watch = StallWatch(
             options.stall_timeout_s,
@@ -152,6 +151,7 @@ class BatchPipeline:
                 )
         # Gated: a fork of this process (another loader's workers) waits for running jobs.
         self._pool = GatedThreadPool(threads, f"concurrent-loader-{self._mode}")
+        self._decodes = DecodeQueue(self._pool.submit, threads, self._pool.forking)
 
     # ------------------------------------------------------------------ consumer side
 
@@ -308,11 +308,12 @@ class BatchPipeline:
         pieces = [(part.tag, part.of(body)) for part in merged.parts]
         # Each sample's bytes are held until it is decoded; the gaps between them are not.
         self._release(len(body) - sum(len(piece) for _, piece in pieces))
-        for (position, index), piece in pieces:
-            try:
-                self._pool.submit(self._decode, slot, position, index, [piece], len(piece))
-            except RuntimeError:  # the pool is shut down: we are closing
-                self._release(len(piece))
+        try:
+            for (position, index), piece in pieces:
+                decode = functools.partial(self._decode, slot, position, index, [piece], len(piece))
+                self._decodes.put(slot, position, len(piece), decode)
+        except RuntimeError:  # the pool is shut down: we are closing
+            self._release(self._decodes.drop_all())
 
     async def _read(self, read: Read) -> bytes | bytearray:
         """One read within the byte budget; its bytes stay held until released."""
@@ -372,9 +373,8 @@ class BatchPipeline:
         size = sum(len(body) for body in bodies)
         # Decoded earliest batch first, not in GET completion order (see DecodeQueue).
         decode = functools.partial(self._decode, slot, position, index, bodies, size)
-        self._decodes.put(slot, position, size, decode)
         try:
-            self._pool.submit(self._decodes.run_first)
+            self._decodes.put(slot, position, size, decode)
         except RuntimeError:  # the pool is shut down: we are closing
             self._release(self._decodes.drop_all())
 
@@ -475,6 +475,8 @@ class BatchPipeline:
                     runtime.submit(self._cancel_tasks()).result(timeout=CLOSE_TIMEOUT_S)
                 except concurrent.futures.TimeoutError:
                     log.warning("the event loop did not cancel this pipeline's GETs in time")
+            # Samples fetched but not decoded yet are dropped, not drained by a pool job.
+            self._release(self._decodes.drop_all())
             # After a stall a pool thread may be stuck in user code for good: joining it
             # would turn a clear error into the very hang it reports.
             self._pool.shutdown(wait=not self._stalled, cancel_futures=True)

@@ -133,26 +133,64 @@ class DecodeQueue:
 
     GETs of several batches complete interleaved; decoded in that order, the batch the
     consumer waits for (the first one of an epoch, say) would finish only when the decode
-    threads had also worked through the samples of the batches after it. Each decode job
-    (one per sample put) runs the most urgent sample waiting, not necessarily its own.
+    threads had also worked through the samples of the batches after it.
+
+    A pool job drains the queue, most urgent sample first, until it is empty; a sample put
+    starts a new job only while fewer than ``max_jobs`` run. With the decode threads busy
+    (the usual case) a fetched sample is one heap push: no pool job, no thread woken. The
+    invariant, under the lock: ``running <= max_jobs``, and a non-empty queue has a job
+    running that will take from it. A job gives way between samples while its process
+    forks (``yield_to_fork``), so a fork waits for one decode, not for the queue.
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        submit: Callable[[Callable[[], None]], object],
+        max_jobs: int,
+        yield_to_fork: Callable[[], bool] = lambda: False,
+    ) -> None:
+        if max_jobs < 1:
+            raise ValueError("max_jobs must be >= 1")
         self._heap: list[tuple[int, int, int, int, Callable[[], None]]] = []
         self._lock = threading.Lock()
         self._order = itertools.count()
+        self._submit = submit
+        self._max_jobs = max_jobs
+        self._yield_to_fork = yield_to_fork
+        self.running = 0
 
     def put(self, slot: Slot, position: int, size: int, decode: Callable[[], None]) -> None:
+        """Queue one sample's decode; raises ``RuntimeError`` if the pool is shut down."""
         with self._lock:
             heapq.heappush(self._heap, (slot.number, position, next(self._order), size, decode))
+            if self.running >= self._max_jobs:
+                return
+            self.running += 1
+        try:
+            self._submit(self._drain)
+        except BaseException:
+            with self._lock:
+                self.running -= 1
+            raise
 
-    def run_first(self) -> None:
-        """Decode the most urgent sample waiting (a pool job: one per :meth:`put`)."""
-        with self._lock:
-            if not self._heap:
-                return  # dropped at close
-            decode = heapq.heappop(self._heap)[-1]
-        decode()
+    def _drain(self) -> None:
+        """A pool job: decode the most urgent sample waiting until none is left."""
+        while True:
+            with self._lock:
+                if not self._heap:
+                    self.running -= 1
+                    return
+                if self._yield_to_fork():
+                    break
+                decode = heapq.heappop(self._heap)[-1]
+            decode()
+        # A fork is waiting for this job to end: a new one (waiting at the pool's gate)
+        # takes over the queue, keeping the count of jobs running.
+        try:
+            self._submit(self._drain)
+        except RuntimeError:  # the pool is shut down: we are closing
+            with self._lock:
+                self.running -= 1
 
     def drop_all(self) -> int:
         """Forget every sample waiting (no job will run them); their bytes in all."""

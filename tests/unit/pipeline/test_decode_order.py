@@ -7,24 +7,94 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
 from concurrent_loader import ObjectDataset
 from concurrent_loader.pipeline import BatchPipeline, PipelineOptions
 from concurrent_loader.pipeline.slot import DecodeQueue, Slot
 from concurrent_loader.stores import MemoryConfig
 
 
+class Jobs:
+    """A pool stand-in that runs nothing until told, and can say it is forking."""
+
+    def __init__(self) -> None:
+        self.queued: list[Any] = []
+        self.forking = False
+        self.shut = False
+
+    def submit(self, job: Any) -> None:
+        if self.shut:
+            raise RuntimeError("cannot schedule new futures after shutdown")
+        self.queued.append(job)
+
+    def run_one(self) -> None:
+        self.queued.pop(0)()
+
+
 def test_the_queue_runs_the_earliest_batch_first():
-    queue = DecodeQueue()
+    jobs = Jobs()
     ran: list[tuple[int, int]] = []
+
+    def decode(number: int, position: int) -> None:
+        ran.append((number, position))
+        if len(ran) == 3:
+            assert queue.drop_all() == 20  # the bytes of the two not decoded yet
+
+    queue = DecodeQueue(jobs.submit, max_jobs=1)
     slots = [Slot([0, 1, 2, 3], list, number) for number in range(3)]
     for number, position in [(2, 0), (0, 3), (1, 1), (0, 1), (1, 0)]:
-        queue.put(slots[number], position, 10, lambda n=number, p=position: ran.append((n, p)))
-    for _ in range(3):
-        queue.run_first()
+        queue.put(slots[number], position, 10, lambda n=number, p=position: decode(n, p))
+    assert len(jobs.queued) == 1  # one job drains them all
+    jobs.run_one()
     assert ran == [(0, 1), (0, 3), (1, 0)]
-    assert queue.drop_all() == 20  # the bytes of the two left
-    queue.run_first()  # a job whose sample was dropped does nothing
-    assert len(ran) == 3
+    assert queue.running == 0 and not jobs.queued
+
+
+def test_a_sample_put_starts_a_job_only_below_the_limit():
+    jobs = Jobs()
+    queue = DecodeQueue(jobs.submit, max_jobs=2)
+    slot = Slot([0, 1, 2, 3], list, 0)
+    ran: list[int] = []
+    for position in range(4):
+        queue.put(slot, position, 1, lambda p=position: ran.append(p))
+    assert len(jobs.queued) == 2 and queue.running == 2
+    jobs.run_one()  # drains all four
+    assert ran == [0, 1, 2, 3]
+    jobs.run_one()  # finds the queue empty and ends
+    assert queue.running == 0
+    queue.put(slot, 0, 1, lambda: ran.append(9))  # a new job again
+    assert len(jobs.queued) == 1 and queue.running == 1
+
+
+def test_a_job_gives_way_to_a_fork_between_samples():
+    jobs = Jobs()
+    queue = DecodeQueue(jobs.submit, max_jobs=1, yield_to_fork=lambda: jobs.forking)
+    slot = Slot([0, 1, 2], list, 0)
+    ran: list[int] = []
+
+    def decode(position: int) -> None:
+        ran.append(position)
+        jobs.forking = position == 0  # a fork starts while the first sample decodes
+
+    for position in range(3):
+        queue.put(slot, position, 1, lambda p=position: decode(p))
+    jobs.run_one()
+    assert ran == [0]  # the job ended after one sample...
+    assert len(jobs.queued) == 1 and queue.running == 1  # ...and handed the rest on
+    jobs.forking = False
+    jobs.run_one()
+    assert ran == [0, 1, 2] and queue.running == 0
+
+
+def test_a_shut_pool_leaves_no_job_counted():
+    jobs = Jobs()
+    jobs.shut = True
+    queue = DecodeQueue(jobs.submit, max_jobs=1)
+    with pytest.raises(RuntimeError):
+        queue.put(Slot([0], list, 0), 0, 5, lambda: None)
+    assert queue.running == 0
+    assert queue.drop_all() == 5
 
 
 def test_a_later_batch_s_samples_do_not_delay_the_first_batch(helpers):
