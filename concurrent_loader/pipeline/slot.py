@@ -175,17 +175,24 @@ class DecodeQueue:
 
     def _drain(self) -> None:
         """A pool job: decode the most urgent sample waiting until none is left."""
-        while True:
-            with self._lock:
-                if not self._heap:
-                    self.running -= 1
-                    return
-                if self._yield_to_fork():
-                    break
-                decode = heapq.heappop(self._heap)[-1]
-            decode()
-        # A fork is waiting for this job to end: a new one (waiting at the pool's gate)
-        # takes over the queue, keeping the count of jobs running.
+        try:
+            while True:
+                with self._lock:
+                    if not self._heap:
+                        self.running -= 1
+                        return
+                    if self._yield_to_fork():
+                        break
+                    decode = heapq.heappop(self._heap)[-1]
+                decode()
+        except BaseException:
+            self._hand_on()  # the samples behind the one that raised are still decoded
+            raise
+        self._hand_on()  # a fork waits for this job to end
+
+    def _hand_on(self) -> None:
+        """This job ends with samples perhaps left: a new one (waiting at the pool's gate
+        while the process forks) takes over the queue, keeping the count of jobs."""
         try:
             self._submit(self._drain)
         except RuntimeError:  # the pool is shut down: we are closing

@@ -87,6 +87,24 @@ def test_a_job_gives_way_to_a_fork_between_samples():
     assert ran == [0, 1, 2] and queue.running == 0
 
 
+def test_a_decode_that_raises_hands_the_rest_on():
+    jobs = Jobs()
+    queue = DecodeQueue(jobs.submit, max_jobs=1)
+    slot = Slot([0, 1], list, 0)
+    ran: list[int] = []
+
+    def boom() -> None:
+        raise RuntimeError("decode failed outside the pipeline's own handling")
+
+    queue.put(slot, 0, 1, boom)
+    queue.put(slot, 1, 1, lambda: ran.append(1))
+    with pytest.raises(RuntimeError, match="decode failed"):
+        jobs.run_one()
+    assert len(jobs.queued) == 1 and queue.running == 1
+    jobs.run_one()
+    assert ran == [1] and queue.running == 0
+
+
 def test_a_shut_pool_leaves_no_job_counted():
     jobs = Jobs()
     jobs.shut = True
