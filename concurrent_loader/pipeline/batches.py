@@ -308,12 +308,12 @@ class BatchPipeline:
         pieces = [(part.tag, part.of(body)) for part in merged.parts]
         # Each sample's bytes are held until it is decoded; the gaps between them are not.
         self._release(len(body) - sum(len(piece) for _, piece in pieces))
-        try:
-            for (position, index), piece in pieces:
-                decode = functools.partial(self._decode, slot, position, index, [piece], len(piece))
+        for (position, index), piece in pieces:
+            decode = functools.partial(self._decode, slot, position, index, [piece], len(piece))
+            try:
                 self._decodes.put(slot, position, len(piece), decode)
-        except RuntimeError:  # the pool is shut down: we are closing
-            self._release(self._decodes.drop_all())
+            except RuntimeError:  # the pool is shut down: we are closing
+                self._release(self._decodes.drop_all())
 
     async def _read(self, read: Read) -> bytes | bytearray:
         """One read within the byte budget; its bytes stay held until released."""

@@ -81,6 +81,23 @@ def fetched_once_and_ahead(
     assert not beyond, f"GETs beyond the plan and the next epoch's first batches: {beyond}"
 
 
+def shuffled_loader(store: Any, batch_size: int, seed: int, **kwargs: Any) -> Any:
+    """A ``ConcurrentDataLoader`` over ``store``'s numbered objects, unhedged, shuffled by a
+    generator seeded with ``seed``; each batch is the list of its samples' indices."""
+    import torch
+
+    from concurrent_loader import ConcurrentDataLoader, ObjectDataset
+
+    return ConcurrentDataLoader(
+        ObjectDataset(store, decode=index_of, fetch_config=unhedged()),
+        batch_size=batch_size,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(seed),
+        collate_fn=list,
+        **kwargs,
+    )
+
+
 def loader_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("concurrent-loader")]
 
@@ -97,6 +114,7 @@ class Helpers:
     unhedged = staticmethod(unhedged)
     loader_threads = staticmethod(loader_threads)
     fetched_once_and_ahead = staticmethod(fetched_once_and_ahead)
+    shuffled_loader = staticmethod(shuffled_loader)
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from collections import Counter
 import torch
 from torch.utils.data import DataLoader
 
-from concurrent_loader import ConcurrentDataLoader, ObjectDataset
+from concurrent_loader import ConcurrentDataLoader
 from concurrent_loader.stores import MemoryConfig
 
 COUNT, BATCH, PREFETCH = 40, 4, 2
@@ -31,15 +31,7 @@ def stock_epochs(seed: int, epochs: int, reseed_before: int | None = None) -> li
 
 def make_loader(helpers, store: MemoryConfig, seed: int, **kwargs) -> ConcurrentDataLoader:
     kwargs.setdefault("head_start", True)
-    return ConcurrentDataLoader(
-        ObjectDataset(store, decode=helpers.index_of, fetch_config=helpers.unhedged()),
-        batch_size=BATCH,
-        shuffle=True,
-        generator=torch.Generator().manual_seed(seed),
-        collate_fn=list,
-        prefetch_batches=PREFETCH,
-        **kwargs,
-    )
+    return helpers.shuffled_loader(store, BATCH, seed, prefetch_batches=PREFETCH, **kwargs)
 
 
 def slowly(loader: ConcurrentDataLoader) -> list[list[int]]:

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils.data import RandomSampler
 
-from concurrent_loader import ConcurrentDataLoader, ObjectDataset
+from concurrent_loader import ConcurrentDataLoader
 from concurrent_loader.errors import ConfigError
 from concurrent_loader.loader.state import (
     STATE_VERSION,
@@ -114,15 +114,7 @@ def make_loader(helpers, seed: int, store: MemoryConfig | None = None) -> Concur
     store = store or MemoryConfig(
         helpers.numbered_objects(COUNT), script=helpers.jitter(seed, 0.002)
     )
-    return ConcurrentDataLoader(
-        ObjectDataset(store, decode=helpers.index_of, fetch_config=helpers.unhedged()),
-        batch_size=BATCH,
-        shuffle=True,
-        generator=torch.Generator().manual_seed(seed),
-        collate_fn=list,
-        num_workers=0,
-        max_inflight_requests=8,
-    )
+    return helpers.shuffled_loader(store, BATCH, seed, num_workers=0, max_inflight_requests=8)
 
 
 @pytest.fixture
