@@ -31,6 +31,12 @@ accounting, so:
   cancelled), because the first GET has outlasted the delay and the hedge's whole life,
   so it is most likely stalled: the retry layer sends a fresh attempt after its backoff,
   rather than waiting for the stall to end or for ``Timeouts.read``;
+- a GET runs in its caller's task: only a late one gets a race, a task of its own that
+  sends its hedge and waits for the first of the two (until then, one timer per layer
+  watches every GET not late yet, oldest first). Most GETs answer within the delay, and a
+  task and a race around each one cost more CPU than the rest of the fetch client's
+  layers. To cancel the GET in the caller's task, the race cancels that task, which tells
+  this cancellation from its own caller's (``Task.uncancel``, as ``asyncio.timeout`` does);
 - the attempt is one object to the layers above: one response reported, one deadline, and,
   in the pipeline, one byte reservation (made before the client is called). The loser's
   body, bounded like every body by ``max_object_bytes`` (the store refuses a larger one
@@ -46,7 +52,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from ..config import HedgeConfig
@@ -86,12 +92,13 @@ class HedgeDelay:
     the estimate as it changes (:meth:`changed`), so the GETs sent first, before any
     latency was known, are not left with ``max_delay``."""
 
-    def __init__(self, config: HedgeConfig) -> None:
+    def __init__(self, config: HedgeConfig, on_change: Callable[[], None] | None = None) -> None:
         self.config = config
         self._latencies: deque[float] = deque(maxlen=WINDOW)
         self._stale = 0
         self._delay = config.max_delay
         self._changed: asyncio.Future[None] | None = None
+        self._on_change = on_change
 
     def changed(self) -> asyncio.Future[None]:
         """A future done when the delay next changes (on the running loop)."""
@@ -113,6 +120,8 @@ class HedgeDelay:
             delay = min(self.config.max_delay, max(self.config.min_delay, estimate))
             if delay != self._delay:
                 self._delay = delay
+                if self._on_change is not None:
+                    self._on_change()
                 changed, self._changed = self._changed, None
                 if (
                     changed is not None
@@ -163,26 +172,64 @@ class _Attempt:
 
 
 class _Race:
-    """The GETs of one attempt, oldest first, and what is known of them."""
+    """One attempt and what is known of it.
 
-    def __init__(self) -> None:
-        self.gets: list[asyncio.Task[Body]] = []
+    Until its GET is late, an attempt is only this record: the GET runs in the caller's own
+    task (``owner``), with no task or timer of its own. Once late, a task of its own
+    (``racer``, :meth:`HedgeLayer._race`) runs the race: ``gets`` holds the GET's outcome
+    as a future (``gets[0]``, completed by the owner) and each hedge as a task, oldest
+    first. Cancelling that future (:meth:`cancel`) cancels the GET running in the owner."""
+
+    __slots__ = (
+        "context",
+        "error",
+        "first_started",
+        "gets",
+        "granted",
+        "interrupted",
+        "owner",
+        "owner_cancelling",
+        "racer",
+        "request",
+        "retry_at",
+        "settled",
+        "started",
+    )
+
+    def __init__(
+        self,
+        request: Request,
+        owner: asyncio.Task[Any],
+        started: float,
+        context: contextvars.Context,
+    ) -> None:
+        self.request = request
+        self.owner: asyncio.Task[Any] | None = owner  # None once its GET has answered
+        self.owner_cancelling = owner.cancelling()
+        self.context = context  # the caller's, with the attempt set: the racer runs in it
+        self.first_started = started
+        self.racer: asyncio.Task[Body] | None = None
+        self.interrupted = False  # the race cancelled the GET running in the owner
+        self.gets: list[asyncio.Future[Body]] = []
         self.started: list[float] = []
-        self._attempt = _Attempt()
-        self.settled: set[asyncio.Task[Body]] = set()
+        self.settled: set[asyncio.Future[Body]] = set()
         self.error: BaseException | None = None  # the primary's transient failure
         self.retry_at = 0.0  # no hedge before this (none could be sent at the last try)
         self.granted = False  # its turn to hedge came (see HedgeLayer._turn)
 
     def start(self, get: Coroutine[Any, Any, Body], loop: asyncio.AbstractEventLoop) -> None:
         """Run ``get`` as the attempt's next GET, in a context that names the attempt (the
-        task copies the caller's context, with the attempt set for that moment)."""
-        token = hedged_attempt.set(self._attempt)
-        try:
-            self.gets.append(loop.create_task(get))
-        finally:
-            hedged_attempt.reset(token)
+        task copies the racer's context, which has the attempt set)."""
+        self.gets.append(loop.create_task(get))
         self.started.append(loop.time())
+
+    def cancel(self, get: asyncio.Future[Body]) -> None:
+        """Cancel one of ``gets``; the first is the GET in the owner's task, cancelled
+        there (the owner tells this cancellation from its caller's, see
+        :meth:`HedgeLayer._join`)."""
+        if get.cancel() and get is self.gets[0] and self.owner is not None:
+            self.interrupted = True
+            self.owner.cancel()
 
     @property
     def youngest_started(self) -> float:
@@ -226,10 +273,16 @@ class HedgeLayer:
     def __init__(self, inner: Getter, limit: AdaptiveLimit, config: HedgeConfig) -> None:
         self.inner = inner
         self.limit = limit
-        self.delay = HedgeDelay(config)
+        self.delay = HedgeDelay(config, on_change=self._rewatch)
         self.budget = HedgeBudget(config.budget)
         self.sent = 0
         self.won = 0
+        # Attempts whose GET is not late yet, in the order they were sent (so in the order
+        # they come due), answered ones left in place until they reach the head; one timer
+        # (``_watch_timer``) wakes :meth:`_look` when the oldest comes due.
+        self._unanswered: deque[_Race] = deque()
+        self._watch_timer: asyncio.TimerHandle | None = None
+        self._watch_loop: asyncio.AbstractEventLoop | None = None
         # Attempts due for a hedge that wait their turn, each with the future that wakes
         # it; the next turn is not before ``_next_turn``, and ``_turn_timer`` gives it.
         self._waiting: dict[_Race, asyncio.Future[None]] = {}
@@ -240,12 +293,125 @@ class HedgeLayer:
     async def get(self, request: Request) -> Body:
         self.budget.earn()
         loop = asyncio.get_running_loop()
-        if self.limit.storming:  # no hedge: no task, no timer
+        if self.limit.storming:  # no hedge: nothing to watch
             return await self._timed(request, loop)
-        race = _Race()
-        race.start(self._timed(request, loop), loop)
+        # The GET runs here, in the caller's task: most GETs answer within the delay, and
+        # a task per GET to race it against a hedge that is never sent costs more CPU than
+        # the rest of this layer. A late GET gets its race (:meth:`_look`).
+        owner = asyncio.current_task()
+        assert owner is not None  # a coroutine awaited on a running loop
+        attempt = _Attempt()
+        token = hedged_attempt.set(attempt)
+        race = _Race(request, owner, loop.time(), contextvars.copy_context())
+        self._watch(race, loop)
+        error: BaseException | None = None
+        try:
+            body = await self._timed(request, loop)
+        except BaseException as exc:  # the race, if any, decides what it means
+            error = exc
+        finally:
+            hedged_attempt.reset(token)
+            race.owner = None  # answered: the race cannot cancel it any more
+        if race.racer is None:  # never late: the common case
+            if error is not None:
+                try:
+                    raise error
+                finally:
+                    error = None  # no cycle through this frame's traceback
+            return body
+        return await self._join(race, error, None if error is not None else body)
+
+    async def _join(self, race: _Race, error: BaseException | None, body: Body | None) -> Body:
+        """The owner's GET of a late attempt ended (``error`` or ``body``): hand its outcome
+        to the race and return the race's, unless the caller itself was cancelled."""
+        racer = race.racer
+        assert racer is not None
+        owner = asyncio.current_task()
+        assert owner is not None
+        if race.interrupted:
+            owner.uncancel()  # the race's own cancellation of the GET, not the caller's
+        if isinstance(error, asyncio.CancelledError) and (
+            not race.interrupted or owner.cancelling() > race.owner_cancelling
+        ):
+            # The caller was cancelled (or the attempt's deadline passed): so is the race,
+            # awaited so that its hedge's slot is free when the attempt ends.
+            racer.cancel()
+            await asyncio.wait([racer])
+            if not racer.cancelled():
+                racer.exception()  # retrieved: the attempt's outcome is the cancellation
+            try:
+                raise error
+            finally:
+                error = None  # no cycle through this frame's traceback
+        primary = race.gets[0]
+        if not primary.done():
+            if error is not None:
+                primary.set_exception(error)
+            else:
+                assert body is not None
+                primary.set_result(body)
+        return await racer
+
+    # -- watching: one timer for every GET not late yet ------------------------------------
+
+    def _watch(self, race: _Race, loop: asyncio.AbstractEventLoop) -> None:
+        """Watch ``race``'s GET until it answers or comes due (a timer left on another loop,
+        one that ended, is dropped with the attempts it watched)."""
+        unanswered = self._unanswered
+        if self._watch_loop is not loop:
+            if self._watch_timer is not None:
+                self._watch_timer.cancel()
+                self._watch_timer = None
+            unanswered.clear()
+            self._watch_loop = loop
+        while unanswered and unanswered[0].owner is None:
+            unanswered.popleft()  # answered: forgotten, so the deque stays short
+        unanswered.append(race)
+        if self._watch_timer is None:
+            self._watch_timer = loop.call_at(race.first_started + self.delay.seconds, self._look)
+
+    def _look(self) -> None:
+        """The oldest watched GET may be due: each one that is, still unanswered, gets its
+        race; the timer is set again for the next one."""
+        self._watch_timer = None
+        loop = self._watch_loop
+        assert loop is not None
+        now = loop.time()
+        delay = self.delay.seconds
+        unanswered = self._unanswered
+        while unanswered:
+            race = unanswered[0]
+            if race.owner is not None:
+                due = race.first_started + delay
+                if due > now:
+                    self._watch_timer = loop.call_at(due, self._look)
+                    return
+                race.gets.append(loop.create_future())
+                race.started.append(race.first_started)
+                race.racer = loop.create_task(self._race(race, loop), context=race.context)
+            unanswered.popleft()
+
+    def _rewatch(self) -> None:
+        """The delay changed: the watched GETs come due at other times."""
+        timer, loop = self._watch_timer, self._watch_loop
+        if timer is None or loop is None:
+            return
+        timer.cancel()
+        if loop.is_closed():  # its attempts ended with it
+            self._watch_timer = None
+            self._unanswered.clear()
+            return
+        self._look()
+
+    async def _race(self, race: _Race, loop: asyncio.AbstractEventLoop) -> Body:
+        """A late attempt: hedge it when its turn comes and the budget allows, until one of
+        its GETs succeeds or the attempt fails (see the module docstring)."""
+        request = race.request
         try:
             while True:
+                body = self._settle(request, race, loop)
+                if body is not None:
+                    return body
                 remaining = None
                 turn = None
                 if len(race.gets) <= MAX_HEDGES:
@@ -265,21 +431,19 @@ class HedgeLayer:
                 elif remaining is not None:
                     waits.append(self.delay.changed())  # the timer follows the estimate
                 await _first_done(waits, remaining, loop)
-                body = self._settle(request, race, loop)
-                if body is not None:
-                    return body
         finally:
             self._leave(race, loop)
-            losers = False
-            for task in race.gets:
-                if not task.done():
-                    task.cancel()
-                    losers = True
-            if losers:  # waited for, so their slots are free when the attempt returns
-                await asyncio.wait(race.gets)
-            for task in race.gets:
-                if not task.cancelled():
-                    task.exception()  # retrieved: the loser's error is not news
+            for get in race.gets:
+                if not get.done():
+                    race.cancel(get)
+            # Cancelled hedges are awaited, so their slots are free when the attempt returns
+            # (the first GET ends in the owner's task, which awaits this race).
+            losers = [get for get in race.gets[1:] if not get.done()]
+            if losers:
+                await asyncio.wait(losers)
+            for get in race.gets:
+                if not get.cancelled():
+                    get.exception()  # retrieved: the loser's error is not news
 
     # -- turns: hedges paced delay / PACE apart, oldest attempt first ----------------------
 
@@ -343,7 +507,7 @@ class HedgeLayer:
         self._wind_turns(loop)
         primary = race.gets[0]
         if len(race.gets) > 1 and not primary.done():
-            primary.cancel()
+            race.cancel(primary)
         race.start(self._timed(request, loop), loop)
         # A done callback, not a finally in the task: a task cancelled before its first
         # step never runs its body, and the slot would leak.
@@ -405,5 +569,5 @@ class HedgeLayer:
             self.delay.observe(loop.time() - started)
         return body
 
-    def _release_hedge_slot(self, hedge: asyncio.Task[Body]) -> None:
+    def _release_hedge_slot(self, hedge: asyncio.Future[Body]) -> None:
         self.limit.release_hedge()

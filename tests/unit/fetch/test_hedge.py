@@ -132,6 +132,49 @@ def test_a_get_that_answers_within_the_delay_is_not_hedged():
     assert observer.hedges == 0
 
 
+class TaskRecording(AttemptStore):
+    """Also records the task each GET runs in."""
+
+    def __init__(self, answers: Sequence[object]) -> None:
+        super().__init__(answers)
+        self.tasks: list[asyncio.Task[object] | None] = []
+
+    async def get(self, key: str, byte_range: ByteRange | None = None) -> Body:
+        self.tasks.append(asyncio.current_task())
+        return await super().get(key, byte_range)
+
+
+def test_a_get_runs_in_the_callers_task_and_only_a_hedge_gets_one_of_its_own():
+    # No task per GET: the first GET of an attempt runs in the caller's task, late or not.
+    store = TaskRecording([DELAY / 5, 10.0, 0.0])
+    client = full_budget(FetchClient(store, config_with(pinned())))
+
+    async def main() -> tuple[asyncio.Task[object] | None, list[bytes]]:
+        caller = asyncio.current_task()
+        return caller, [bytes(await client.get("a")), bytes(await client.get("b"))]
+
+    caller, bodies = asyncio.run(main())
+    assert bodies == [b"attempt 0", b"attempt 2"]
+    first, late, hedge = store.tasks
+    assert first is caller and late is caller
+    assert hedge is not None and hedge is not caller
+    assert client.hedging is not None and len(client.hedging._unanswered) <= 1
+
+
+def test_gets_that_answer_in_time_are_not_kept_watched():
+    store = MemoryConfig({f"{i:03d}": b"x" for i in range(200)})
+    hedge = pinned(5.0)
+    client = FetchClient(store.open(config_with(hedge)), config_with(hedge))
+
+    async def main() -> None:
+        for i in range(200):
+            await client.get(f"{i:03d}")
+
+    asyncio.run(main())
+    assert client.hedging is not None
+    assert len(client.hedging._unanswered) <= 1  # answered ones leave from the head
+
+
 def test_a_slow_get_is_hedged_only_after_the_delay_and_the_first_to_finish_wins():
     store = AttemptStore([10.0, 0.0])
     client = full_budget(FetchClient(store, config_with(pinned())))
@@ -306,6 +349,32 @@ def test_cancelling_the_caller_cancels_both_gets_and_frees_their_slots():
             await task
         assert sorted(store.cancelled) == [0, 1]
         assert client.in_flight == 0
+
+    asyncio.run(main())
+
+
+def test_a_caller_cancelled_as_its_hedge_wins_is_cancelled_and_leaves_nothing_in_flight():
+    # The hedge wins, so the race cancels the GET running in the caller's task, and the
+    # caller is cancelled in that same instant: its cancellation is not lost to the race's.
+    class CancelledTogether(AttemptStore):
+        caller: asyncio.Task[bytes | bytearray]
+
+        async def get(self, key: str, byte_range: ByteRange | None = None) -> Body:
+            try:
+                return await super().get(key, byte_range)
+            except asyncio.CancelledError:
+                self.caller.cancel()
+                raise
+
+    store = CancelledTogether([STALL, 0.0])
+    client = full_budget(FetchClient(store, config_with(pinned())))
+
+    async def main() -> None:
+        store.caller = asyncio.create_task(client.get("a"))
+        with pytest.raises(asyncio.CancelledError):
+            await store.caller
+        assert store.cancelled == [0] and len(store.sent) == 2  # the hedge had won
+        assert client.in_flight == 0 and store.in_flight == 0
 
     asyncio.run(main())
 
