@@ -41,6 +41,8 @@ def test_the_epochs_benchmark_times_every_epoch_of_every_configuration(tmp_path:
     }
     for row in rows:
         assert len(row["epochs"]) == 2
+        assert [e["epoch"] for e in row["epochs"]] == [0, 1]
+        assert row["first_epoch_first_batch_s"] == [row["epochs"][0]["first_batch_s"]]
         for epoch in row["epochs"]:
             assert epoch["images"] == row["images"]  # whole epochs, every image
             assert math.isfinite(epoch["images_per_s"]) and epoch["images_per_s"] > 0
@@ -48,4 +50,5 @@ def test_the_epochs_benchmark_times_every_epoch_of_every_configuration(tmp_path:
     assert {c["persistent"] for c in results["comparisons"]} == {False, True}
     for comparison in results["comparisons"]:
         assert math.isfinite(comparison["ratio"]) and comparison["ratio"] > 0
+        assert math.isfinite(comparison["first_epoch_first_batch_extra_ms"])
     assert "S3 / local" in output
