@@ -304,11 +304,8 @@ class HedgeLayer:
         token = hedged_attempt.set(attempt)
         race = _Race(request, owner, loop.time(), contextvars.copy_context())
         self._watch(race, loop)
-        error: BaseException | None = None
         try:
-            body = await self._timed(request, loop)
-        except BaseException as exc:  # the race, if any, decides what it means
-            error = exc
+            body, error = await self._outcome(request, loop)
         finally:
             hedged_attempt.reset(token)
             race.owner = None  # answered: the race cannot cancel it any more
@@ -318,8 +315,23 @@ class HedgeLayer:
                     raise error
                 finally:
                     error = None  # no cycle through this frame's traceback
+            assert body is not None  # no error: a body
             return body
-        return await self._join(race, error, None if error is not None else body)
+        try:
+            return await self._join(race, error, body)
+        finally:
+            error = None
+
+    async def _outcome(
+        self, request: Request, loop: asyncio.AbstractEventLoop
+    ) -> tuple[Body | None, BaseException | None]:
+        """The GET's body or what it raised (the race, if any, decides what that means).
+        Caught here, not in :meth:`get`: a traceback through :meth:`get`'s frame would hold
+        the race, and with it the winning body, in a cycle until the collector ran."""
+        try:
+            return await self._timed(request, loop), None
+        except BaseException as exc:
+            return None, exc
 
     async def _join(self, race: _Race, error: BaseException | None, body: Body | None) -> Body:
         """The owner's GET of a late attempt ended (``error`` or ``body``): hand its outcome
@@ -392,16 +404,18 @@ class HedgeLayer:
             unanswered.popleft()
 
     def _rewatch(self) -> None:
-        """The delay changed: the watched GETs come due at other times."""
-        timer, loop = self._watch_timer, self._watch_loop
-        if timer is None or loop is None:
+        """The delay changed: the watched GETs come due at other times. (A timer left on
+        another loop, or one that ended, is replaced by the next :meth:`_watch` there.)"""
+        timer = self._watch_timer
+        if timer is None:
             return
-        timer.cancel()
-        if loop.is_closed():  # its attempts ended with it
-            self._watch_timer = None
-            self._unanswered.clear()
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
             return
-        self._look()
+        if running is self._watch_loop:
+            timer.cancel()
+            self._look()
 
     async def _race(self, race: _Race, loop: asyncio.AbstractEventLoop) -> Body:
         """A late attempt: hedge it when its turn comes and the budget allows, until one of

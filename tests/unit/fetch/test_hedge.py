@@ -10,6 +10,8 @@ timer never fires early), never how fast something went.
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from collections.abc import AsyncIterator, Sequence
 
 import pytest
@@ -56,7 +58,8 @@ def config_with(hedge: HedgeConfig, **fetch: object) -> FetchConfig:
 
 class AttemptStore:
     """GET number ``n`` (over all keys, in the order they are sent) answers ``answers[n]``:
-    seconds to wait before the bytes ``b"attempt n"``, an exception to raise, or STALL.
+    seconds to wait before the bytes ``b"attempt n"``, an exception to raise, ``(seconds,
+    exception)`` to raise it after a wait, or STALL.
     Records when each GET was sent and which were cancelled."""
 
     capabilities = Capabilities(remote=True, listing=False, ranges=True)
@@ -78,6 +81,9 @@ class AttemptStore:
         answer = self.answers[n]
         self.in_flight += 1
         try:
+            if isinstance(answer, tuple):
+                seconds, answer = answer
+                await asyncio.sleep(seconds)
             if isinstance(answer, BaseException):
                 raise answer
             if answer is STALL:
@@ -159,6 +165,47 @@ def test_a_get_runs_in_the_callers_task_and_only_a_hedge_gets_one_of_its_own():
     assert first is caller and late is caller
     assert hedge is not None and hedge is not caller
     assert client.hedging is not None and len(client.hedging._unanswered) <= 1
+
+
+@pytest.mark.parametrize(
+    "answers",
+    [
+        pytest.param([STALL, 0.0], id="the hedge wins"),
+        pytest.param(
+            [(1.5 * DELAY, ServerError("503", url=URL, cause=Reason.SERVER_ERROR)), DELAY],
+            id="the late GET fails, then the hedge wins",
+        ),
+        pytest.param([1.5 * DELAY, 10.0], id="the late GET wins"),
+    ],
+)
+def test_no_body_waits_for_the_garbage_collector(answers: list[object]):
+    # Bodies are freed when the attempt returns and the caller drops them: a reference
+    # cycle (a traceback through a frame that holds the race) would keep them, outside the
+    # byte budget, until the cyclic collector ran.
+    class Tracked(bytearray):
+        pass
+
+    kept: list[weakref.ref[Tracked]] = []
+
+    class Tracking(AttemptStore):
+        async def get(self, key: str, byte_range: ByteRange | None = None) -> Body:
+            body = Tracked((await super().get(key, byte_range)).data)
+            kept.append(weakref.ref(body))
+            return Body(body)
+
+    store = Tracking(answers)
+    client = full_budget(FetchClient(store, config_with(pinned())))
+
+    async def main() -> int:
+        return len(await client.get("a"))
+
+    gc.collect()
+    gc.disable()
+    try:
+        assert asyncio.run(main()) > 0
+        assert kept and all(ref() is None for ref in kept)
+    finally:
+        gc.enable()
 
 
 def test_gets_that_answer_in_time_are_not_kept_watched():
