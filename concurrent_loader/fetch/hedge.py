@@ -183,7 +183,6 @@ class _Race:
     __slots__ = (
         "context",
         "error",
-        "first_started",
         "gets",
         "granted",
         "interrupted",
@@ -207,11 +206,10 @@ class _Race:
         self.owner: asyncio.Task[Any] | None = owner  # None once its GET has answered
         self.owner_cancelling = owner.cancelling()
         self.context = context  # the caller's, with the attempt set: the racer runs in it
-        self.first_started = started
         self.racer: asyncio.Task[Body] | None = None
         self.interrupted = False  # the race cancelled the GET running in the owner
         self.gets: list[asyncio.Future[Body]] = []
-        self.started: list[float] = []
+        self.started: list[float] = [started]  # of each GET, the first one's first
         self.settled: set[asyncio.Future[Body]] = set()
         self.error: BaseException | None = None  # the primary's transient failure
         self.retry_at = 0.0  # no hedge before this (none could be sent at the last try)
@@ -241,7 +239,7 @@ async def _first_done(
 ) -> None:
     """Until one of ``futures`` is done or ``timeout`` seconds have passed: what
     ``asyncio.wait(..., return_when=FIRST_COMPLETED)`` does, without the sets and the
-    checks it builds on every call (this runs for every GET)."""
+    checks it builds on every call (this runs for every wait of a late GET)."""
     if not futures:
         raise ValueError("nothing to wait for")
     waiter = loop.create_future()
@@ -317,10 +315,7 @@ class HedgeLayer:
                     error = None  # no cycle through this frame's traceback
             assert body is not None  # no error: a body
             return body
-        try:
-            return await self._join(race, error, body)
-        finally:
-            error = None
+        return await self._join(race, error, body)
 
     async def _outcome(
         self, request: Request, loop: asyncio.AbstractEventLoop
@@ -380,7 +375,7 @@ class HedgeLayer:
             unanswered.popleft()  # answered: forgotten, so the deque stays short
         unanswered.append(race)
         if self._watch_timer is None:
-            self._watch_timer = loop.call_at(race.first_started + self.delay.seconds, self._look)
+            self._watch_timer = loop.call_at(race.started[0] + self.delay.seconds, self._look)
 
     def _look(self) -> None:
         """The oldest watched GET may be due: each one that is, still unanswered, gets its
@@ -394,12 +389,11 @@ class HedgeLayer:
         while unanswered:
             race = unanswered[0]
             if race.owner is not None:
-                due = race.first_started + delay
+                due = race.started[0] + delay
                 if due > now:
                     self._watch_timer = loop.call_at(due, self._look)
                     return
                 race.gets.append(loop.create_future())
-                race.started.append(race.first_started)
                 race.racer = loop.create_task(self._race(race, loop), context=race.context)
             unanswered.popleft()
 
