@@ -58,7 +58,7 @@ from .headstart import HeadStart, Ready
 from .iterator import EpochIterator, _drop_tracebacks
 from .lookahead import predict_next_epoch
 from .plan import EpochPlan, Lock
-from .starting import fresh_credentials, frozen_heap
+from .starting import fresh_credentials, frozen_heap, import_for_workers
 from .worker import PlannedBatches
 
 __all__ = ["ConcurrentDataLoader"]
@@ -66,6 +66,10 @@ __all__ = ["ConcurrentDataLoader"]
 log = logging.getLogger(__name__)
 
 T_co = TypeVar("T_co", covariant=True)
+
+#: seconds at most that ``iter()`` waits for the first batches' bodies before it forks the
+#: workers (they fetch what has not arrived); see ``HeadStart.settle``.
+COLD_START_WAIT_S = 1.0
 
 
 def _draws_from_global(sampler: object) -> bool:
@@ -125,10 +129,13 @@ class ConcurrentDataLoader(DataLoader[T_co]):
       epoch ends, when its plan can be predicted (default True; :mod:`.lookahead`). What a
       changed plan leaves unused is dropped, never delivered; after the last epoch, that
       costs one prefetch window of GETs;
-    - ``head_start``: without persistent workers, the main process fetches the bodies of the
-      next epoch's first batches while an epoch ends, for the next epoch's new workers
-      (:mod:`.headstart`: ``fork`` workers or ``num_workers=0``; default False: it moves
-      those GETs into the epoch before, and ``stats()`` does not count them).
+    - ``head_start``: the main process fetches the bodies of the first batches for the new
+      workers an epoch starts (:mod:`.headstart`): without persistent workers, the next
+      epoch's, while an epoch ends (``fork`` workers or ``num_workers=0``); on the first
+      epoch (and whenever nothing was fetched ahead), each ``fork`` worker's first batch, in
+      ``iter()``, which forks the workers once those are in (about one round trip later).
+      Default False: it moves those GETs into the main process, and ``stats()`` does not
+      count them.
 
     ``len(loader)`` is the number of batches. An ``IterableDataset`` is loaded as a stock
     DataLoader loads it (none of the options above apply to it).
@@ -325,10 +332,24 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             head, self._head_start = self._head_start, None
             ready = head.take(batches[skip : skip + self._head_start_batches()])
         predicted = self._predict_next_epoch()
-        inner = self._inner_loader(batches, skip, collate, predicted, ready)
         starts_workers = self.num_workers > 0 and new_iterator
         if starts_workers:
             fresh_credentials(self.dataset)
+        # No epoch before fetched this one's first batches: fetch each worker's first now,
+        # and fork the workers once they are in (see .headstart).
+        cold = None
+        if starts_workers and not ready:
+            cold = self._cold_start(batches[skip : skip + self.num_workers])
+        if cold is not None:
+            ready = {}  # filled below, before the fork, once the bodies are in
+        inner = self._inner_loader(batches, skip, collate, predicted, ready)
+        if cold is not None:
+            assert ready is not None
+            try:
+                import_for_workers()  # the wait's time, not the workers'
+                cold.settle(COLD_START_WAIT_S)
+            finally:
+                ready.update(cold.take(batches[skip : skip + self.num_workers]))
         with warnings.catch_warnings(), frozen_heap() if starts_workers else nullcontext():
             # Said once above, as torch says it once per iterator.
             warnings.filterwarnings("ignore", message="This DataLoader will create")
@@ -387,6 +408,22 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             seed_generator=self.generator,
         )
         return predicted or []
+
+    def _cold_start(self, batches: list[list[Any]]) -> HeadStart | None:
+        """The head start on the first batch of each of the workers this epoch forks, with
+        nothing fetched ahead for them (:mod:`.headstart`), started; None where it does not
+        apply."""
+        source = source_of(self.dataset)
+        if not (self.head_start and batches and source is not None):
+            return None
+        if not self._head_starts(source):
+            return None
+        config = self.options.fetch_config(source.fetch_config)
+        head = HeadStart(
+            source, config, batches, self.options.max_inflight_bytes or config.max_inflight_bytes
+        )
+        head.start()
+        return head
 
     def _head_starts(self, source: SampleSource) -> bool:
         """Whether the main process fetches the next epoch's first batches ahead (see

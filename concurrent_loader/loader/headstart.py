@@ -1,12 +1,22 @@
-"""The main process's head start on the next epoch, for loaders whose workers end with each
-epoch (``persistent_workers=False``; persistent workers have :mod:`.lookahead`).
+"""The main process's head start for new worker processes: on the next epoch, for loaders
+whose workers end with each epoch (``persistent_workers=False``; persistent workers have
+:mod:`.lookahead`), and on the first epoch of any loader whose workers are forked.
 
-Each such epoch starts new worker processes, which send their first GETs only once started:
-one round trip, new connections and the first decodes in a row, where a local disk has the
-first files at once. So while an epoch ends, the main process fetches the bodies of the next
-epoch's first batches (those of its predicted plan, see :func:`.lookahead.predict_next_epoch`)
-into memory; the next epoch's workers, forked with them, decode those at once and send
-their own GETs for the batches after, which arrive while they decode.
+An epoch that starts new worker processes would have them send their first GETs only once
+started: one round trip, new connections and the first decodes in a row, where a local disk
+has the first files at once. So while an epoch ends, the main process fetches the bodies of
+the next epoch's first batches (those of its predicted plan, see
+:func:`.lookahead.predict_next_epoch`) into memory; the next epoch's workers, forked with
+them, decode those at once and send their own GETs for the batches after, which arrive while
+they decode.
+
+No epoch ends before the first, so there the main process fetches the first batch of each
+worker when ``iter()`` draws the plan, and forks the workers once those bodies are in
+(:meth:`HeadStart.settle`): the round trip then overlaps the main process's own set-up of the
+epoch instead of coming after the workers' start, and the workers' first GETs (new
+connections and all) are for later batches, sent while they decode. Once half of the bodies
+are in, the main process waits at most as long again, so a slow GET delays no fork: what
+has not arrived by then is the workers' to fetch.
 
 Guarantees:
 
@@ -17,17 +27,20 @@ Guarantees:
   a sampler changed by the user) leaves the bodies unused, so a missed prediction costs GETs,
   not samples. A GET that fails here is left to the worker, which reads the object again and
   reports the error as usual.
-- Bounded: the first ``prefetch_batches`` batches of each worker's share at most, and bodies
-  of one process's ``max_inflight_bytes`` at most (reads whose listed size would pass it are
-  not sent; a body of unlisted size that would is dropped on arrival), through this
-  process's fetch client and its ``max_inflight_requests``.
+- Bounded: the first ``prefetch_batches`` batches of each worker's share at most (on the
+  first epoch, one batch per worker), and bodies of one process's ``max_inflight_bytes`` at
+  most (reads whose listed size would pass it are not sent; a body of unlisted size that
+  would is dropped on arrival), through this process's fetch client and its
+  ``max_inflight_requests``.
 - Nothing left running between epochs: the fetch starts a few batches before the epoch's
   end, holds a runtime lease only until the epoch ends (or is abandoned: ``break``, garbage
   collection), then GETs still in flight are cancelled and the lease given back: only the
-  bodies that arrived stay, until the next epoch starts.
+  bodies that arrived stay, until the next epoch starts. The first epoch's fetch ends (the
+  same way) before its workers are forked, within ``iter()``.
 - Used only where workers receive it for free: workers started by ``fork`` (they inherit the
-  main process's memory; the main process drops its copy once they are started) or the main
-  process itself (``num_workers=0``). Workers started by ``spawn`` or ``forkserver`` would
+  main process's memory; the main process drops its copy once they are started) or, for the
+  next epoch, the main process itself (``num_workers=0``; its first epoch's GETs go out at
+  once from its own pipeline). Workers started by ``spawn`` or ``forkserver`` would
   receive a pickled copy each, after a start-up of about a second that hides the round trip
   anyway.
 """
@@ -37,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -87,6 +101,10 @@ class HeadStart:
         self._task: asyncio.Task[None] | None = None
         self._started = False
         self._lock = threading.Lock()
+        self._started_at = 0.0
+        self._half_at = 0.0  # when half of the bodies had arrived
+        self._answered = threading.Event()  # half of the bodies arrived, or every read ended
+        self._finished = threading.Event()  # every read ended (or none was sent)
 
     def start(self) -> None:
         """Start fetching (once; later calls do nothing)."""
@@ -101,7 +119,10 @@ class HeadStart:
                         continue
                     budget -= read.size
                 reads.append(read)
+            self._started_at = time.monotonic()
             if not reads:
+                self._finished.set()
+                self._answered.set()
                 return
             runtime = self._runtime = acquire_runtime()
             runtime.submit(self._fetch(runtime, reads))
@@ -111,7 +132,10 @@ class HeadStart:
         source = self._source
         client = await client_for(runtime, source.store, self._config)
 
+        arrivals = 0
+
         async def one(read: Read) -> None:
+            nonlocal arrivals
             try:
                 body = await client.get(read.key, read.byte_range)
             except Exception as exc:  # the worker reads it again and reports it
@@ -120,8 +144,29 @@ class HeadStart:
             if self._kept + len(body) <= self._max_bytes:  # sizes not listed: kept by arrival
                 self._kept += len(body)
                 self._arrived[read] = body
+            arrivals += 1
+            if 2 * arrivals >= len(reads) and not self._answered.is_set():
+                self._half_at = time.monotonic()
+                self._answered.set()
 
-        await asyncio.gather(*(one(read) for read in reads))
+        try:
+            await asyncio.gather(*(one(read) for read in reads))
+        finally:
+            self._finished.set()
+            self._answered.set()
+
+    def settle(self, timeout: float) -> None:
+        """Wait (in another thread than the runtime's) until every read has arrived or
+        failed, but once half of the bodies are in, no longer than they took; and
+        ``timeout`` seconds at most since :meth:`start`. Reads far behind the others, like
+        reads that failed, are left to the workers."""
+        deadline = self._started_at + timeout
+        if not self._answered.wait(max(0.0, deadline - time.monotonic())):
+            return
+        if self._finished.is_set():
+            return
+        patience = self._half_at + (self._half_at - self._started_at)
+        self._finished.wait(max(0.0, min(deadline, patience) - time.monotonic()))
 
     def stop(self) -> None:
         """Cancel the GETs still in flight and give the runtime back; what arrived stays."""
