@@ -54,11 +54,12 @@ from ..pipeline import Partial, PipelineOptions, SkippedSample, source_of
 from ..sources import SampleSource
 from ..sources.base import CoalescingSource
 from . import state as resume
-from .headstart import HeadStart, Ready
+from .headstart import HeadStart, Ready, reads_of, within
 from .iterator import EpochIterator, _drop_tracebacks
 from .lookahead import predict_next_epoch
 from .plan import EpochPlan, Lock
-from .starting import fresh_credentials, frozen_heap, import_for_workers
+from .relay import Relay
+from .starting import fresh_credentials, frozen_heap
 from .worker import PlannedBatches
 
 __all__ = ["ConcurrentDataLoader"]
@@ -66,10 +67,6 @@ __all__ = ["ConcurrentDataLoader"]
 log = logging.getLogger(__name__)
 
 T_co = TypeVar("T_co", covariant=True)
-
-#: seconds at most that ``iter()`` waits for the first batches' bodies before it forks the
-#: workers (they fetch what has not arrived); see ``HeadStart.settle``.
-COLD_START_WAIT_S = 1.0
 
 
 def _draws_from_global(sampler: object) -> bool:
@@ -132,8 +129,8 @@ class ConcurrentDataLoader(DataLoader[T_co]):
     - ``head_start``: the main process fetches the bodies of the first batches for the new
       workers an epoch starts (:mod:`.headstart`): without persistent workers, the next
       epoch's, while an epoch ends (``fork`` workers or ``num_workers=0``); on the first
-      epoch (and whenever nothing was fetched ahead), each ``fork`` worker's first batch, in
-      ``iter()``, which forks the workers once those are in (about one round trip later).
+      epoch (and whenever nothing was fetched ahead), each ``fork`` worker's first batch,
+      from ``iter()`` on, relayed to the workers as the bodies arrive (:mod:`.relay`).
       Default False: it moves those GETs into the main process, and ``stats()`` does not
       count them.
 
@@ -335,25 +332,27 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         starts_workers = self.num_workers > 0 and new_iterator
         if starts_workers:
             fresh_credentials(self.dataset)
-        # No epoch before fetched this one's first batches: fetch each worker's first now,
-        # and fork the workers once they are in (see .headstart).
-        cold = None
+        # No epoch before fetched this one's first batches: the main process fetches each
+        # worker's first while the workers start, and relays the bodies (see .relay).
+        cold: HeadStart | None = None
+        relay: Relay | None = None
         if starts_workers and not ready:
-            cold = self._cold_start(batches[skip : skip + self.num_workers])
-        if cold is not None:
-            ready = {}  # filled below, before the fork, once the bodies are in
+            relayed = self._relayed(batches[skip : skip + self.num_workers])
+            if relayed is not None:
+                cold, relay = relayed
+                ready = dict(relay.slots())
         inner = self._inner_loader(batches, skip, collate, predicted, ready)
-        if cold is not None:
-            assert ready is not None
-            try:
-                import_for_workers()  # the wait's time, not the workers'
-                cold.settle(COLD_START_WAIT_S)
-            finally:
-                ready.update(cold.take(batches[skip : skip + self.num_workers]))
-        with warnings.catch_warnings(), frozen_heap() if starts_workers else nullcontext():
-            # Said once above, as torch says it once per iterator.
-            warnings.filterwarnings("ignore", message="This DataLoader will create")
-            inner_batches = iter(inner)
+        try:
+            with warnings.catch_warnings(), frozen_heap() if starts_workers else nullcontext():
+                # Said once above, as torch says it once per iterator.
+                warnings.filterwarnings("ignore", message="This DataLoader will create")
+                inner_batches = iter(inner)
+        except BaseException:
+            if cold is not None:
+                cold.stop()
+            raise
+        if relay is not None:
+            relay.forked()
         if ready and starts_workers:
             ready.clear()  # the forked workers have their copy
         source = source_of(self.dataset)
@@ -384,6 +383,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             self._progress,
             head_start=self._head_start,
             head_start_lead=self._head_start_batches(),
+            relay=cold,
         )
 
     def _predict_next_epoch(self) -> list[list[Any]]:
@@ -409,21 +409,26 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         )
         return predicted or []
 
-    def _cold_start(self, batches: list[list[Any]]) -> HeadStart | None:
-        """The head start on the first batch of each of the workers this epoch forks, with
-        nothing fetched ahead for them (:mod:`.headstart`), started; None where it does not
-        apply."""
+    def _relayed(self, batches: list[list[Any]]) -> tuple[HeadStart, Relay] | None:
+        """The main process's fetch of ``batches`` (the first of each worker this epoch
+        forks, with nothing fetched ahead for them), started, with the relay that hands the
+        bodies to the workers (:mod:`.relay`); None where it does not apply."""
         source = source_of(self.dataset)
         if not (self.head_start and batches and source is not None):
             return None
         if not self._head_starts(source):
             return None
         config = self.options.fetch_config(source.fetch_config)
-        head = HeadStart(
-            source, config, batches, self.options.max_inflight_bytes or config.max_inflight_bytes
-        )
+        max_bytes = self.options.max_inflight_bytes or config.max_inflight_bytes
+        reads = within(reads_of(source, batches), max_bytes)
+        if not reads:
+            return None
+        if all(read.size is not None for read in reads):  # room for exactly those
+            max_bytes = sum(read.size for read in reads if read.size is not None)
+        relay = Relay(reads, self.num_workers, max_bytes)
+        head = HeadStart(source, config, batches, max_bytes, relay=relay)
         head.start()
-        return head
+        return head, relay
 
     def _head_starts(self, source: SampleSource) -> bool:
         """Whether the main process fetches the next epoch's first batches ahead (see

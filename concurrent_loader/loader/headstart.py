@@ -1,22 +1,19 @@
-"""The main process's head start for new worker processes: on the next epoch, for loaders
-whose workers end with each epoch (``persistent_workers=False``; persistent workers have
-:mod:`.lookahead`), and on the first epoch of any loader whose workers are forked.
+"""The main process's head start on the next epoch, for loaders whose workers end with each
+epoch (``persistent_workers=False``; persistent workers have :mod:`.lookahead`).
 
-An epoch that starts new worker processes would have them send their first GETs only once
-started: one round trip, new connections and the first decodes in a row, where a local disk
-has the first files at once. So while an epoch ends, the main process fetches the bodies of
-the next epoch's first batches (those of its predicted plan, see
-:func:`.lookahead.predict_next_epoch`) into memory; the next epoch's workers, forked with
-them, decode those at once and send their own GETs for the batches after, which arrive while
-they decode.
+Each such epoch starts new worker processes, which send their first GETs only once started:
+one round trip, new connections and the first decodes in a row, where a local disk has the
+first files at once. So while an epoch ends, the main process fetches the bodies of the next
+epoch's first batches (those of its predicted plan, see :func:`.lookahead.predict_next_epoch`)
+into memory; the next epoch's workers, forked with them, decode those at once and send
+their own GETs for the batches after, which arrive while they decode.
 
-No epoch ends before the first, so there the main process fetches the first batch of each
-worker when ``iter()`` draws the plan, and forks the workers once those bodies are in
-(:meth:`HeadStart.settle`): the round trip then overlaps the main process's own set-up of the
-epoch instead of coming after the workers' start, and the workers' first GETs (new
-connections and all) are for later batches, sent while they decode. Once half of the bodies
-are in, the main process waits at most as long again, so a slow GET delays no fork: what
-has not arrived by then is the workers' to fetch.
+An epoch with nothing fetched ahead for its new workers (the first, with or without
+persistent workers) has the same fetch started by ``iter()`` itself, for the first batch of
+each worker, and handed over through a :class:`~.relay.Relay` (``relay=``): the workers are
+forked at once, and each body reaches them as it arrives. Such a fetch waits for its reads
+until half have ended, then at most as long again; what is left by then is the workers' to
+fetch, so one slow GET holds no worker's first batch.
 
 Guarantees:
 
@@ -27,20 +24,17 @@ Guarantees:
   a sampler changed by the user) leaves the bodies unused, so a missed prediction costs GETs,
   not samples. A GET that fails here is left to the worker, which reads the object again and
   reports the error as usual.
-- Bounded: the first ``prefetch_batches`` batches of each worker's share at most (on the
-  first epoch, one batch per worker), and bodies of one process's ``max_inflight_bytes`` at
-  most (reads whose listed size would pass it are not sent; a body of unlisted size that
-  would is dropped on arrival), through this process's fetch client and its
-  ``max_inflight_requests``.
+- Bounded: the first ``prefetch_batches`` batches of each worker's share at most, and bodies
+  of one process's ``max_inflight_bytes`` at most (reads whose listed size would pass it are
+  not sent; a body of unlisted size that would is dropped on arrival), through this
+  process's fetch client and its ``max_inflight_requests``.
 - Nothing left running between epochs: the fetch starts a few batches before the epoch's
   end, holds a runtime lease only until the epoch ends (or is abandoned: ``break``, garbage
   collection), then GETs still in flight are cancelled and the lease given back: only the
-  bodies that arrived stay, until the next epoch starts. The first epoch's fetch ends (the
-  same way) before its workers are forked, within ``iter()``.
+  bodies that arrived stay, until the next epoch starts.
 - Used only where workers receive it for free: workers started by ``fork`` (they inherit the
-  main process's memory; the main process drops its copy once they are started) or, for the
-  next epoch, the main process itself (``num_workers=0``; its first epoch's GETs go out at
-  once from its own pipeline). Workers started by ``spawn`` or ``forkserver`` would
+  main process's memory; the main process drops its copy once they are started) or the main
+  process itself (``num_workers=0``). Workers started by ``spawn`` or ``forkserver`` would
   receive a pickled copy each, after a start-up of about a second that hides the round trip
   anyway.
 """
@@ -50,21 +44,34 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..config import FetchConfig
 from ..fetch import client_for
 from ..runtime import Runtime, acquire_runtime
 from ..sources import Read, SampleSource
+from .relay import Relay, RelaySlot
 
-__all__ = ["HeadStart", "Ready"]
+__all__ = ["HeadStart", "Ready", "reads_of", "within"]
 
 log = logging.getLogger(__name__)
 
 #: Bodies fetched ahead, by the read they answer.
-Ready = dict[Read, bytes | bytearray]
+Ready = dict[Read, bytes | bytearray | RelaySlot]
+
+
+def within(reads: Iterable[Read], max_bytes: int) -> list[Read]:
+    """``reads`` once each, in order, but those whose listed size would take the total past
+    ``max_bytes`` (reads of unlisted size are kept: they are bounded on arrival)."""
+    kept, budget = [], max_bytes
+    for read in dict.fromkeys(reads):
+        if read.size is not None:
+            if read.size > budget:
+                continue
+            budget -= read.size
+        kept.append(read)
+    return kept
 
 
 def reads_of(source: SampleSource, batches: Sequence[Sequence[Any]]) -> list[Read]:
@@ -76,6 +83,17 @@ def reads_of(source: SampleSource, batches: Sequence[Sequence[Any]]) -> list[Rea
             if type(index) is int:
                 reads.extend(source.reads(index))
     return reads
+
+
+async def _half_then_as_long_again(tasks: Sequence[asyncio.Future[None]]) -> None:
+    """Wait until every task is done, but once half of them are, no longer than that took."""
+    loop = asyncio.get_running_loop()
+    started, pending, ended = loop.time(), set(tasks), 0
+    while pending and 2 * ended < len(tasks):
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        ended += len(done)
+    if pending:
+        await asyncio.wait(pending, timeout=loop.time() - started)
 
 
 class HeadStart:
@@ -90,21 +108,19 @@ class HeadStart:
         config: FetchConfig,
         batches: Sequence[Sequence[Any]],
         max_bytes: int,
+        relay: Relay | None = None,
     ) -> None:
         self._source = source
         self._config = config
         self._batches = batches
         self._max_bytes = max_bytes
+        self._relay = relay
         self._arrived: Ready = {}
         self._kept = 0  # bytes of the bodies in _arrived
         self._runtime: Runtime | None = None
         self._task: asyncio.Task[None] | None = None
         self._started = False
         self._lock = threading.Lock()
-        self._started_at = 0.0
-        self._half_at = 0.0  # when half of the bodies had arrived
-        self._answered = threading.Event()  # half of the bodies arrived, or every read ended
-        self._finished = threading.Event()  # every read ended (or none was sent)
 
     def start(self) -> None:
         """Start fetching (once; later calls do nothing)."""
@@ -112,17 +128,14 @@ class HeadStart:
             if self._started:
                 return
             self._started = True
-            reads, budget = [], self._max_bytes
-            for read in dict.fromkeys(reads_of(self._source, self._batches)):
-                if read.size is not None:
-                    if read.size > budget:
-                        continue
-                    budget -= read.size
-                reads.append(read)
-            self._started_at = time.monotonic()
+            reads = (
+                self._relay.reads
+                if self._relay is not None
+                else within(reads_of(self._source, self._batches), self._max_bytes)
+            )
             if not reads:
-                self._finished.set()
-                self._answered.set()
+                if self._relay is not None:
+                    self._relay.end()
                 return
             runtime = self._runtime = acquire_runtime()
             runtime.submit(self._fetch(runtime, reads))
@@ -132,41 +145,35 @@ class HeadStart:
         source = self._source
         client = await client_for(runtime, source.store, self._config)
 
-        arrivals = 0
+        relay = self._relay
 
         async def one(read: Read) -> None:
-            nonlocal arrivals
             try:
                 body = await client.get(read.key, read.byte_range)
             except Exception as exc:  # the worker reads it again and reports it
                 log.debug("head start: %s not fetched ahead (%s)", read.key, type(exc).__name__)
+                if relay is not None:
+                    relay.miss(read)
                 return
-            if self._kept + len(body) <= self._max_bytes:  # sizes not listed: kept by arrival
+            if relay is not None:
+                relay.deliver(read, body)
+            elif self._kept + len(body) <= self._max_bytes:  # sizes not listed: kept by arrival
                 self._kept += len(body)
                 self._arrived[read] = body
-            arrivals += 1
-            if 2 * arrivals >= len(reads) and not self._answered.is_set():
-                self._half_at = time.monotonic()
-                self._answered.set()
 
-        try:
+        if relay is None:
             await asyncio.gather(*(one(read) for read in reads))
+            return
+        # Workers wait for these: once half have ended, the rest get as long again, then
+        # they are the workers' to fetch (one slow GET holds no worker's first batch).
+        tasks = [asyncio.ensure_future(one(read)) for read in reads]
+        try:
+            await _half_then_as_long_again(tasks)
         finally:
-            self._finished.set()
-            self._answered.set()
-
-    def settle(self, timeout: float) -> None:
-        """Wait (in another thread than the runtime's) until every read has arrived or
-        failed, but once half of the bodies are in, no longer than they took; and
-        ``timeout`` seconds at most since :meth:`start`. Reads far behind the others, like
-        reads that failed, are left to the workers."""
-        deadline = self._started_at + timeout
-        if not self._answered.wait(max(0.0, deadline - time.monotonic())):
-            return
-        if self._finished.is_set():
-            return
-        patience = self._half_at + (self._half_at - self._started_at)
-        self._finished.wait(max(0.0, min(deadline, patience) - time.monotonic()))
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            relay.end()
 
     def stop(self) -> None:
         """Cancel the GETs still in flight and give the runtime back; what arrived stays."""
@@ -176,6 +183,7 @@ class HeadStart:
             return
         if runtime.closed:  # closed at the interpreter's exit
             runtime.release()
+            self._end_relay()
             return
         if runtime.in_loop_thread():  # a collection on the loop's thread: cannot wait here
             runtime.call_soon(self._cancel_now)
@@ -186,6 +194,12 @@ class HeadStart:
             runtime.run(self._cancel())
         finally:
             runtime.release()
+            self._end_relay()
+
+    def _end_relay(self) -> None:
+        # Also where the fetch was stopped before it ran: workers must not wait for it.
+        if self._relay is not None:
+            self._relay.end()
 
     def _cancel_now(self) -> None:
         if self._task is not None:

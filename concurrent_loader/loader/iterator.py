@@ -54,6 +54,7 @@ class EpochIterator(Iterator[Any]):
         *,
         head_start: HeadStart | None = None,
         head_start_lead: int = 0,
+        relay: HeadStart | None = None,
     ) -> None:
         self._loader = loader
         self._batches: Iterator[Any] | None = batches
@@ -69,6 +70,9 @@ class EpochIterator(Iterator[Any]):
             progress.batches_taken + 1, progress.num_batches - head_start_lead
         )
         self._stop_head_start = weakref.finalize(self, head_start.stop) if head_start else None
+        # The main process's fetch of this epoch's first batches for its workers (.relay)
+        # ends once every read has ended, and with this epoch at the latest.
+        self._stop_relay = weakref.finalize(self, relay.stop) if relay else None
         if progress.done:
             self._finish(done=True)
 
@@ -99,6 +103,8 @@ class EpochIterator(Iterator[Any]):
     def _end_head_start(self) -> None:
         if self._stop_head_start is not None:
             self._stop_head_start()  # once: a finalizer runs at most once
+        if self._stop_relay is not None:
+            self._stop_relay()
 
     def _advance(self) -> Any:
         loader, progress = self._loader, self._progress

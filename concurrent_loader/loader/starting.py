@@ -13,19 +13,12 @@
   its ``__del__`` would act on a socket or TLS session the main process still uses. A
   program that froze its heap itself (the pattern Python's documentation gives) is left as
   it is.
-- :func:`import_for_workers`: while the main process waits for the bodies of the first
-  batches (:meth:`.headstart.HeadStart.settle`), it imports what each forked worker would
-  import at its start: ``numpy.random``, which torch's worker loop seeds (numpy imports it
-  lazily, about 10 ms), and Pillow's format plugins, loaded at a process's first
-  ``Image.open``. Done in a wait, that costs no time; done in each worker, it would.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import importlib
-import sys
 from collections.abc import Iterator
 
 from torch.utils.data import Dataset
@@ -33,7 +26,7 @@ from torch.utils.data import Dataset
 from ..pipeline import source_of
 from ..stores.s3.credentials import CredentialSource
 
-__all__ = ["fresh_credentials", "frozen_heap", "import_for_workers"]
+__all__ = ["fresh_credentials", "frozen_heap"]
 
 
 def fresh_credentials(dataset: Dataset[object]) -> None:
@@ -58,13 +51,3 @@ def frozen_heap() -> Iterator[None]:
         yield
     finally:
         gc.unfreeze()
-
-
-def import_for_workers() -> None:
-    """Import here what forked workers would each import at their start (see the module
-    docstring); what is not installed is left alone."""
-    if "numpy" in sys.modules:  # torch's worker loop seeds numpy.random when numpy is there
-        importlib.import_module("numpy.random")
-    image = sys.modules.get("PIL.Image")
-    if image is not None:
-        image.preinit()

@@ -1,11 +1,12 @@
 """The main process's head start (``loader/headstart.py``) on the in-memory store: on the
 next epoch, in the main process (``num_workers=0``): what it fetches ahead, that a changed
 plan still gets exactly its own samples, and that nothing runs on between epochs; on the
-first epoch of forked workers: each worker's first batch, fetched before the fork; and how
-long ``settle`` waits for bodies that are late."""
+first epoch of forked workers: each worker's first batch, relayed to the workers
+(``loader/relay.py``)."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 
@@ -13,10 +14,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from concurrent_loader import ConcurrentDataLoader, ObjectDataset
+from concurrent_loader import ConcurrentDataLoader
 from concurrent_loader.errors import ObjectNotFound, Reason
-from concurrent_loader.loader.headstart import HeadStart
-from concurrent_loader.pipeline import source_of
+from concurrent_loader.loader.relay import WAIT_S
 from concurrent_loader.stores import STALL, MemoryConfig
 
 COUNT, BATCH, PREFETCH = 40, 4, 2
@@ -113,8 +113,9 @@ fork_warning = pytest.mark.filterwarnings(
 
 @fork_warning
 @pytest.mark.parametrize("persistent", [False, True])
-def test_the_first_epoch_forks_its_workers_with_their_first_batches(helpers, persistent):
-    # Every GET takes as long: none is so far behind the others that the workers get it.
+def test_the_first_epoch_relays_each_workers_first_batch(helpers, persistent):
+    # Every GET takes as long: none is so far behind the others that the main process gives
+    # it up to the workers.
     store = MemoryConfig(helpers.numbered_objects(COUNT), latency_s=0.05)
     loader = make_loader(
         helpers,
@@ -127,10 +128,12 @@ def test_the_first_epoch_forks_its_workers_with_their_first_batches(helpers, per
     )
     want = stock_epochs(9, 2)
     epoch = iter(loader)
-    # GETs counted here are the main process's own (the workers count theirs in their own
-    # memory): by the fork, exactly the first batch of each of the two workers.
-    assert store.stats.gets == Counter(helpers.key_for(i) for b in want[0][:2] for i in b)
     assert list(epoch) == want[0]  # index_of checks every body is its own key's
+    # GETs counted here are the main process's own (the workers count theirs in their own
+    # memory): the first batch of each of the two workers and, without persistent workers,
+    # the next epoch's head start (the first two batches of each worker).
+    mains = want[0][:2] + ([] if persistent else want[1][: 2 * PREFETCH])
+    assert store.stats.gets == Counter(helpers.key_for(i) for b in mains for i in b)
     assert loader.stats()["requests"] == COUNT - 2 * BATCH  # the workers GET the rest only
     second = list(loader)
     if persistent:  # torch draws no new base seed for persistent workers: another order
@@ -151,53 +154,58 @@ def test_turned_off_the_first_epoch_is_not_fetched_ahead(helpers):
     assert loader.stats()["requests"] == COUNT
 
 
-def started(helpers, store: MemoryConfig, indices: list[int]) -> HeadStart:
-    """A head start on ``indices`` of ``store``, started."""
-    source = source_of(ObjectDataset(store, decode=len, fetch_config=helpers.no_backoff()))
-    assert source is not None
-    head = HeadStart(source, source.fetch_config, [indices], max_bytes=1 << 20)
-    head.start()
-    return head
+def in_main_process_only(script, main_pid: int):
+    """``script`` in the main process; the workers' GETs answer at once."""
+
+    def scripted(key: str, attempt: int) -> object:
+        return script(key, attempt) if os.getpid() == main_pid else None
+
+    return scripted
 
 
-def test_settle_leaves_a_late_body_to_the_workers(helpers):
-    late = helpers.key_for(3)
+@fork_warning
+def test_a_relayed_get_that_fails_is_the_workers_to_fetch(helpers):
+    failing = helpers.key_for(stock_epochs(11, 1)[0][1][2])  # in the second worker's first batch
+
+    def script(key: str, attempt: int) -> object:
+        if key == failing:
+            return ObjectNotFound("no such object", url=key, stage="fetch", cause=Reason.NOT_FOUND)
+        return 0.01
+
     store = MemoryConfig(
-        helpers.numbered_objects(8), script=lambda key, _: STALL if key == late else 0.02
+        helpers.numbered_objects(COUNT), script=in_main_process_only(script, os.getpid())
     )
-    head = started(helpers, store, list(range(8)))
-    began = time.monotonic()
-    head.settle(timeout=30.0)
-    # It waited for the seven bodies, not for the late one (until twice the 0.02 s that half
-    # of them took; far below the timeout even on a loaded machine).
-    assert time.monotonic() - began < 10.0
-    ready = head.take([list(range(8))])
-    assert sorted(read.key for read in ready) == sorted(
-        helpers.key_for(i) for i in range(8) if i != 3
-    )
-    assert no_loader_threads_within(helpers, 5.0)  # the late GET was cancelled
+    loader = make_loader(helpers, store, seed=11, num_workers=2, multiprocessing_context="fork")
+    assert list(loader) == stock_epochs(11, 1)[0]
+    assert loader.stats()["requests"] == COUNT - 2 * BATCH + 1  # it, and what was not relayed
 
 
-def test_settle_waits_no_longer_than_its_timeout(helpers):
-    store = MemoryConfig(helpers.numbered_objects(4), script=lambda key, _: STALL)
-    head = started(helpers, store, list(range(4)))
+@fork_warning
+def test_a_relayed_get_that_stalls_holds_no_worker(helpers):
+    stalled = helpers.key_for(stock_epochs(12, 1)[0][0][1])  # in the first worker's first batch
+
+    def script(key: str, attempt: int) -> object:
+        return STALL if key == stalled else 0.01
+
+    store = MemoryConfig(
+        helpers.numbered_objects(COUNT), script=in_main_process_only(script, os.getpid())
+    )
+    loader = make_loader(helpers, store, seed=12, num_workers=2, multiprocessing_context="fork")
     began = time.monotonic()
-    head.settle(timeout=0.2)
-    assert time.monotonic() - began >= 0.19
-    assert head.take([list(range(4))]) == {}
+    assert list(loader) == stock_epochs(12, 1)[0]
+    # Once the others were in, the main process gave up on it (as long again: tens of ms)
+    # and the worker fetched it; far below a worker's own wait of relay.WAIT_S.
+    assert time.monotonic() - began < WAIT_S / 3
+    assert loader.stats()["requests"] == COUNT - 2 * BATCH + 1
     assert no_loader_threads_within(helpers, 5.0)
 
 
-def test_a_fast_failure_does_not_cut_the_wait_short(helpers):
-    failing = helpers.key_for(1)
-
-    def script(key: str, attempt: int) -> object:
-        if key == failing:  # fails at once: the worker reads it again and reports it
-            return ObjectNotFound("no such object", url=key, stage="fetch", cause=Reason.NOT_FOUND)
-        return 0.05
-
-    store = MemoryConfig(helpers.numbered_objects(4), script=script)
-    head = started(helpers, store, list(range(4)))
-    head.settle(timeout=30.0)
-    ready = head.take([list(range(4))])
-    assert sorted(read.key for read in ready) == [helpers.key_for(i) for i in (0, 2, 3)]
+@fork_warning
+def test_the_relay_leaves_no_descriptor_open(helpers):
+    store = MemoryConfig(helpers.numbered_objects(COUNT), script=helpers.jitter(13, 0.01))
+    loader = make_loader(helpers, store, seed=13, num_workers=2, multiprocessing_context="fork")
+    before = set(os.listdir("/proc/self/fd"))
+    for _ in loader:
+        pass
+    assert no_loader_threads_within(helpers, 5.0)
+    assert set(os.listdir("/proc/self/fd")) <= before  # its pipes and mapping are closed

@@ -1,14 +1,11 @@
 """What the main process does as workers start: the heap is frozen for the garbage collector
-while they fork, so a worker never finalises the main process's garbage; what forked workers
-would import at their start is imported before."""
+while they fork, so a worker never finalises the main process's garbage."""
 
 from __future__ import annotations
 
 import gc
 import multiprocessing
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -81,16 +78,3 @@ def test_a_worker_never_finalises_the_main_process_s_garbage(no_automatic_collec
     finally:
         receive.close()
         send.close()
-
-
-def test_what_workers_would_import_is_imported_before_they_fork():
-    code = (
-        "import sys, numpy, PIL.Image\n"
-        "from concurrent_loader.loader.starting import import_for_workers\n"
-        "lazy = ('numpy.random', 'PIL.PngImagePlugin', 'PIL.GifImagePlugin')\n"
-        "assert not any(m in sys.modules for m in lazy), [m for m in lazy if m in sys.modules]\n"
-        "import_for_workers()\n"
-        "assert all(m in sys.modules for m in lazy), [m for m in lazy if m not in sys.modules]\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
