@@ -341,20 +341,39 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             if relayed is not None:
                 cold, relay = relayed
                 ready = dict(relay.slots())
-        inner = self._inner_loader(batches, skip, collate, predicted, ready)
         try:
+            inner = self._inner_loader(batches, skip, collate, predicted, ready)
             with warnings.catch_warnings(), frozen_heap() if starts_workers else nullcontext():
                 # Said once above, as torch says it once per iterator.
                 warnings.filterwarnings("ignore", message="This DataLoader will create")
                 inner_batches = iter(inner)
+            if relay is not None:
+                relay.forked()
+            if ready and starts_workers:
+                ready.clear()  # the forked workers have their copy
+            return self._epoch_iterator(
+                epoch, batches, skip, start_state, base_seed_drawn, predicted, inner_batches, cold
+            )
         except BaseException:
             if cold is not None:
-                cold.stop()
+                cold.stop()  # its fetch ends, and every state it left pending is settled
+            if relay is not None:
+                relay.forked()  # the workers that could take its read ends have them, or none
             raise
-        if relay is not None:
-            relay.forked()
-        if ready and starts_workers:
-            ready.clear()  # the forked workers have their copy
+
+    def _epoch_iterator(
+        self,
+        epoch: int,
+        batches: list[list[Any]],
+        skip: int,
+        start_state: Any,
+        base_seed_drawn: bool,
+        predicted: list[list[Any]],
+        inner_batches: Iterator[Any],
+        relay: HeadStart | None,
+    ) -> EpochIterator:
+        """The epoch's iterator over its started inner iterator, with the head start on the
+        next epoch set up."""
         source = source_of(self.dataset)
         if predicted and source is not None and not self.persistent_workers:
             config = self.options.fetch_config(source.fetch_config)
@@ -383,7 +402,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             self._progress,
             head_start=self._head_start,
             head_start_lead=self._head_start_batches(),
-            relay=cold,
+            relay=relay,
         )
 
     def _predict_next_epoch(self) -> list[list[Any]]:
@@ -427,7 +446,12 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             max_bytes = sum(read.size for read in reads if read.size is not None)
         relay = Relay(reads, self.num_workers, max_bytes)
         head = HeadStart(source, config, batches, max_bytes, relay=relay)
-        head.start()
+        try:
+            head.start()
+        except BaseException:
+            relay.end()
+            relay.forked()
+            raise
         return head, relay
 
     def _head_starts(self, source: SampleSource) -> bool:

@@ -12,8 +12,9 @@ An epoch with nothing fetched ahead for its new workers (the first, with or with
 persistent workers) has the same fetch started by ``iter()`` itself, for the first batch of
 each worker, and handed over through a :class:`~.relay.Relay` (``relay=``): the workers are
 forked at once, and each body reaches them as it arrives. Such a fetch waits for its reads
-until half have ended, then at most as long again; what is left by then is the workers' to
-fetch, so one slow GET holds no worker's first batch.
+until half of the bodies are in, then at most as long again, and ``RELAY_WAIT_S`` at most in
+all; what is left by then is the workers' to fetch, so a few slow GETs hold no worker's
+first batch for long.
 
 Guarantees:
 
@@ -49,16 +50,17 @@ from typing import Any
 
 from ..config import FetchConfig
 from ..fetch import client_for
+from ..pipeline.batches import PendingBody
 from ..runtime import Runtime, acquire_runtime
 from ..sources import Read, SampleSource
-from .relay import Relay, RelaySlot
+from .relay import Relay
 
 __all__ = ["HeadStart", "Ready", "reads_of", "within"]
 
 log = logging.getLogger(__name__)
 
-#: Bodies fetched ahead, by the read they answer.
-Ready = dict[Read, bytes | bytearray | RelaySlot]
+#: Bodies fetched ahead (or on their way, through a relay), by the read they answer.
+Ready = dict[Read, bytes | bytearray | PendingBody]
 
 
 def within(reads: Iterable[Read], max_bytes: int) -> list[Read]:
@@ -85,13 +87,19 @@ def reads_of(source: SampleSource, batches: Sequence[Sequence[Any]]) -> list[Rea
     return reads
 
 
-async def _half_then_as_long_again(tasks: Sequence[asyncio.Future[None]]) -> None:
-    """Wait until every task is done, but once half of them are, no longer than that took."""
+#: seconds at most the main process's fetch for a relay runs, whatever has arrived: then
+#: what is still in flight is the workers' to fetch.
+RELAY_WAIT_S = 2.0
+
+
+async def _half_then_as_long_again(tasks: Sequence[asyncio.Future[bool]]) -> None:
+    """Wait until every task is done, but once half of them have answered True (a body
+    arrived), no longer than that took."""
     loop = asyncio.get_running_loop()
-    started, pending, ended = loop.time(), set(tasks), 0
-    while pending and 2 * ended < len(tasks):
+    started, pending, arrived = loop.time(), set(tasks), 0
+    while pending and 2 * arrived < len(tasks):
         done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-        ended += len(done)
+        arrived += sum(1 for task in done if not task.cancelled() and task.result())
     if pending:
         await asyncio.wait(pending, timeout=loop.time() - started)
 
@@ -121,6 +129,8 @@ class HeadStart:
         self._task: asyncio.Task[None] | None = None
         self._started = False
         self._lock = threading.Lock()
+        #: the fetch has ended (every read, or it was stopped)
+        self.finished = False
 
     def start(self) -> None:
         """Start fetching (once; later calls do nothing)."""
@@ -136,44 +146,57 @@ class HeadStart:
             if not reads:
                 if self._relay is not None:
                     self._relay.end()
+                self.finished = True
                 return
             runtime = self._runtime = acquire_runtime()
             runtime.submit(self._fetch(runtime, reads))
 
     async def _fetch(self, runtime: Runtime, reads: list[Read]) -> None:
         self._task = asyncio.current_task()
-        source = self._source
-        client = await client_for(runtime, source.store, self._config)
-
         relay = self._relay
-
-        async def one(read: Read) -> None:
-            try:
-                body = await client.get(read.key, read.byte_range)
-            except Exception as exc:  # the worker reads it again and reports it
-                log.debug("head start: %s not fetched ahead (%s)", read.key, type(exc).__name__)
-                if relay is not None:
-                    relay.miss(read)
-                return
-            if relay is not None:
-                relay.deliver(read, body)
-            elif self._kept + len(body) <= self._max_bytes:  # sizes not listed: kept by arrival
-                self._kept += len(body)
-                self._arrived[read] = body
-
-        if relay is None:
-            await asyncio.gather(*(one(read) for read in reads))
-            return
-        # Workers wait for these: once half have ended, the rest get as long again, then
-        # they are the workers' to fetch (one slow GET holds no worker's first batch).
-        tasks = [asyncio.ensure_future(one(read)) for read in reads]
         try:
-            await _half_then_as_long_again(tasks)
+            client = await client_for(runtime, self._source.store, self._config)
+
+            async def one(read: Read) -> bool:
+                try:
+                    body = await client.get(read.key, read.byte_range)
+                except Exception as exc:  # the worker reads it again and reports it
+                    log.debug("head start: %s not fetched ahead (%s)", read.key, type(exc).__name__)
+                    if relay is not None:
+                        relay.miss(read)
+                    return False
+                if relay is not None:
+                    relay.deliver(read, body)
+                elif self._kept + len(body) <= self._max_bytes:  # unlisted: kept by arrival
+                    self._kept += len(body)
+                    self._arrived[read] = body
+                return True
+
+            if relay is None:
+                await asyncio.gather(*(one(read) for read in reads))
+            else:
+                await self._relay_all([asyncio.ensure_future(one(read)) for read in reads])
         finally:
+            if relay is not None:
+                relay.end()  # also where opening the client failed: no worker waits on
+            self.finished = True
+
+    async def _relay_all(self, tasks: list[asyncio.Future[bool]]) -> None:
+        """Workers wait for these: once half of the bodies are in, the rest get as long
+        again, ``RELAY_WAIT_S`` at most in all; then what is left is the workers' to fetch
+        (a few slow GETs hold no worker's first batch)."""
+        relay = self._relay
+        assert relay is not None
+        try:
+            async with asyncio.timeout(RELAY_WAIT_S):
+                await _half_then_as_long_again(tasks)
+        except TimeoutError:
+            pass
+        finally:
+            relay.end()  # before the wait below: a cancellation there must not skip it
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            relay.end()
 
     def stop(self) -> None:
         """Cancel the GETs still in flight and give the runtime back; what arrived stays."""

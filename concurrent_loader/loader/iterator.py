@@ -71,7 +71,9 @@ class EpochIterator(Iterator[Any]):
         )
         self._stop_head_start = weakref.finalize(self, head_start.stop) if head_start else None
         # The main process's fetch of this epoch's first batches for its workers (.relay)
-        # ends once every read has ended, and with this epoch at the latest.
+        # ends by itself within seconds; its runtime lease is given back once a batch finds
+        # it ended, or with this epoch at the latest.
+        self._relay = relay
         self._stop_relay = weakref.finalize(self, relay.stop) if relay else None
         if progress.done:
             self._finish(done=True)
@@ -131,6 +133,9 @@ class EpochIterator(Iterator[Any]):
             progress.batches_taken += 1
             if self._head_start is not None and progress.batches_taken >= self._head_start_at:
                 self._head_start.start()
+            if self._relay is not None and self._relay.finished:
+                self._relay = None
+                self._stop_relay()  # type: ignore[misc]
             if isinstance(item, Failure):
                 _drop_tracebacks(item.exc)
                 return _Raise(item.exc)

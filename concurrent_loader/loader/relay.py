@@ -7,28 +7,31 @@ worker's first batch as ``iter()`` draws the plan, and forks the workers at once
 trip runs while they start, and a worker decodes each body as soon as it is in.
 
 How a body crosses over: before the fork, one anonymous shared mapping (``mmap`` with no
-file: ``MAP_SHARED``, inherited through ``fork``) is cut into a slot per read, sized from the
-listing, plus a state byte per read, and a pipe is opened per worker. The main process writes
-a body into its slot, then its state (``ARRIVED``, or ``MISSED`` for a failed GET or a body
-of another size than listed), then one byte into every worker's pipe. A worker's event loop
-watches its pipe, and a read waiting for its slot (:meth:`RelaySlot.body`) wakes on each byte
-and looks at its state. When every read has ended, or the fetch is stopped, the main process
-marks what is still pending ``MISSED`` and closes its ends of the pipes; a worker that sees
-its pipe's end closes its own.
+file: ``MAP_SHARED``, inherited through ``fork``) holds the bodies, packed as they arrive,
+then a state byte per read and where its body lies; a pipe is opened per worker. The main
+process writes a body, then where it lies, then its state (``ARRIVED``; ``MISSED`` for a
+failed GET, a body of another size than listed, or no room left), then one byte into every
+worker's pipe. A worker's event loop watches its pipe while one of its reads waits for a body
+(:meth:`RelaySlot.body`), and each byte wakes it to look at the states again. When the fetch
+ends (:meth:`Relay.end`), the main process marks what is still pending ``MISSED``, wakes the
+workers and closes its write ends: no state changes after that, and a worker that sees every
+state settled (or its pipe's end) closes its read end.
 
 Guarantees:
 
 - Never a wrong or lost sample: a slot serves only the read it was cut for, and only once
-  its state says the whole body (of the listed size) is in; a read whose slot is ``MISSED``
-  is fetched by the worker itself, as without a relay, and errors are reported there.
-- Never a hang: a worker waits for a slot at most ``WAIT_S`` seconds, then fetches the read
-  itself; the main process's fetch ends with the epoch (its end, ``close()``, the
-  iterator's collection) at the latest.
-- Bounded: the first batch of each worker, within one process's ``max_inflight_bytes``,
-  with listed sizes only (reads of unlisted size are the workers' to fetch).
-- Only for ``fork`` workers (the mapping and the pipes are inherited); the main process
-  closes the pipes' read ends once its workers are started, and the mapping once its fetch
-  has ended: nothing of it outlives the epoch's start but the workers' own copies.
+  its state says its whole body is in; a read whose slot is ``MISSED`` is fetched by the
+  worker itself, as without a relay, and errors are reported there.
+- Never a hang: the main process's fetch ends by itself (see ``loader.headstart``), with the
+  epoch at the latest, and settles every state then; a worker waits for a state at most
+  ``WAIT_S`` seconds all the same, then fetches the read itself.
+- Bounded: the first batch of each worker; bodies of ``capacity`` bytes in all (their listed
+  sizes, else one process's ``max_inflight_bytes``), the rest the workers' to fetch.
+- Only for ``fork`` workers (the mapping and the pipes are inherited). In the main process
+  the pipes' read ends are closed once the workers are started, the write ends once the
+  fetch ends, the mapping once both are done; in a worker, the other workers' ends at its
+  first epoch's start, its own once every state is settled. A worker keeps the slots for its
+  first epoch only.
 """
 
 from __future__ import annotations
@@ -39,19 +42,32 @@ import mmap
 import os
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 
 from torch.utils.data import get_worker_info
 
 from ..sources import Read
 
-__all__ = ["Relay", "RelaySlot"]
+__all__ = ["Relay", "RelaySlot", "expire_relays"]
 
 PENDING, ARRIVED, MISSED = 0, 1, 2
 
 #: seconds at most a worker waits for a body in flight in the main process before it sends
-#: its own GET (a safety net: the main process's fetch normally ends within a round trip).
-WAIT_S = 30.0
+#: its own GET (a safety net: the main process's fetch ends within seconds by itself).
+WAIT_S = 10.0
+
+
+#: the relays this worker attached to (for its first epoch)
+_attached: weakref.WeakSet[Relay] = weakref.WeakSet()
+
+
+def expire_relays() -> None:
+    """A worker starts another epoch: the bodies relayed for its first are not used again
+    (a later epoch reads its objects anew), and their mapping goes once nothing reads it."""
+    for relay in list(_attached):
+        relay._memory = None
+    _attached.clear()
 
 
 class Relay:
@@ -62,21 +78,23 @@ class Relay:
         self._reads = list(dict.fromkeys(reads))
         self._number = {read: number for number, read in enumerate(self._reads)}
         count = len(self._reads)
-        # Bodies first, packed in arrival order; then a state byte per read; then where each
-        # read's body lies (offset, length), written before its state says ARRIVED.
+        # Bodies first; then a state byte per read; then where its body lies (offset, length),
+        # written before its state says ARRIVED.
         self._capacity = capacity
         self._states = capacity
         self._places = capacity + count
         self._memory: mmap.mmap | None = mmap.mmap(-1, max(1, capacity + count + 16 * count))
         self._used = 0  # bytes of bodies written (main process)
-        # [read end, write end] per worker; -1 once closed here (a closed number may be
-        # reused by anything the process opens next: never closed twice).
+        # [read end, write end] per worker; -1 once closed in this process (a closed number
+        # may be reused by anything opened next: never closed twice).
         self._pipes = [list(os.pipe()) for _ in range(workers)]
         for _, write in self._pipes:
             os.set_blocking(write, False)
-        self._parent = os.getpid()
-        self._lock = threading.Lock()  # deliveries (the loop's thread) against end()
-        # In a worker (set on its first wait): its pipe's read end, and what waits on it.
+        self._close_pipes = weakref.finalize(self, _close_all, self._pipes)
+        self._lock = threading.Lock()  # the loop's thread (deliver, miss, end) and forked()
+        self._ended = False  # no state changes any more (main process)
+        self._forked = False  # the workers hold their ends (main process)
+        # In a worker: its pipe's read end, kept while a state may still change.
         self._pid = 0
         self._fd = -1
         self._changed: asyncio.Future[None] | None = None
@@ -96,14 +114,13 @@ class Relay:
         number, size = self._number[read], len(body)
         with self._lock:
             memory, offset = self._memory, self._used
-            if memory is None:
+            if memory is None or self._ended:
                 return
             if offset + size <= self._capacity and (read.size is None or size == read.size):
                 memory[offset : offset + size] = body
                 place = self._places + 16 * number
-                memory[place : place + 16] = offset.to_bytes(8, "little") + size.to_bytes(
-                    8, "little"
-                )
+                where = offset.to_bytes(8, "little") + size.to_bytes(8, "little")
+                memory[place : place + 16] = where
                 self._used = offset + size
                 memory[self._states + number] = ARRIVED
             else:  # no room left, or changed since the listing: the worker reads it again
@@ -113,7 +130,7 @@ class Relay:
     def miss(self, read: Read) -> None:
         """``read`` will not arrive here (its GET failed): the worker fetches it."""
         with self._lock:
-            if self._memory is not None:
+            if self._memory is not None and not self._ended:
                 self._memory[self._states + self._number[read]] = MISSED
                 self._notify()
 
@@ -123,38 +140,66 @@ class Relay:
             with contextlib.suppress(BlockingIOError, BrokenPipeError):
                 os.write(write, b"\0")
 
-    def forked(self) -> None:
-        """The workers are started (they hold their read ends): close the main process's."""
-        with self._lock:
-            for pipe in self._pipes:
-                _close(pipe, 0)
-
     def end(self) -> None:
-        """Every read has ended, or the fetch stops: what is still pending is the workers'
-        to fetch; close the main process's ends (once; later calls do nothing)."""
-        if os.getpid() != self._parent:
-            return
+        """The fetch ends: what is still pending is the workers' to fetch (once; later calls
+        do nothing). Workers forked after this take what arrived without waiting."""
         with self._lock:
-            memory, self._memory = self._memory, None
-            if memory is None:
+            memory = self._memory
+            if memory is None or self._ended:
                 return
+            self._ended = True
             for number in range(len(self._reads)):
                 if memory[self._states + number] == PENDING:
                     memory[self._states + number] = MISSED
             self._notify()
             for pipe in self._pipes:
-                _close(pipe, 0)
                 _close(pipe, 1)
+            if self._forked:
+                self._release_memory()
+
+    def forked(self) -> None:
+        """The workers are started (or will not be): close the main process's read ends."""
+        with self._lock:
+            self._forked = True
+            for pipe in self._pipes:
+                _close(pipe, 0)
+            if self._ended:
+                self._release_memory()
+
+    def _release_memory(self) -> None:
+        memory, self._memory = self._memory, None
+        if memory is not None:
             memory.close()  # the workers keep their own mappings
 
     # ------------------------------------------------------------------ a worker
+
+    def attach(self, worker: int | None = None) -> None:
+        """In a worker (``worker``, else torch's worker id), at its first epoch's start: keep
+        its own pipe's read end (while a state may change), close every other end it
+        inherited."""
+        if self._pid == os.getpid():
+            return
+        self._pid = os.getpid()
+        _attached.add(self)
+        if worker is None:
+            info = get_worker_info()
+            worker = info.id if info is not None else -1
+        mine = worker
+        for number, pipe in enumerate(self._pipes):
+            _close(pipe, 1)
+            if number == mine and pipe[0] >= 0:
+                self._fd, pipe[0] = pipe[0], -1
+                os.set_blocking(self._fd, False)
+            else:
+                _close(pipe, 0)
+        self._close_if_settled()
 
     async def _body(self, read: Read) -> bytes | None:
         number = self._number[read]
         memory = self._memory
         if memory is None:
             return None
-        self._attach()
+        self.attach()
         deadline = time.monotonic() + WAIT_S
         while (state := memory[self._states + number]) == PENDING and self._fd >= 0:
             remaining = deadline - time.monotonic()
@@ -164,6 +209,7 @@ class Relay:
                 await asyncio.wait_for(asyncio.shield(self._change()), remaining)
             except TimeoutError:
                 return None
+            self._close_if_settled()
         if state != ARRIVED:
             return None
         place = self._places + 16 * number
@@ -171,20 +217,13 @@ class Relay:
         size = int.from_bytes(memory[place + 8 : place + 16], "little")
         return memory[offset : offset + size]
 
-    def _attach(self) -> None:
-        """On this worker's first wait: keep its own pipe's read end, close the rest."""
-        if self._pid == os.getpid():
+    def _close_if_settled(self) -> None:
+        memory = self._memory
+        if self._fd < 0 or memory is None:
             return
-        self._pid = os.getpid()
-        info = get_worker_info()
-        mine = info.id if info is not None else -1
-        for number, pipe in enumerate(self._pipes):
-            _close(pipe, 1)
-            if number == mine:
-                self._fd, pipe[0] = pipe[0], -1
-                os.set_blocking(self._fd, False)
-            else:
-                _close(pipe, 0)
+        if all(memory[self._states + n] != PENDING for n in range(len(self._reads))):
+            fd, self._fd = self._fd, -1
+            os.close(fd)
 
     def _change(self) -> asyncio.Future[None]:
         """A future resolved at the next byte (or the end) of this worker's pipe."""
@@ -202,8 +241,8 @@ class Relay:
         except BlockingIOError:
             data = b"\0"
         if not data:  # every write end is closed: no state changes any more
-            os.close(self._fd)
-            self._fd = -1
+            fd, self._fd = self._fd, -1
+            os.close(fd)
         if self._changed is not None and not self._changed.done():
             self._changed.set_result(None)
 
@@ -217,13 +256,24 @@ class RelaySlot:
         self._relay = relay
         self._read = read
 
+    @property
+    def relay(self) -> Relay:
+        return self._relay
+
     async def body(self) -> bytes | None:
         """The body, once the main process has it; None if the worker must fetch it."""
         return await self._relay._body(self._read)
 
 
 def _close(pipe: list[int], end: int) -> None:
-    """Close one end of ``pipe`` here, once."""
+    """Close one end of ``pipe`` in this process, once."""
     fd, pipe[end] = pipe[end], -1
     if fd >= 0:
         os.close(fd)
+
+
+def _close_all(pipes: list[list[int]]) -> None:
+    """What is still open of ``pipes`` in this process (the relay was collected)."""
+    for pipe in pipes:
+        _close(pipe, 0)
+        _close(pipe, 1)

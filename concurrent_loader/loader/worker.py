@@ -35,6 +35,7 @@ from ..runtime import Runtime, acquire_runtime
 from .headstart import Ready
 from .lookahead import Lookahead
 from .plan import EpochPlan, Lock
+from .relay import RelaySlot, expire_relays
 
 __all__ = ["Failure", "PlannedBatches"]
 
@@ -177,19 +178,28 @@ class PlannedBatches(IterableDataset[Any]):
         # Read now, not when the generator first runs: the main process may write the next
         # epoch's plan meanwhile.
         batches = plan.batches()
+        ready = self._cl_ready
         if in_worker:
             _leave_ctrl_c_to_the_main_process()
+            # Bodies from the main process are for the epoch this worker starts with only (a
+            # persistent worker's copy is dropped); a relay's ends not its own close now.
+            object.__setattr__(self, "_cl_ready", None)
+            expire_relays()
+            for body in (ready or {}).values():
+                if isinstance(body, RelaySlot):
+                    body.relay.attach()
+                    break
         if claims is not None:
             claimed = _claimed(batches, plan, claims, plan.generation)
-            return self._produce(claimed, None, in_worker, row)
+            return self._produce(claimed, None, in_worker, row, ready)
         share = batches[worker::num_workers]
         predicted: list[list[Any]] = []
         if in_worker and self._cl_next is not None:
             # Written with this epoch's plan, before the epoch started: read it now too.
             predicted = self._cl_next.batches()[worker::num_workers]
-        return self._produce(share, predicted, in_worker, row)
+        return self._produce(share, predicted, in_worker, row, ready)
 
-    def _start(self, feed: Iterable[list[Any]], row: int) -> BatchPipeline:
+    def _start(self, feed: Iterable[list[Any]], row: int, ready: Ready | None) -> BatchPipeline:
         shared = self._cl_stats
         return BatchPipeline(
             self._cl_dataset,
@@ -199,7 +209,7 @@ class PlannedBatches(IterableDataset[Any]):
             # Counting goes on from what earlier epochs (or processes) left in the row.
             stats=shared.read(row),
             publish=lambda stats: shared.write(row, stats),
-            ready=self._cl_ready,
+            ready=ready,
         )
 
     def _produce(
@@ -208,6 +218,7 @@ class PlannedBatches(IterableDataset[Any]):
         predicted: list[list[Any]] | None,
         in_worker: bool,
         row: int,
+        ready: Ready | None,
     ) -> Iterator[Any]:
         """The outcomes of ``share``: a list (a fixed share, with the ``predicted`` share of the
         next epoch to fetch ahead) or the batches claimed one by one (``predicted`` None)."""
@@ -227,12 +238,12 @@ class PlannedBatches(IterableDataset[Any]):
                     ahead = _lookahead()
                 else:
                     predicted = []
-                for outcome in ahead.epoch(share, predicted, lambda f: self._start(f, row)):
+                for outcome in ahead.epoch(share, predicted, lambda f: self._start(f, row, ready)):
                     if isinstance(outcome, Failure):
                         _note_traceback(outcome.exc, row)
                     yield outcome
                 return
-            pipeline = self._start(share, row)
+            pipeline = self._start(share, row, ready)
             for outcome in pipeline.outcomes():
                 if isinstance(outcome, Failure):
                     _note_traceback(outcome.exc, row)

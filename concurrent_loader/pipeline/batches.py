@@ -63,7 +63,7 @@ from .options import PipelineOptions
 from .slot import DecodeQueue, Failure, SkippedSample, Slot
 from .stall import StallWatch
 
-__all__ = ["BatchPipeline", "source_of"]
+__all__ = ["BatchPipeline", "PendingBody", "source_of"]
 
 log = logging.getLogger(__name__)
 

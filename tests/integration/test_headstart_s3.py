@@ -1,6 +1,6 @@
 """The head start against the local S3 server, with worker processes: forked workers decode
 the bodies the main process fetched ahead (on the first epoch, each worker's first batch,
-fetched before the fork; on the next, the first batches of the predicted plan), so they send
+relayed as it arrives; on the next, the first batches of the predicted plan), so they send
 fewer GETs of their own; spawned ones fetch everything themselves; both deliver exactly the
 epochs a stock DataLoader would."""
 
@@ -57,7 +57,7 @@ def test_new_workers_start_from_the_bodies_fetched_ahead(image_dataset, s3_env, 
     first, second = requests[0], requests[1] - requests[0]  # the workers' GETs per epoch
     if ahead:
         # Epoch 0: each worker's first batch came from the main process (a body far behind
-        # the others, on a loaded machine, is left to a worker); epoch 1: the first two of
+        # the others, on a loaded machine, is left to its worker); epoch 1: the first two of
         # each (the loader's head start on the next epoch).
         assert len(ds) - 2 * BATCH <= first < len(ds)
         assert second == len(ds) - 2 * 2 * BATCH
