@@ -68,6 +68,11 @@ log = logging.getLogger(__name__)
 
 T_co = TypeVar("T_co", covariant=True)
 
+#: seconds at most ``iter()`` waits for the GETs of a relay to be written before it forks the
+#: workers: the new processes would hold back requests that wait only for CPU (a few ms);
+#: ones that wait for the network (a new connection's round trip) go on during the fork.
+RELAY_SEND_WAIT_S = 0.02
+
 
 def _draws_from_global(sampler: object) -> bool:
     """True if ``sampler`` (or the sampler a batch sampler wraps) shuffles with torch's global
@@ -343,6 +348,8 @@ class ConcurrentDataLoader(DataLoader[T_co]):
                 ready = dict(relay.slots())
         try:
             inner = self._inner_loader(batches, skip, collate, predicted, ready)
+            if cold is not None:
+                cold.wait_sent(RELAY_SEND_WAIT_S)
             with warnings.catch_warnings(), frozen_heap() if starts_workers else nullcontext():
                 # Said once above, as torch says it once per iterator.
                 warnings.filterwarnings("ignore", message="This DataLoader will create")

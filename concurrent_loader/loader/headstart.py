@@ -11,7 +11,8 @@ their own GETs for the batches after, which arrive while they decode.
 An epoch with nothing fetched ahead for its new workers (the first, with or without
 persistent workers) has the same fetch started by ``iter()`` itself, for the first batch of
 each worker, and handed over through a :class:`~.relay.Relay` (``relay=``): the workers are
-forked at once, and each body reaches them as it arrives. Such a fetch waits for its reads
+forked once its requests are written (:meth:`HeadStart.wait_sent`), and each body reaches
+them as it arrives. Such a fetch waits for its reads
 until half of the bodies are in, then at most as long again, and ``RELAY_WAIT_S`` at most in
 all; what is left by then is the workers' to fetch, so a few slow GETs hold no worker's
 first batch for long.
@@ -53,6 +54,7 @@ from ..fetch import client_for
 from ..pipeline.batches import PendingBody
 from ..runtime import Runtime, acquire_runtime
 from ..sources import Read, SampleSource
+from ..transport.pool import request_sent
 from .relay import Relay
 
 __all__ = ["HeadStart", "Ready", "reads_of", "within"]
@@ -131,6 +133,7 @@ class HeadStart:
         self._lock = threading.Lock()
         #: the fetch has ended (every read, or it was stopped)
         self.finished = False
+        self._sent = threading.Event()  # a relay's GETs are all written (or it ended)
 
     def start(self) -> None:
         """Start fetching (once; later calls do nothing)."""
@@ -147,6 +150,7 @@ class HeadStart:
                 if self._relay is not None:
                     self._relay.end()
                 self.finished = True
+                self._sent.set()
                 return
             runtime = self._runtime = acquire_runtime()
             runtime.submit(self._fetch(runtime, reads))
@@ -175,13 +179,34 @@ class HeadStart:
             if relay is None:
                 await asyncio.gather(*(one(read) for read in reads))
             else:
-                await self._relay_all([asyncio.ensure_future(one(read)) for read in reads])
+                unsent = len(reads)
+
+                def one_sent() -> None:
+                    nonlocal unsent
+                    unsent -= 1
+                    if unsent == 0:
+                        self._sent.set()
+
+                # The GETs' tasks copy the context: each tells when its request is written.
+                token = request_sent.set(one_sent)
+                try:
+                    tasks = [asyncio.ensure_future(one(read)) for read in reads]
+                finally:
+                    request_sent.reset(token)
+                await self._relay_all(tasks)
         finally:
             if relay is not None:
                 relay.end()  # also where opening the client failed: no worker waits on
             self.finished = True
+            self._sent.set()
 
-    async def _relay_all(self, tasks: list[asyncio.Future[bool]]) -> None:
+    def wait_sent(self, timeout: float) -> None:
+        """Wait until every GET of a relay's fetch is written (its first attempt), or it
+        ended, ``timeout`` seconds at most: the main process forks its workers after that,
+        so that their start does not hold back requests waiting for this process's CPU."""
+        self._sent.wait(timeout)
+
+    async def _relay_all(self, tasks: Sequence[asyncio.Future[bool]]) -> None:
         """Workers wait for these: once half of the bodies are in, the rest get as long
         again, ``RELAY_WAIT_S`` at most in all; then what is left is the workers' to fetch
         (a few slow GETs hold no worker's first batch)."""

@@ -3,8 +3,9 @@
 An epoch that forks its workers with nothing fetched ahead for them (the first) would have
 them send their first GETs only once started: the workers' start, then a round trip, then
 the first decodes, in a row. With a :class:`Relay`, the main process sends the GETs of each
-worker's first batch as ``iter()`` draws the plan, and forks the workers at once: the round
-trip runs while they start, and a worker decodes each body as soon as it is in.
+worker's first batch as ``iter()`` draws the plan, and forks the workers as soon as those
+requests are written (a few ms; ``RELAY_SEND_WAIT_S`` at most, in ``loader.dataloader``):
+the round trip runs while they start, and a worker decodes each body as soon as it is in.
 
 How a body crosses over: before the fork, one anonymous shared mapping (``mmap`` with no
 file: ``MAP_SHARED``, inherited through ``fork``) holds the bodies, packed as they arrive,
@@ -98,6 +99,7 @@ class Relay:
         self._pid = 0
         self._fd = -1
         self._changed: asyncio.Future[None] | None = None
+        self._watching: asyncio.AbstractEventLoop | None = None  # whose reader is on _fd
 
     @property
     def reads(self) -> list[Read]:
@@ -222,8 +224,21 @@ class Relay:
         if self._fd < 0 or memory is None:
             return
         if all(memory[self._states + n] != PENDING for n in range(len(self._reads))):
-            fd, self._fd = self._fd, -1
-            os.close(fd)
+            self._close_fd()
+
+    def _close_fd(self) -> None:
+        """Close this worker's read end; another read still waiting on it (its state now
+        settled) wakes up. Never closed while the loop watches it."""
+        fd, self._fd = self._fd, -1
+        if self._watching is not None:
+            self._watching.remove_reader(fd)
+            self._watching = None
+        os.close(fd)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._changed is not None and not self._changed.done():
+            self._changed.set_result(None)
 
     def _change(self) -> asyncio.Future[None]:
         """A future resolved at the next byte (or the end) of this worker's pipe."""
@@ -231,20 +246,20 @@ class Relay:
             loop = asyncio.get_running_loop()
             self._changed = loop.create_future()
             loop.add_reader(self._fd, self._on_readable, loop)
+            self._watching = loop
         return self._changed
 
     def _on_readable(self, loop: asyncio.AbstractEventLoop) -> None:
         # Watched only while a read waits: one wake-up drains every byte written so far.
         loop.remove_reader(self._fd)
+        self._watching = None
         try:
             data = os.read(self._fd, 4096)
         except BlockingIOError:
             data = b"\0"
         if not data:  # every write end is closed: no state changes any more
-            fd, self._fd = self._fd, -1
-            os.close(fd)
-        if self._changed is not None and not self._changed.done():
-            self._changed.set_result(None)
+            self._close_fd()
+        self._wake()
 
 
 class RelaySlot:

@@ -163,6 +163,7 @@ _ALLOWED_IMPORTS = {
     "asyncio",
     "base64",
     "collections",
+    "contextvars",
     "dataclasses",
     "socket",
     "ssl",

@@ -119,3 +119,82 @@ def test_a_relay_never_ended_closes_its_descriptors_when_collected():
     relay = Relay(reads(), workers=2, capacity=1 << 16)
     del relay
     assert set(os.listdir("/proc/self/fd")) <= before
+
+
+def many_waiters(relay: Relay, answer: Any) -> None:
+    """A forked worker whose reads all wait at once, on a uvloop loop as the runtime's."""
+    relay.attach(worker=0)
+    slots = relay.slots()
+
+    async def all_bodies() -> list[bytes | None]:
+        return list(await asyncio.gather(*(slots[read].body() for read in relay.reads)))
+
+    try:
+        import uvloop
+
+        found = uvloop.run(all_bodies())
+    except ImportError:
+        found = asyncio.run(all_bodies())
+    answer.send(found)
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_reads_waiting_together_all_get_their_bodies(attempt):
+    # Each wake-up finds some states settled, and the read end is closed once none is pending.
+    bodies = {f"w{i}": bytes([i]) * 64 for i in range(48)}
+    listed = [Read(key, None, 64) for key in bodies]
+    relay = Relay(listed, workers=1, capacity=64 * len(listed))
+    context = multiprocessing.get_context("fork")
+    mine, theirs = context.Pipe(duplex=False)
+    process = context.Process(target=many_waiters, args=(relay, theirs))
+    process.start()
+    theirs.close()
+    relay.forked()
+    for number, read in enumerate(listed):
+        relay.deliver(read, bodies[read.key])
+        if number % (attempt + 2) == 0:
+            time.sleep(0.0005)
+    relay.end()
+    assert mine.poll(WAIT_S + 20), "the worker did not answer"
+    assert mine.recv() == list(bodies.values())
+    process.join(10)
+    assert process.exitcode == 0
+
+
+def settled_while_watched(relay: Relay, steps: Any) -> None:
+    """A forked worker: one read waits (its loop watches the pipe), every state is settled,
+    and the worker finds that out from another read before its loop looks at the pipe."""
+    relay.attach(worker=0)
+    first = relay.slots()[relay.reads[0]]
+
+    async def scenario() -> bytes | None:
+        waiting = asyncio.ensure_future(first.body())
+        await asyncio.sleep(0)  # it waits: the loop watches the pipe
+        steps.send("waiting")
+        steps.recv()  # the main process has settled every state
+        relay._close_if_settled()  # what another read's wake-up does
+        return await waiting
+
+    try:
+        import uvloop  # the runtime's loop: libuv aborts on a watched descriptor closed
+
+        found = uvloop.run(scenario())
+    except ImportError:
+        found = asyncio.run(scenario())
+    steps.send(found)
+
+
+def test_the_read_end_is_never_closed_while_the_loop_watches_it():
+    relay = Relay(reads(), workers=1, capacity=sum(map(len, BODIES.values())))
+    context = multiprocessing.get_context("fork")
+    mine, theirs = context.Pipe()
+    process = context.Process(target=settled_while_watched, args=(relay, theirs))
+    process.start()
+    relay.forked()
+    assert mine.poll(20) and mine.recv() == "waiting"
+    for read in relay.reads:
+        relay.deliver(read, BODIES[read.key])
+    mine.send("settled")
+    process.join(20)
+    assert process.exitcode == 0  # not killed by SIGABRT
+    assert mine.recv() == BODIES["k0"]
