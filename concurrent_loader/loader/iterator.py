@@ -133,9 +133,9 @@ class EpochIterator(Iterator[Any]):
             progress.batches_taken += 1
             if self._head_start is not None and progress.batches_taken >= self._head_start_at:
                 self._head_start.start()
-            if self._relay is not None and self._relay.finished:
+            if self._relay is not None and self._relay.finished and self._stop_relay is not None:
                 self._relay = None
-                self._stop_relay()  # type: ignore[misc]
+                self._stop_relay()
             if isinstance(item, Failure):
                 _drop_tracebacks(item.exc)
                 return _Raise(item.exc)

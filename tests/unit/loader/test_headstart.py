@@ -40,6 +40,13 @@ def make_loader(helpers, store: MemoryConfig, seed: int, **kwargs) -> Concurrent
     return helpers.shuffled_loader(store, BATCH, seed, prefetch_batches=PREFETCH, **kwargs)
 
 
+def forked_loader(helpers, store: MemoryConfig, seed: int, **kwargs) -> ConcurrentDataLoader:
+    """:func:`make_loader` with two workers started by ``fork``."""
+    return make_loader(
+        helpers, store, seed, num_workers=2, multiprocessing_context="fork", **kwargs
+    )
+
+
 def slowly(loader: ConcurrentDataLoader) -> list[list[int]]:
     """An epoch consumed as a training step would: with time between batches."""
     batches = []
@@ -117,14 +124,8 @@ def test_the_first_epoch_relays_each_workers_first_batch(helpers, persistent):
     # Every GET takes as long: none is so far behind the others that the main process gives
     # it up to the workers.
     store = MemoryConfig(helpers.numbered_objects(COUNT), latency_s=0.05)
-    loader = make_loader(
-        helpers,
-        store,
-        seed=9,
-        num_workers=2,
-        multiprocessing_context="fork",
-        persistent_workers=persistent,
-        prefetch_next_epoch=False,
+    loader = forked_loader(
+        helpers, store, seed=9, persistent_workers=persistent, prefetch_next_epoch=False
     )
     want = stock_epochs(9, 2)
     epoch = iter(loader)
@@ -149,9 +150,7 @@ def test_the_first_epoch_relays_each_workers_first_batch(helpers, persistent):
 @fork_warning
 def test_turned_off_the_first_epoch_is_not_fetched_ahead(helpers):
     store = MemoryConfig(helpers.numbered_objects(COUNT), script=helpers.jitter(10, 0.002))
-    loader = make_loader(
-        helpers, store, seed=10, num_workers=2, multiprocessing_context="fork", head_start=False
-    )
+    loader = forked_loader(helpers, store, seed=10, head_start=False)
     epoch = iter(loader)
     assert store.stats.total == 0
     assert list(epoch) == stock_epochs(10, 1)[0]
@@ -179,7 +178,7 @@ def test_a_relayed_get_that_fails_is_the_workers_to_fetch(helpers):
     store = MemoryConfig(
         helpers.numbered_objects(COUNT), script=in_main_process_only(script, os.getpid())
     )
-    loader = make_loader(helpers, store, seed=11, num_workers=2, multiprocessing_context="fork")
+    loader = forked_loader(helpers, store, seed=11)
     assert list(loader) == stock_epochs(11, 1)[0]
     assert loader.stats()["requests"] == COUNT - 2 * BATCH + 1  # it, and what was not relayed
 
@@ -194,7 +193,7 @@ def test_a_relayed_get_that_stalls_holds_no_worker(helpers):
     store = MemoryConfig(
         helpers.numbered_objects(COUNT), script=in_main_process_only(script, os.getpid())
     )
-    loader = make_loader(helpers, store, seed=12, num_workers=2, multiprocessing_context="fork")
+    loader = forked_loader(helpers, store, seed=12)
     began = time.monotonic()
     assert list(loader) == stock_epochs(12, 1)[0]
     # Once the others were in, the main process gave up on it (as long again: tens of ms)
@@ -209,12 +208,10 @@ def test_the_relay_leaves_no_descriptor_open(helpers):
     def opened_by_an_epoch(head_start: bool) -> int:
         """Descriptors the main process holds after a first epoch of persistent workers."""
         store = MemoryConfig(helpers.numbered_objects(COUNT), latency_s=0.01)
-        loader = make_loader(
+        loader = forked_loader(
             helpers,
             store,
             seed=13,
-            num_workers=2,
-            multiprocessing_context="fork",
             persistent_workers=True,
             prefetch_next_epoch=False,
             head_start=head_start,
