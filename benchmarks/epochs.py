@@ -17,7 +17,11 @@ Setup as in the main benchmark: the generated JPEG dataset (:mod:`benchmarks.dat
 ``ImageFolder(..., image_size=224)``, ``shuffle=True`` with a seeded ``generator``; the
 S3 server and the latency proxy in front of it pinned to the storage CPUs, each run in a
 fresh subprocess pinned to the client CPUs (its workers inherit the pinning). Every run
-(one configuration, all its epochs) is one subprocess; repeats are interleaved::
+(one configuration, all its epochs) is one subprocess; repeats are interleaved, and each
+pair of runs (S3 and local disk, same persistence) goes in the opposite order in the next
+repeat (S3 first, then local first, ...), so that a drift of the machine's speed, or a run
+slowed for being the first after a pause, weighs on both sides alike. ``ratio_per_repeat``
+gives the pair's ratio for each repeat, next to the ratio over all of them::
 
     flock /tmp/bench.lock python -m benchmarks.epochs --images 480,2000 --epochs 5
 
@@ -44,8 +48,19 @@ if str(REPO_ROOT) not in sys.path:  # run as a script
     sys.path.insert(0, str(REPO_ROOT))
 
 REGION = "us-east-1"
-# (storage, persistent_workers), in the order runs are made within a repeat.
+# (storage, persistent_workers), in the order runs are made within an even repeat; an odd
+# repeat swaps each pair (see _order).
 CONFIGS = (("s3", False), ("local", False), ("s3", True), ("local", True))
+
+
+def _order(repeat: int) -> list[tuple[str, bool]]:
+    """The runs of repeat number ``repeat``: ``CONFIGS``, each S3/local pair swapped in odd
+    repeats (ABBA), so neither storage always runs first."""
+    if repeat % 2 == 0:
+        return list(CONFIGS)
+    return [c for pair in zip(CONFIGS[1::2], CONFIGS[0::2], strict=True) for c in pair]
+
+
 SMOKE = {
     "images": "48",
     "classes": 4,
@@ -171,8 +186,8 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     for images in args.images:
         with _storage(args, images) as where:
             found: dict[tuple[str, bool], list[dict[str, Any]]] = {c: [] for c in CONFIGS}
-            for _ in range(args.repeats):
-                for storage, persistent in CONFIGS:
+            for repeat in range(args.repeats):
+                for storage, persistent in _order(repeat):
                     spec = {
                         "storage": storage,
                         "persistent": persistent,
@@ -188,6 +203,8 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                         "local_dir": where["local_dir"],
                     }
                     result = _run_in_subprocess(spec, where["env"], args.run_timeout)
+                    for epoch in result["epochs"]:
+                        epoch["repeat"] = repeat
                     found[(storage, persistent)].extend(result["epochs"])
                     rates = ", ".join(f"{e['images_per_s']:.0f}" for e in result["epochs"])
                     print(f"{images} {storage} persistent={persistent}: {rates} img/s", flush=True)
@@ -215,6 +232,12 @@ def _row(images: int, storage: str, persistent: bool, epochs: list[dict[str, Any
     }
 
 
+def _whole_run(epochs: Sequence[dict[str, Any]], repeat: int) -> float:
+    """Images per second over the epochs of one repeat's run."""
+    mine = [e for e in epochs if e.get("repeat", 0) == repeat]
+    return sum(e["images"] for e in mine) / sum(e["seconds"] for e in mine)
+
+
 def compare(rows: Sequence[dict[str, Any]], latency_ms: float) -> list[dict[str, Any]]:
     """S3 against local disk, per size and persistence: the throughput ratio and the time to
     first batch (median over epochs), against the targets (>= 0.95x; <= local + 1.5 RTT)."""
@@ -231,12 +254,17 @@ def compare(rows: Sequence[dict[str, Any]], latency_ms: float) -> list[dict[str,
         round_trips = 1.5 * latency_ms / 1000
         ratio = s3["images_per_s"] / local["images_per_s"]
         median_ratio = s3["median_epoch_images_per_s"] / local["median_epoch_images_per_s"]
+        per_repeat = [
+            _whole_run(s3["epochs"], repeat) / _whole_run(local["epochs"], repeat)
+            for repeat in sorted({e.get("repeat", 0) for e in s3["epochs"]})
+        ]
         out.append(
             {
                 "images": images,
                 "persistent": persistent,
                 "ratio": ratio,
                 "median_epoch_ratio": median_ratio,
+                "ratio_per_repeat": per_repeat,
                 "cpu_ms_per_image_s3": s3["cpu_ms_per_image"],
                 "cpu_ms_per_image_local": local["cpu_ms_per_image"],
                 "first_batch_s3_s": first_s3,
@@ -269,15 +297,17 @@ def format_table(rows: Sequence[dict[str, Any]], comparisons: Sequence[dict[str,
     lines += [
         "",
         "| images | persistent_workers | S3 / local, whole run (target >= 0.95) "
-        "| S3 / local, median epoch | client CPU ms/image, S3 vs local "
+        "| per repeat | S3 / local, median epoch | client CPU ms/image, S3 vs local "
         "| first batch, median: S3 s, local s, S3 - local ms (target <= 1.5 RTT) "
         "| the same, first epoch of each run |",
-        "|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for c in comparisons:
+        per_repeat = ", ".join(f"{v:.3f}" for v in c["ratio_per_repeat"])
         lines.append(
             f"| {c['images']} | {c['persistent']} | {c['ratio']:.3f} "
-            f"{'(met)' if c['ratio_ok'] else '(missed)'} | {c['median_epoch_ratio']:.3f} "
+            f"{'(met)' if c['ratio_ok'] else '(missed)'} | {per_repeat} "
+            f"| {c['median_epoch_ratio']:.3f} "
             f"| {c['cpu_ms_per_image_s3']:.2f} vs {c['cpu_ms_per_image_local']:.2f} "
             f"| {c['first_batch_s3_s']:.3f}, "
             f"{c['first_batch_local_s']:.3f}, {c['first_batch_extra_ms']:+.0f} "

@@ -51,4 +51,13 @@ def test_the_epochs_benchmark_times_every_epoch_of_every_configuration(tmp_path:
     for comparison in results["comparisons"]:
         assert math.isfinite(comparison["ratio"]) and comparison["ratio"] > 0
         assert math.isfinite(comparison["first_epoch_first_batch_extra_ms"])
+        assert comparison["ratio_per_repeat"] == [pytest.approx(comparison["ratio"])]
     assert "S3 / local" in output
+
+
+def test_each_repeat_swaps_which_storage_runs_first() -> None:
+    from benchmarks.epochs import CONFIGS, _order
+
+    assert _order(0) == list(CONFIGS)
+    assert _order(1) == [("local", False), ("s3", False), ("local", True), ("s3", True)]
+    assert _order(2) == list(CONFIGS)
