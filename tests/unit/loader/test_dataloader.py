@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from _forking import fork_warning
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from concurrent_loader import (
@@ -265,12 +266,6 @@ def test_iterable_datasets_are_loaded_as_torch_loads_them():
 
 
 # ---------------------------------------------------------------------------- worker processes
-
-# Fork keeps these tests fast (no re-import of torch). Python 3.12+ warns about forking a
-# process with threads (torch's own), which is harmless for DataLoader workers.
-fork_warning = pytest.mark.filterwarnings(
-    "ignore:This process .* is multi-threaded:DeprecationWarning"
-)
 
 
 @fork_warning

@@ -12,6 +12,7 @@ from collections import Counter
 
 import pytest
 import torch
+from _forking import fork_warning
 from torch.utils.data import DataLoader
 
 from concurrent_loader import ConcurrentDataLoader
@@ -110,12 +111,6 @@ def test_nothing_runs_on_after_an_epoch_or_a_break(helpers):
 
 
 # ---------------------------------------------------------------------------- the first epoch
-
-# Fork keeps these tests fast (no re-import of torch). Python 3.12+ warns about forking a
-# process with threads (torch's own), which is harmless for DataLoader workers.
-fork_warning = pytest.mark.filterwarnings(
-    "ignore:This process .* is multi-threaded:DeprecationWarning"
-)
 
 
 @fork_warning

@@ -11,13 +11,12 @@ import time
 from typing import Any
 
 import pytest
+from _forking import fork_warning
 
 from concurrent_loader.loader.relay import WAIT_S, Relay
 from concurrent_loader.sources import Read
 
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:This process .* is multi-threaded:DeprecationWarning"
-)
+pytestmark = fork_warning
 
 BODIES = {f"k{i}": bytes([65 + i]) * (100 + i) for i in range(4)}
 
