@@ -234,7 +234,7 @@ def _row(images: int, storage: str, persistent: bool, epochs: list[dict[str, Any
 
 def _whole_run(epochs: Sequence[dict[str, Any]], repeat: int) -> float:
     """Images per second over the epochs of one repeat's run."""
-    mine = [e for e in epochs if e.get("repeat", 0) == repeat]
+    mine = [e for e in epochs if e["repeat"] == repeat]
     return sum(e["images"] for e in mine) / sum(e["seconds"] for e in mine)
 
 
@@ -256,7 +256,7 @@ def compare(rows: Sequence[dict[str, Any]], latency_ms: float) -> list[dict[str,
         median_ratio = s3["median_epoch_images_per_s"] / local["median_epoch_images_per_s"]
         per_repeat = [
             _whole_run(s3["epochs"], repeat) / _whole_run(local["epochs"], repeat)
-            for repeat in sorted({e.get("repeat", 0) for e in s3["epochs"]})
+            for repeat in sorted({e["repeat"] for e in s3["epochs"]})
         ]
         out.append(
             {

@@ -106,6 +106,22 @@ async def _half_then_as_long_again(tasks: Sequence[asyncio.Future[bool]]) -> Non
         await asyncio.wait(pending, timeout=loop.time() - started)
 
 
+async def _relay_all(relay: Relay, tasks: Sequence[asyncio.Future[bool]]) -> None:
+    """Workers wait for these: once half of the bodies are in, the rest get as long
+    again, ``RELAY_WAIT_S`` at most in all; then what is left is the workers' to fetch
+    (a few slow GETs hold no worker's first batch)."""
+    try:
+        async with asyncio.timeout(RELAY_WAIT_S):
+            await _half_then_as_long_again(tasks)
+    except TimeoutError:
+        pass
+    finally:
+        relay.end()  # before the wait below: a cancellation there must not skip it
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 class HeadStart:
     """Fetches the reads of ``batches`` (an epoch's first batches) in the background, within
     ``max_bytes``, through this process's client for ``config`` (the one its own pipeline
@@ -193,7 +209,7 @@ class HeadStart:
                     tasks = [asyncio.ensure_future(one(read)) for read in reads]
                 finally:
                     request_sent.reset(token)
-                await self._relay_all(tasks)
+                await _relay_all(relay, tasks)
         finally:
             if relay is not None:
                 relay.end()  # also where opening the client failed: no worker waits on
@@ -205,23 +221,6 @@ class HeadStart:
         ended, ``timeout`` seconds at most: the main process forks its workers after that,
         so that their start does not hold back requests waiting for this process's CPU."""
         self._sent.wait(timeout)
-
-    async def _relay_all(self, tasks: Sequence[asyncio.Future[bool]]) -> None:
-        """Workers wait for these: once half of the bodies are in, the rest get as long
-        again, ``RELAY_WAIT_S`` at most in all; then what is left is the workers' to fetch
-        (a few slow GETs hold no worker's first batch)."""
-        relay = self._relay
-        assert relay is not None
-        try:
-            async with asyncio.timeout(RELAY_WAIT_S):
-                await _half_then_as_long_again(tasks)
-        except TimeoutError:
-            pass
-        finally:
-            relay.end()  # before the wait below: a cancellation there must not skip it
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
 
     def stop(self) -> None:
         """Cancel the GETs still in flight and give the runtime back; what arrived stays."""

@@ -186,10 +186,9 @@ class Relay:
         if worker is None:
             info = get_worker_info()
             worker = info.id if info is not None else -1
-        mine = worker
         for number, pipe in enumerate(self._pipes):
             _close(pipe, 1)
-            if number == mine and pipe[0] >= 0:
+            if number == worker and pipe[0] >= 0:
                 self._fd, pipe[0] = pipe[0], -1
                 os.set_blocking(self._fd, False)
             else:
