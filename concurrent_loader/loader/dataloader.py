@@ -54,6 +54,7 @@ from ..pipeline import Partial, PipelineOptions, SkippedSample, source_of
 from ..sources import SampleSource
 from ..sources.base import CoalescingSource
 from . import state as resume
+from .handoff import Handoff, handoff_for
 from .headstart import HeadStart, Ready, reads_of, within
 from .iterator import EpochIterator, _drop_tracebacks
 from .lookahead import predict_next_epoch
@@ -254,7 +255,8 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         self._inner_generator = torch.Generator()
         self._persistent: tuple[DataLoader[Any], PlannedBatches] | None = None
         self._persistent_started = False
-        self._head_start: HeadStart | None = None
+        self._head_start: HeadStart | None = None  # the main process's own (no workers)
+        self._handoff: Handoff | None = None  # this epoch's workers' (.handoff)
 
     # ------------------------------------------------------------------ epochs
 
@@ -330,9 +332,16 @@ class ConcurrentDataLoader(DataLoader[T_co]):
                 cause=Reason.INVALID_ARGUMENT,
             )
         ready: Ready | None = None
+        lead = self._head_start_batches()
         if self._head_start is not None:  # bodies fetched ahead for this epoch's first batches
             head, self._head_start = self._head_start, None
-            ready = head.take(batches[skip : skip + self._head_start_batches()])
+            ready = head.take(batches[skip : skip + lead])
+        # Bodies the last epoch's workers fetched for this epoch's first batches (.handoff):
+        # the main process's mapping of them goes once this epoch's workers have theirs.
+        taken, self._handoff = self._handoff, None
+        source = source_of(self.dataset)
+        if taken is not None and source is not None:
+            ready = taken.take(source, batches[skip : skip + lead])
         predicted = self._predict_next_epoch()
         starts_workers = self.num_workers > 0 and new_iterator
         if starts_workers:
@@ -341,13 +350,18 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         # worker's first while the workers start, and relays the bodies (see .relay).
         cold: HeadStart | None = None
         relay: Relay | None = None
-        if starts_workers and not ready:
-            relayed = self._relayed(batches[skip : skip + self.num_workers])
-            if relayed is not None:
-                cold, relay = relayed
-                ready = dict(relay.slots())
+        handoff: Handoff | None = None
         try:
-            inner = self._inner_loader(batches, skip, collate, predicted, ready)
+            if starts_workers and not ready:
+                relayed = self._relayed(batches[skip : skip + self.num_workers])
+                if relayed is not None:
+                    cold, relay = relayed
+                    ready = dict(relay.slots())
+            if predicted and source is not None and starts_workers and not self.persistent_workers:
+                config = self.options.fetch_config(source.fetch_config)
+                max_bytes = self.options.max_inflight_bytes or config.max_inflight_bytes
+                handoff = handoff_for(source, predicted[:lead], self.num_workers, max_bytes)
+            inner = self._inner_loader(batches, skip, collate, predicted, ready, handoff)
             if cold is not None:
                 cold.wait_sent(RELAY_SEND_WAIT_S)
             with warnings.catch_warnings(), frozen_heap() if starts_workers else nullcontext():
@@ -358,15 +372,22 @@ class ConcurrentDataLoader(DataLoader[T_co]):
                 relay.forked()
             if ready and starts_workers:
                 ready.clear()  # the forked workers have their copy
-            return self._epoch_iterator(
+            iterator = self._epoch_iterator(
                 epoch, batches, skip, start_state, base_seed_drawn, predicted, inner_batches, cold
             )
+            self._handoff, handoff = handoff, None
+            return iterator
         except BaseException:
             if cold is not None:
                 cold.stop()  # its fetch ends, and every state it left pending is settled
             if relay is not None:
                 relay.forked()  # the workers that could take its read ends have them, or none
             raise
+        finally:
+            if taken is not None:
+                taken.close()
+            if handoff is not None:  # not handed to an epoch
+                handoff.close()
 
     def _epoch_iterator(
         self,
@@ -382,7 +403,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         """The epoch's iterator over its started inner iterator, with the head start on the
         next epoch set up."""
         source = source_of(self.dataset)
-        if predicted and source is not None and not self.persistent_workers:
+        if predicted and source is not None and self.num_workers == 0:
             config = self.options.fetch_config(source.fetch_config)
             self._head_start = HeadStart(
                 source,
@@ -484,6 +505,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         collate: Callable[[list[Any]], Any],
         predicted: list[list[Any]],
         ready: Ready | None,
+        handoff: Handoff | None = None,
     ) -> DataLoader[Any]:
         """The plain DataLoader over this epoch's plan: a new one each epoch, except with
         persistent workers, which keep the one (and the shared plans: this epoch's and the
@@ -508,7 +530,15 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             next_plan = EpochPlan()
             next_plan.write(predicted, may_grow=True, room=batches)
         planned = PlannedBatches(
-            self.dataset, plan, collate, self.options, self._shared_stats, claims, next_plan, ready
+            self.dataset,
+            plan,
+            collate,
+            self.options,
+            self._shared_stats,
+            claims,
+            next_plan,
+            ready,
+            handoff,
         )
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="This DataLoader will create")

@@ -7,9 +7,8 @@ worker's first batch as ``iter()`` draws the plan, and forks the workers as soon
 requests are written (a few ms; ``RELAY_SEND_WAIT_S`` at most, in ``loader.dataloader``):
 the round trip runs while they start, and a worker decodes each body as soon as it is in.
 
-How a body crosses over: before the fork, one anonymous shared mapping (``mmap`` with no
-file: ``MAP_SHARED``, inherited through ``fork``) holds the bodies, packed as they arrive,
-then a state byte per read and where its body lies; a pipe is opened per worker. The main
+How a body crosses over: before the fork, the main process makes the bodies' shared mapping
+(:class:`~.bodies.SharedBodies`, inherited through ``fork``) and a pipe per worker. The main
 process writes a body, then where it lies, then its state (``ARRIVED``; ``MISSED`` for a
 failed GET, a body of another size than listed, or no room left), then one byte into every
 worker's pipe. A worker's event loop watches its pipe while one of its reads waits for a body
@@ -39,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import mmap
 import os
 import threading
 import time
@@ -49,10 +47,9 @@ from collections.abc import Sequence
 from torch.utils.data import get_worker_info
 
 from ..sources import Read
+from .bodies import MISSED, PENDING, SharedBodies
 
 __all__ = ["Relay", "RelaySlot", "expire_relays"]
-
-PENDING, ARRIVED, MISSED = 0, 1, 2
 
 #: seconds at most a worker waits for a body in flight in the main process before it sends
 #: its own GET (a safety net: the main process's fetch ends within seconds by itself).
@@ -67,7 +64,7 @@ def expire_relays() -> None:
     """A worker starts another epoch: the bodies relayed for its first are not used again
     (a later epoch reads its objects anew), and their mapping goes once nothing reads it."""
     for relay in list(_attached):
-        relay._memory = None
+        relay._bodies.drop()
     _attached.clear()
 
 
@@ -76,16 +73,8 @@ class Relay:
     forked workers."""
 
     def __init__(self, reads: Sequence[Read], workers: int, capacity: int) -> None:
-        self._reads = list(dict.fromkeys(reads))
-        self._number = {read: number for number, read in enumerate(self._reads)}
-        count = len(self._reads)
-        # Bodies first; then a state byte per read; then where its body lies (offset, length),
-        # written before its state says ARRIVED.
-        self._capacity = capacity
-        self._states = capacity
-        self._places = capacity + count
-        self._memory: mmap.mmap | None = mmap.mmap(-1, max(1, capacity + count + 16 * count))
-        self._used = 0  # bytes of bodies written (main process)
+        # Bodies of ``capacity`` bytes in all, written by the main process (one region).
+        self._bodies = SharedBodies(reads, [capacity])
         # [read end, write end] per worker; -1 once closed in this process (a closed number
         # may be reused by anything opened next: never closed twice).
         self._pipes = [list(os.pipe()) for _ in range(workers)]
@@ -103,37 +92,28 @@ class Relay:
 
     @property
     def reads(self) -> list[Read]:
-        return list(self._reads)
+        return list(self._bodies.reads)
 
     def slots(self) -> dict[Read, RelaySlot]:
         """A slot per read, to hand to the workers as their ``ready`` bodies."""
-        return {read: RelaySlot(self, read) for read in self._reads}
+        return {read: RelaySlot(self, read) for read in self._bodies.reads}
 
     # ------------------------------------------------------------------ the main process
 
     def deliver(self, read: Read, body: bytes | bytearray) -> None:
         """``read``'s body arrived (in the main process)."""
-        number, size = self._number[read], len(body)
         with self._lock:
-            memory, offset = self._memory, self._used
-            if memory is None or self._ended:
+            if self._bodies.memory is None or self._ended:
                 return
-            if offset + size <= self._capacity and (read.size is None or size == read.size):
-                memory[offset : offset + size] = body
-                place = self._places + 16 * number
-                where = offset.to_bytes(8, "little") + size.to_bytes(8, "little")
-                memory[place : place + 16] = where
-                self._used = offset + size
-                memory[self._states + number] = ARRIVED
-            else:  # no room left, or changed since the listing: the worker reads it again
-                memory[self._states + number] = MISSED
+            if not self._bodies.put(read, body):  # no room left, or changed since the listing
+                self._bodies.settle(read, MISSED)  # the worker reads it again
             self._notify()
 
     def miss(self, read: Read) -> None:
         """``read`` will not arrive here (its GET failed): the worker fetches it."""
         with self._lock:
-            if self._memory is not None and not self._ended:
-                self._memory[self._states + self._number[read]] = MISSED
+            if self._bodies.memory is not None and not self._ended:
+                self._bodies.settle(read, MISSED)
                 self._notify()
 
     def _notify(self) -> None:
@@ -146,18 +126,18 @@ class Relay:
         """The fetch ends: what is still pending is the workers' to fetch (once; later calls
         do nothing). Workers forked after this take what arrived without waiting."""
         with self._lock:
-            memory = self._memory
-            if memory is None or self._ended:
+            bodies = self._bodies
+            if bodies.memory is None or self._ended:
                 return
             self._ended = True
-            for number in range(len(self._reads)):
-                if memory[self._states + number] == PENDING:
-                    memory[self._states + number] = MISSED
+            for read in bodies.reads:
+                if bodies.state(read) == PENDING:
+                    bodies.settle(read, MISSED)
             self._notify()
             for pipe in self._pipes:
                 _close(pipe, 1)
             if self._forked:
-                self._release_memory()
+                bodies.close()  # the workers keep their own mappings
 
     def forked(self) -> None:
         """The workers are started (or will not be): close the main process's read ends."""
@@ -166,12 +146,7 @@ class Relay:
             for pipe in self._pipes:
                 _close(pipe, 0)
             if self._ended:
-                self._release_memory()
-
-    def _release_memory(self) -> None:
-        memory, self._memory = self._memory, None
-        if memory is not None:
-            memory.close()  # the workers keep their own mappings
+                self._bodies.close()
 
     # ------------------------------------------------------------------ a worker
 
@@ -196,13 +171,12 @@ class Relay:
         self._close_if_settled()
 
     async def _body(self, read: Read) -> bytes | None:
-        number = self._number[read]
-        memory = self._memory
-        if memory is None:
+        bodies = self._bodies
+        if bodies.memory is None:
             return None
         self.attach()
         deadline = time.monotonic() + WAIT_S
-        while (state := memory[self._states + number]) == PENDING and self._fd >= 0:
+        while bodies.state(read) == PENDING and self._fd >= 0:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
@@ -211,18 +185,10 @@ class Relay:
             except TimeoutError:
                 return None
             self._close_if_settled()
-        if state != ARRIVED:
-            return None
-        place = self._places + 16 * number
-        offset = int.from_bytes(memory[place : place + 8], "little")
-        size = int.from_bytes(memory[place + 8 : place + 16], "little")
-        return memory[offset : offset + size]
+        return bodies.body(read)
 
     def _close_if_settled(self) -> None:
-        memory = self._memory
-        if self._fd < 0 or memory is None:
-            return
-        if all(memory[self._states + n] != PENDING for n in range(len(self._reads))):
+        if self._fd >= 0 and self._bodies.memory is not None and self._bodies.settled():
             self._close_fd()
 
     def _close_fd(self) -> None:
