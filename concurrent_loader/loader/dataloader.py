@@ -132,13 +132,14 @@ class ConcurrentDataLoader(DataLoader[T_co]):
       epoch ends, when its plan can be predicted (default True; :mod:`.lookahead`). What a
       changed plan leaves unused is dropped, never delivered; after the last epoch, that
       costs one prefetch window of GETs;
-    - ``head_start``: the main process fetches the bodies of the first batches for the new
-      workers an epoch starts (:mod:`.headstart`): without persistent workers, the next
-      epoch's, while an epoch ends (``fork`` workers or ``num_workers=0``); on the first
-      epoch (and whenever nothing was fetched ahead), each ``fork`` worker's first batch,
+    - ``head_start``: the bodies of an epoch's first batches are fetched ahead for the new
+      workers it starts. Without persistent workers, the next epoch's, while an epoch ends:
+      by this epoch's ``fork`` workers for the next one's (:mod:`.handoff`), or by the main
+      process with ``num_workers=0`` (:mod:`.headstart`). On the first epoch (and whenever
+      nothing was fetched ahead), each ``fork`` worker's first batch, by the main process
       from ``iter()`` on, relayed to the workers as the bodies arrive (:mod:`.relay`).
-      Default False: it moves those GETs into the main process, and ``stats()`` does not
-      count them.
+      Default False: it sends GETs for a predicted plan that may not come, and ``stats()``
+      does not count them.
 
     ``len(loader)`` is the number of batches. An ``IterableDataset`` is loaded as a stock
     DataLoader loads it (none of the options above apply to it).

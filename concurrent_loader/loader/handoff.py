@@ -27,16 +27,17 @@ Guarantees:
   leaves the bodies unused, so a missed prediction costs GETs, not samples. A GET that
   fails here is left to the next epoch's worker, which reads the object again and reports
   the error as usual.
-- Never a wait for it: the next epoch's workers take what is whole when they are forked
-  and fetch the rest themselves; a worker waits for its part at most ``GRACE_S`` past the
-  end of its share, then cancels what is still in flight.
+- Never a wait for it: a worker does not wait for its part (GETs still in flight at the end
+  of its share go on while the worker lives, until the epoch ends), and the next epoch's
+  workers take what is whole when they are forked and fetch the rest themselves.
 - Bounded: the first ``prefetch_batches`` batches of each worker's share, each read in one
   part only; bodies of one process's ``max_inflight_bytes`` in all (exactly the listed sizes
   where every size is listed; else an even share per worker, and a body with no room left
   is not kept).
-- Nothing left running between epochs: the GETs end with the share of the worker that sent
-  them. The shared memory stays mapped in the main process from the ``iter()`` that made
-  it until the next epoch's workers are forked (or the loader goes).
+- Nothing left running between epochs: the GETs end with the worker process that sent
+  them (with its epoch; a share left early cancels them at once). The shared memory stays
+  mapped in the main process from the ``iter()`` that made it until the next epoch's
+  workers are forked (or the loader goes).
 """
 
 from __future__ import annotations
@@ -54,13 +55,9 @@ from ..sources import Read, SampleSource
 from .bodies import ARRIVED, SharedBodies
 from .headstart import Ready, reads_of, within
 
-__all__ = ["GRACE_S", "Handoff", "PartFetch", "handoff_for", "then"]
+__all__ = ["Handoff", "PartFetch", "handoff_for", "then"]
 
 log = logging.getLogger(__name__)
-
-#: seconds at most a worker waits past the end of its share for the GETs of its part: what is
-#: still in flight then is the next epoch's workers' to fetch.
-GRACE_S = 0.05
 
 
 def handoff_for(
@@ -133,7 +130,7 @@ class Arrived:
 class PartFetch:
     """Worker ``part``'s GETs of its part of ``handoff``, through this process's client for
     ``store`` under ``config`` (the one its pipeline uses): :meth:`start` once its share is
-    started, :meth:`finish` at its end, :meth:`cancel` when it ends otherwise."""
+    started; they run until the process ends, or :meth:`cancel` if the share ends early."""
 
     def __init__(
         self,
@@ -169,20 +166,8 @@ class PartFetch:
 
         await asyncio.gather(*(one(read) for read in self._handoff.parts[part]))
 
-    def finish(self, grace: float = GRACE_S) -> None:
-        """Wait ``grace`` seconds at most for the GETs still in flight, then cancel them."""
-        future = self._future
-        if future is None:
-            return
-        try:
-            future.result(timeout=grace)
-        except TimeoutError:
-            future.cancel()
-        except (concurrent.futures.CancelledError, Exception):
-            pass  # failures were logged per read; what did not arrive is the next epoch's
-
     def cancel(self) -> None:
-        """Cancel the GETs still in flight (the share ended early)."""
+        """Cancel the GETs still in flight."""
         if self._future is not None:
             self._future.cancel()
 

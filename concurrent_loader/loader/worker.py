@@ -245,6 +245,7 @@ class PlannedBatches(IterableDataset[Any]):
         pipeline: BatchPipeline | None = None
         broken: BaseException | None = None
         part: PartFetch | None = None
+        ended = False  # the whole share was delivered
         try:
             if worker is not None and source is not None and source.store.capabilities.remote:
                 runtime = _hold_runtime_for_this_process()
@@ -270,21 +271,21 @@ class PlannedBatches(IterableDataset[Any]):
                     if isinstance(outcome, Failure):
                         _note_traceback(outcome.exc, row)
                     yield outcome
-                if part is not None:
-                    part.finish()
+                ended = True
                 return
             pipeline = self._start(share, row, ready, part)
             for outcome in pipeline.outcomes():
                 if isinstance(outcome, Failure):
                     _note_traceback(outcome.exc, row)
                 yield outcome
-            if part is not None:
-                part.finish()
+            ended = True
         except Exception as exc:  # the pipeline could not start (or broke)
             broken = exc
         finally:
-            if part is not None:
-                part.cancel()  # done, or the share ended early: nothing goes on after it
+            if part is not None and not ended:
+                # Left early: its GETs go now. Else they go on until this process ends with
+                # the epoch, and the next epoch takes what is whole by then.
+                part.cancel()
             if pipeline is not None:
                 pipeline.close()
         if pipeline is None and broken is not None:
