@@ -1,9 +1,9 @@
 """Bodies that one process writes and processes forked after them read, in an anonymous
 shared mapping (``mmap`` with no file: ``MAP_SHARED``, inherited through ``fork``).
 
-Layout: the bodies, in regions (one per writing process, each packed as its bodies arrive);
-then a state byte per read (``PENDING``, ``ARRIVED``, ``MISSED``); then where each read's
-body lies (offset and length, 8 bytes each).
+Layout: the bodies, packed as they arrive; then a state byte per read (``PENDING``,
+``ARRIVED``, ``MISSED``); then where each read's body lies (offset and length, 8 bytes
+each).
 
 Guarantees:
 
@@ -12,14 +12,13 @@ Guarantees:
   dies midway leaves its read ``PENDING``, never half a body ``ARRIVED``.
 - Never another read's body: each read has its own state and place, and a body is kept only
   if it is of the read's listed size (when one is listed).
-- Bounded: bodies of the regions' capacities in all; a body with no room left in its
-  region is not written (its read is for its reader to fetch).
-- One writer per region: where a region's next body goes is known to its writer only.
+- Bounded: bodies of ``capacity`` bytes in all; a body with no room left is not written
+  (its read is for its reader to fetch).
+- One writing process: where the next body goes is known to the writer only.
 """
 
 from __future__ import annotations
 
-import itertools
 import mmap
 from collections.abc import Sequence
 
@@ -31,16 +30,14 @@ PENDING, ARRIVED, MISSED = 0, 1, 2
 
 
 class SharedBodies:
-    """Room for the bodies of ``reads`` (each once), ``regions`` giving each writer's
-    capacity in bytes."""
+    """Room for the bodies of ``reads`` (each once), ``capacity`` bytes of them in all."""
 
-    def __init__(self, reads: Sequence[Read], regions: Sequence[int]) -> None:
+    def __init__(self, reads: Sequence[Read], capacity: int) -> None:
         self.reads = list(dict.fromkeys(reads))
         self._number = {read: number for number, read in enumerate(self.reads)}
-        count, capacity = len(self.reads), sum(regions)
-        starts = [0, *itertools.accumulate(regions)]
-        self._used = starts[:-1]  # where each region's next body goes (its writer's copy)
-        self._ends = starts[1:]
+        count = len(self.reads)
+        self._capacity = capacity
+        self._used = 0  # bytes of bodies written (the writer's count)
         self._states = capacity
         self._places = capacity + count
         #: None once this process dropped its mapping (others keep theirs)
@@ -49,13 +46,11 @@ class SharedBodies:
     def __contains__(self, read: object) -> bool:
         return read in self._number
 
-    def put(self, read: Read, body: bytes | bytearray, region: int = 0) -> bool:
-        """Write ``read``'s body into ``region``, then where it lies, then ``ARRIVED``; False
-        (nothing written) if there is no room left there, or the body is not of the read's
-        listed size."""
-        memory, size = self.memory, len(body)
-        offset = self._used[region]
-        if memory is None or offset + size > self._ends[region]:
+    def put(self, read: Read, body: bytes | bytearray) -> bool:
+        """Write ``read``'s body, then where it lies, then ``ARRIVED``; False (nothing
+        written) if there is no room left, or the body is not of the read's listed size."""
+        memory, size, offset = self.memory, len(body), self._used
+        if memory is None or offset + size > self._capacity:
             return False
         if read.size is not None and size != read.size:  # changed since the listing
             return False
@@ -63,7 +58,7 @@ class SharedBodies:
         memory[offset : offset + size] = body
         place = self._places + 16 * number
         memory[place : place + 16] = offset.to_bytes(8, "little") + size.to_bytes(8, "little")
-        self._used[region] = offset + size
+        self._used = offset + size
         memory[self._states + number] = ARRIVED
         return True
 

@@ -54,7 +54,6 @@ from ..pipeline import Partial, PipelineOptions, SkippedSample, source_of
 from ..sources import SampleSource
 from ..sources.base import CoalescingSource
 from . import state as resume
-from .handoff import Handoff, handoff_for
 from .headstart import HeadStart, Ready, reads_of, within
 from .iterator import EpochIterator, _drop_tracebacks
 from .lookahead import predict_next_epoch
@@ -132,14 +131,13 @@ class ConcurrentDataLoader(DataLoader[T_co]):
       epoch ends, when its plan can be predicted (default True; :mod:`.lookahead`). What a
       changed plan leaves unused is dropped, never delivered; after the last epoch, that
       costs one prefetch window of GETs;
-    - ``head_start``: the bodies of an epoch's first batches are fetched ahead for the new
-      workers it starts. Without persistent workers, the next epoch's, while an epoch ends:
-      by this epoch's ``fork`` workers for the next one's (:mod:`.handoff`), or by the main
-      process with ``num_workers=0`` (:mod:`.headstart`). On the first epoch (and whenever
-      nothing was fetched ahead), each ``fork`` worker's first batch, by the main process
+    - ``head_start``: the main process fetches the bodies of the first batches for the new
+      workers an epoch starts (:mod:`.headstart`): without persistent workers, the next
+      epoch's, while an epoch ends (``fork`` workers or ``num_workers=0``); on the first
+      epoch (and whenever nothing was fetched ahead), each ``fork`` worker's first batch,
       from ``iter()`` on, relayed to the workers as the bodies arrive (:mod:`.relay`).
-      Default False: it sends GETs for a predicted plan that may not come, and ``stats()``
-      does not count them.
+      Default False: it moves those GETs into the main process, and ``stats()`` does not
+      count them.
 
     ``len(loader)`` is the number of batches. An ``IterableDataset`` is loaded as a stock
     DataLoader loads it (none of the options above apply to it).
@@ -256,8 +254,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         self._inner_generator = torch.Generator()
         self._persistent: tuple[DataLoader[Any], PlannedBatches] | None = None
         self._persistent_started = False
-        self._head_start: HeadStart | None = None  # the main process's own (no workers)
-        self._handoff: Handoff | None = None  # this epoch's workers' (.handoff)
+        self._head_start: HeadStart | None = None
 
     # ------------------------------------------------------------------ epochs
 
@@ -333,16 +330,9 @@ class ConcurrentDataLoader(DataLoader[T_co]):
                 cause=Reason.INVALID_ARGUMENT,
             )
         ready: Ready | None = None
-        lead = self._head_start_batches()
         if self._head_start is not None:  # bodies fetched ahead for this epoch's first batches
             head, self._head_start = self._head_start, None
-            ready = head.take(batches[skip : skip + lead])
-        # Bodies the last epoch's workers fetched for this epoch's first batches (.handoff):
-        # the main process's mapping of them goes once this epoch's workers have theirs.
-        taken, self._handoff = self._handoff, None
-        source = source_of(self.dataset)
-        if taken is not None and source is not None:
-            ready = taken.take(source, batches[skip : skip + lead])
+            ready = head.take(batches[skip : skip + self._head_start_batches()])
         predicted = self._predict_next_epoch()
         starts_workers = self.num_workers > 0 and new_iterator
         if starts_workers:
@@ -351,18 +341,13 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         # worker's first while the workers start, and relays the bodies (see .relay).
         cold: HeadStart | None = None
         relay: Relay | None = None
-        handoff: Handoff | None = None
+        if starts_workers and not ready:
+            relayed = self._relayed(batches[skip : skip + self.num_workers])
+            if relayed is not None:
+                cold, relay = relayed
+                ready = dict(relay.slots())
         try:
-            if starts_workers and not ready:
-                relayed = self._relayed(batches[skip : skip + self.num_workers])
-                if relayed is not None:
-                    cold, relay = relayed
-                    ready = dict(relay.slots())
-            if predicted and source is not None and starts_workers and not self.persistent_workers:
-                config = self.options.fetch_config(source.fetch_config)
-                max_bytes = self.options.max_inflight_bytes or config.max_inflight_bytes
-                handoff = handoff_for(source, predicted[:lead], self.num_workers, max_bytes)
-            inner = self._inner_loader(batches, skip, collate, predicted, ready, handoff)
+            inner = self._inner_loader(batches, skip, collate, predicted, ready)
             if cold is not None:
                 cold.wait_sent(RELAY_SEND_WAIT_S)
             with warnings.catch_warnings(), frozen_heap() if starts_workers else nullcontext():
@@ -373,22 +358,15 @@ class ConcurrentDataLoader(DataLoader[T_co]):
                 relay.forked()
             if ready and starts_workers:
                 ready.clear()  # the forked workers have their copy
-            iterator = self._epoch_iterator(
+            return self._epoch_iterator(
                 epoch, batches, skip, start_state, base_seed_drawn, predicted, inner_batches, cold
             )
-            self._handoff, handoff = handoff, None
-            return iterator
         except BaseException:
             if cold is not None:
                 cold.stop()  # its fetch ends, and every state it left pending is settled
             if relay is not None:
                 relay.forked()  # the workers that could take its read ends have them, or none
             raise
-        finally:
-            if taken is not None:
-                taken.close()
-            if handoff is not None:  # not handed to an epoch
-                handoff.close()
 
     def _epoch_iterator(
         self,
@@ -404,7 +382,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         """The epoch's iterator over its started inner iterator, with the head start on the
         next epoch set up."""
         source = source_of(self.dataset)
-        if predicted and source is not None and self.num_workers == 0:
+        if predicted and source is not None and not self.persistent_workers:
             config = self.options.fetch_config(source.fetch_config)
             self._head_start = HeadStart(
                 source,
@@ -506,7 +484,6 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         collate: Callable[[list[Any]], Any],
         predicted: list[list[Any]],
         ready: Ready | None,
-        handoff: Handoff | None = None,
     ) -> DataLoader[Any]:
         """The plain DataLoader over this epoch's plan: a new one each epoch, except with
         persistent workers, which keep the one (and the shared plans: this epoch's and the
@@ -531,15 +508,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             next_plan = EpochPlan()
             next_plan.write(predicted, may_grow=True, room=batches)
         planned = PlannedBatches(
-            self.dataset,
-            plan,
-            collate,
-            self.options,
-            self._shared_stats,
-            claims,
-            next_plan,
-            ready,
-            handoff,
+            self.dataset, plan, collate, self.options, self._shared_stats, claims, next_plan, ready
         )
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="This DataLoader will create")

@@ -1,21 +1,21 @@
-"""The main process's fetches of an epoch's first batches: ahead of the next epoch when the
-main process reads the batches itself (``num_workers=0``), and, for ``fork`` workers, each
-worker's first batch while the workers start (through a :class:`~.relay.Relay`). Persistent
-workers fetch the next epoch's first batches themselves (:mod:`.lookahead`), and so do the
-workers of an epoch for the next epoch's new workers (:mod:`.handoff`).
+"""The main process's head start on the next epoch, for loaders whose workers end with each
+epoch (``persistent_workers=False``; persistent workers have :mod:`.lookahead`).
 
-With ``num_workers=0``, while an epoch ends, the main process fetches the bodies of the next
-epoch's first batches (those of its predicted plan, see
-:func:`.lookahead.predict_next_epoch`) into memory, and the next epoch's pipeline decodes
-those at once while its own GETs for the batches after are in flight.
+Each such epoch starts new worker processes, which send their first GETs only once started:
+one round trip, new connections and the first decodes in a row, where a local disk has the
+first files at once. So while an epoch ends, the main process fetches the bodies of the next
+epoch's first batches (those of its predicted plan, see :func:`.lookahead.predict_next_epoch`)
+into memory; the next epoch's workers, forked with them, decode those at once and send
+their own GETs for the batches after, which arrive while they decode.
 
-An epoch with nothing fetched ahead for its new ``fork`` workers (the first, with or
-without persistent workers) has the same fetch started by ``iter()`` itself, for the first
-batch of each worker, and handed over through a :class:`~.relay.Relay` (``relay=``): the
-workers are forked once its requests are written (:meth:`HeadStart.wait_sent`), and each
-body reaches them as it arrives. Such a fetch waits for its reads until half of the bodies
-are in, then at most as long again, and ``RELAY_WAIT_S`` at most in all; what is left by
-then is the workers' to fetch, so a few slow GETs hold no worker's first batch for long.
+An epoch with nothing fetched ahead for its new workers (the first, with or without
+persistent workers) has the same fetch started by ``iter()`` itself, for the first batch of
+each worker, and handed over through a :class:`~.relay.Relay` (``relay=``): the workers are
+forked once its requests are written (:meth:`HeadStart.wait_sent`), and each body reaches
+them as it arrives. Such a fetch waits for its reads
+until half of the bodies are in, then at most as long again, and ``RELAY_WAIT_S`` at most in
+all; what is left by then is the workers' to fetch, so a few slow GETs hold no worker's
+first batch for long.
 
 Guarantees:
 
@@ -35,9 +35,10 @@ Guarantees:
   collection), then GETs still in flight are cancelled and the lease given back: only the
   bodies that arrived stay, until the next epoch starts.
 - Used only where workers receive it for free: workers started by ``fork`` (they inherit the
-  relay's mapping) or the main process itself (``num_workers=0``). Workers started by
-  ``spawn`` or ``forkserver`` would receive a pickled copy each, after a start-up of about a
-  second that hides the round trip anyway.
+  main process's memory; the main process drops its copy once they are started) or the main
+  process itself (``num_workers=0``). Workers started by ``spawn`` or ``forkserver`` would
+  receive a pickled copy each, after a start-up of about a second that hides the round trip
+  anyway.
 """
 
 from __future__ import annotations

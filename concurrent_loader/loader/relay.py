@@ -73,8 +73,8 @@ class Relay:
     forked workers."""
 
     def __init__(self, reads: Sequence[Read], workers: int, capacity: int) -> None:
-        # Bodies of ``capacity`` bytes in all, written by the main process (one region).
-        self._bodies = SharedBodies(reads, [capacity])
+        # Bodies of ``capacity`` bytes in all, written by the main process.
+        self._bodies = SharedBodies(reads, capacity)
         # [read end, write end] per worker; -1 once closed in this process (a closed number
         # may be reused by anything opened next: never closed twice).
         self._pipes = [list(os.pipe()) for _ in range(workers)]

@@ -14,10 +14,7 @@ Every batch of a worker's share has exactly one outcome: the batch, or a
 
 A persistent worker (a second, predicted plan given) keeps its pipeline from one epoch to
 the next through a :class:`~.lookahead.Lookahead`, which fetches the next epoch's first
-batches while this one drains. A worker that ends with its epoch, given a
-:class:`~.handoff.Handoff`, fetches its part of the next epoch's first batches for the next
-epoch's workers once its pipeline has started its share's last batch. A worker leaves Ctrl-C
-(SIGINT) to the main process.
+batches while this one drains. A worker leaves Ctrl-C (SIGINT) to the main process.
 """
 
 from __future__ import annotations
@@ -35,9 +32,8 @@ from ..errors import LoaderError
 from ..metrics import SharedStats
 from ..pipeline import BatchPipeline, Failure, PipelineOptions, source_of
 from ..runtime import Runtime, acquire_runtime
-from .handoff import Handoff, PartFetch, then
 from .headstart import Ready
-from .lookahead import Feed, Lookahead
+from .lookahead import Lookahead
 from .plan import EpochPlan, Lock
 from .relay import RelaySlot, expire_relays
 
@@ -49,11 +45,10 @@ __all__ = ["Failure", "PlannedBatches"]
 _process_lease: Runtime | None = None
 
 
-def _hold_runtime_for_this_process() -> Runtime:
+def _hold_runtime_for_this_process() -> None:
     global _process_lease
     if _process_lease is None or _process_lease.pid != os.getpid():
         _process_lease = acquire_runtime()
-    return _process_lease
 
 
 def _leave_ctrl_c_to_the_main_process() -> None:
@@ -82,7 +77,6 @@ _OWN = frozenset(
         "_cl_claims",
         "_cl_next",
         "_cl_ready",
-        "_cl_handoff",
     }
 )
 
@@ -116,7 +110,6 @@ class PlannedBatches(IterableDataset[Any]):
         claims: Lock | None = None,
         next_plan: EpochPlan | None = None,
         ready: Ready | None = None,
-        handoff: Handoff | None = None,
     ) -> None:
         object.__setattr__(self, "_cl_dataset", dataset)
         object.__setattr__(self, "_cl_plan", plan)
@@ -126,7 +119,6 @@ class PlannedBatches(IterableDataset[Any]):
         object.__setattr__(self, "_cl_claims", claims)
         object.__setattr__(self, "_cl_next", next_plan)
         object.__setattr__(self, "_cl_ready", ready)
-        object.__setattr__(self, "_cl_handoff", handoff)
 
     # ------------------------------------------------------------------ the user's dataset
 
@@ -173,7 +165,6 @@ class PlannedBatches(IterableDataset[Any]):
                 self._cl_claims,
                 self._cl_next,
                 self._cl_ready,
-                self._cl_handoff,
             ),
         )
 
@@ -200,27 +191,19 @@ class PlannedBatches(IterableDataset[Any]):
                     break
         if claims is not None:
             claimed = _claimed(batches, plan, claims, plan.generation)
-            return self._produce(claimed, None, worker if in_worker else None, row, ready)
+            return self._produce(claimed, None, in_worker, row, ready)
         share = batches[worker::num_workers]
         predicted: list[list[Any]] = []
         if in_worker and self._cl_next is not None:
             # Written with this epoch's plan, before the epoch started: read it now too.
             predicted = self._cl_next.batches()[worker::num_workers]
-        return self._produce(share, predicted, worker if in_worker else None, row, ready)
+        return self._produce(share, predicted, in_worker, row, ready)
 
-    def _start(
-        self,
-        feed: Iterable[list[Any]],
-        row: int,
-        ready: Ready | None,
-        part: PartFetch | None = None,
-    ) -> BatchPipeline:
+    def _start(self, feed: Iterable[list[Any]], row: int, ready: Ready | None) -> BatchPipeline:
         shared = self._cl_stats
         return BatchPipeline(
             self._cl_dataset,
-            # Once the share's last batch is started, the worker's part of the next epoch's
-            # first batches goes out (.handoff).
-            feed if part is None else then(feed, part.start),
+            feed,
             collate_fn=self._cl_collate,
             options=self._cl_options,
             # Counting goes on from what earlier epochs (or processes) left in the row.
@@ -233,26 +216,18 @@ class PlannedBatches(IterableDataset[Any]):
         self,
         share: Iterable[list[Any]],
         predicted: list[list[Any]] | None,
-        worker: int | None,
+        in_worker: bool,
         row: int,
         ready: Ready | None,
     ) -> Iterator[Any]:
         """The outcomes of ``share``: a list (a fixed share, with the ``predicted`` share of the
-        next epoch to fetch ahead) or the batches claimed one by one (``predicted`` None), in
-        worker ``worker`` (None: the main process)."""
+        next epoch to fetch ahead) or the batches claimed one by one (``predicted`` None)."""
         source = source_of(self._cl_dataset)
-        in_worker = worker is not None
         pipeline: BatchPipeline | None = None
         broken: BaseException | None = None
-        part: PartFetch | None = None
-        ended = False  # the whole share was delivered
         try:
-            if worker is not None and source is not None and source.store.capabilities.remote:
-                runtime = _hold_runtime_for_this_process()
-                handoff = self._cl_handoff
-                if handoff is not None and worker < len(handoff.parts):
-                    config = self._cl_options.fetch_config(source.fetch_config)
-                    part = PartFetch(handoff, worker, runtime, source, config)
+            if in_worker and source is not None and source.store.capabilities.remote:
+                _hold_runtime_for_this_process()
             self._cl_stats.register(row)
             if predicted is not None:
                 assert isinstance(share, list)
@@ -263,29 +238,19 @@ class PlannedBatches(IterableDataset[Any]):
                     ahead = _lookahead()
                 else:
                     predicted = []
-
-                def start(feed: Feed) -> BatchPipeline:
-                    return self._start(feed, row, ready, part)
-
-                for outcome in ahead.epoch(share, predicted, start):
+                for outcome in ahead.epoch(share, predicted, lambda f: self._start(f, row, ready)):
                     if isinstance(outcome, Failure):
                         _note_traceback(outcome.exc, row)
                     yield outcome
-                ended = True
                 return
-            pipeline = self._start(share, row, ready, part)
+            pipeline = self._start(share, row, ready)
             for outcome in pipeline.outcomes():
                 if isinstance(outcome, Failure):
                     _note_traceback(outcome.exc, row)
                 yield outcome
-            ended = True
         except Exception as exc:  # the pipeline could not start (or broke)
             broken = exc
         finally:
-            if part is not None and not ended:
-                # Left early: its GETs go now. Else they go on until this process ends with
-                # the epoch, and the next epoch takes what is whole by then.
-                part.cancel()
             if pipeline is not None:
                 pipeline.close()
         if pipeline is None and broken is not None:

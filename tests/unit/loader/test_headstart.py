@@ -130,9 +130,9 @@ def test_the_first_epoch_relays_each_workers_first_batch(helpers, persistent):
         time.sleep(0.02)
     assert got == want[0]  # index_of checks every body is its own key's
     # GETs counted here are the main process's own (the workers count theirs in their own
-    # memory): the first batch of each of the two workers. (Without persistent workers, the
-    # next epoch's first batches are fetched by this epoch's workers: see test_handoff.py.)
-    mains = want[0][:2]
+    # memory): the first batch of each of the two workers and, without persistent workers,
+    # the next epoch's head start (the first two batches of each worker).
+    mains = want[0][:2] + ([] if persistent else want[1][: 2 * PREFETCH])
     assert store.stats.gets == Counter(helpers.key_for(i) for b in mains for i in b)
     assert loader.stats()["requests"] == COUNT - 2 * BATCH  # the workers GET the rest only
     second = list(loader)
