@@ -43,9 +43,6 @@ class SharedBodies:
         #: None once this process dropped its mapping (others keep theirs)
         self.memory: mmap.mmap | None = mmap.mmap(-1, max(1, capacity + 17 * count))
 
-    def __contains__(self, read: object) -> bool:
-        return read in self._number
-
     def put(self, read: Read, body: bytes | bytearray) -> bool:
         """Write ``read``'s body, then where it lies, then ``ARRIVED``; False (nothing
         written) if there is no room left, or the body is not of the read's listed size."""
