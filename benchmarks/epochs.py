@@ -11,7 +11,13 @@ whole, from ``iter(loader)`` to its last batch, for several epochs in a row:
   its median over all epochs and, apart, over the first epoch of each run (the cold start:
   new workers, no connections, nothing fetched ahead);
 - ``cpu_ms_per_image``: CPU (user + system) of the loader's processes, main and workers,
-  per image of the epoch: with the client CPUs saturated it bounds the throughput.
+  per image of the epoch: with the client CPUs saturated it bounds the throughput;
+- where that CPU went: ``main_cpu_ms`` and ``workers_cpu_ms`` per epoch (the main process,
+  all its threads; the workers, from the process tree less the main process), with the
+  minor page faults of each (``main_faults``, ``workers_faults``: a fresh page, or a page
+  shared with a forked process written to, costs one), and ``fault_us``, the CPU one such
+  fault costs on this machine, measured in each run's process before its loader starts.
+  The comparison gives S3's extra per epoch, process by process.
 
 Setup as in the main benchmark: the generated JPEG dataset (:mod:`benchmarks.data`),
 ``ImageFolder(..., image_size=224)``, ``shuffle=True`` with a seeded ``generator``; the
@@ -76,9 +82,17 @@ SMOKE = {
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     """One configuration's epochs, in this (pinned) process: what ``--run`` executes."""
-    from benchmarks.measure import _check_batch, pin_to, process_tree_cpu_seconds
+    from benchmarks.measure import (
+        _check_batch,
+        own_usage,
+        page_fault_us,
+        pin_to,
+        process_tree_cpu_seconds,
+        process_tree_minor_faults,
+    )
 
     affinity = pin_to(spec["client_cpus"])
+    fault_us = page_fault_us()
     import torch
 
     from concurrent_loader import ConcurrentDataLoader, ImageFolder
@@ -101,7 +115,11 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     )
     epochs = []
     for epoch in range(spec["epochs"]):
-        cpu = process_tree_cpu_seconds()
+        cpu, faults, (main_cpu, main_faults) = (
+            process_tree_cpu_seconds(),
+            process_tree_minor_faults(),
+            own_usage(),
+        )
         started = time.perf_counter()
         iterator = iter(loader)
         images = _check_batch(next(iterator), spec["image_size"])
@@ -112,6 +130,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         # Workers that end with the iterator are counted once reaped (RUSAGE_CHILDREN).
         del iterator
         cpu = process_tree_cpu_seconds() - cpu
+        faults = process_tree_minor_faults() - faults
+        main_cpu_after, main_faults_after = own_usage()
+        main_cpu, main_faults = main_cpu_after - main_cpu, main_faults_after - main_faults
         if images != len(dataset):
             raise RuntimeError(f"an epoch gave {images} images of {len(dataset)}")
         epochs.append(
@@ -122,10 +143,14 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
                 "images_per_s": images / (ended - started),
                 "first_batch_s": first - started,
                 "cpu_ms_per_image": cpu / images * 1000,
+                "main_cpu_ms": main_cpu * 1000,
+                "workers_cpu_ms": (cpu - main_cpu) * 1000,
+                "main_faults": main_faults,
+                "workers_faults": faults - main_faults,
             }
         )
     del loader
-    return {"epochs": epochs, "affinity": affinity}
+    return {"epochs": epochs, "affinity": affinity, "fault_us": fault_us}
 
 
 # ---------------------------------------------------------------------------- the driver
@@ -205,12 +230,17 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                     result = _run_in_subprocess(spec, where["env"], args.run_timeout)
                     for epoch in result["epochs"]:
                         epoch["repeat"] = repeat
+                        epoch["fault_us"] = result["fault_us"]
                     found[(storage, persistent)].extend(result["epochs"])
                     rates = ", ".join(f"{e['images_per_s']:.0f}" for e in result["epochs"])
                     print(f"{images} {storage} persistent={persistent}: {rates} img/s", flush=True)
             for (storage, persistent), epochs in found.items():
                 rows.append(_row(images, storage, persistent, epochs))
     return rows
+
+
+#: per-epoch figures of each process kind, whose S3 - local difference the comparison gives
+_SPLIT = ("main_cpu_ms", "workers_cpu_ms", "main_faults", "workers_faults")
 
 
 def _row(images: int, storage: str, persistent: bool, epochs: list[dict[str, Any]]) -> Any:
@@ -229,6 +259,9 @@ def _row(images: int, storage: str, persistent: bool, epochs: list[dict[str, Any
         "first_batch_s": firsts,
         "first_epoch_first_batch_s": [e["first_batch_s"] for e in epochs if e["epoch"] == 0],
         "cpu_ms_per_image": statistics.median(e["cpu_ms_per_image"] for e in epochs),
+        # Per epoch, medians over the epochs: where the CPU went.
+        **{key: statistics.median(e[key] for e in epochs) for key in _SPLIT},
+        "fault_us": statistics.median(e["fault_us"] for e in epochs),
     }
 
 
@@ -267,6 +300,9 @@ def compare(rows: Sequence[dict[str, Any]], latency_ms: float) -> list[dict[str,
                 "ratio_per_repeat": per_repeat,
                 "cpu_ms_per_image_s3": s3["cpu_ms_per_image"],
                 "cpu_ms_per_image_local": local["cpu_ms_per_image"],
+                # S3's extra per epoch, by process, and what its extra faults cost.
+                **{f"{key}_extra": s3[key] - local[key] for key in _SPLIT},
+                "fault_us": statistics.median([s3["fault_us"], local["fault_us"]]),
                 "first_batch_s3_s": first_s3,
                 "first_batch_local_s": first_local,
                 "first_batch_extra_ms": (first_s3 - first_local) * 1000,
@@ -316,6 +352,21 @@ def format_table(rows: Sequence[dict[str, Any]], comparisons: Sequence[dict[str,
             f"{c['first_epoch_first_batch_local_s']:.3f}, "
             f"{c['first_epoch_first_batch_extra_ms']:+.0f} "
             f"{'(met)' if c['first_epoch_first_batch_ok'] else '(missed)'} |"
+        )
+    lines += [
+        "",
+        "| images | persistent_workers | S3 - local per epoch (median): main process CPU ms "
+        "| workers CPU ms | minor faults, main process | minor faults, workers "
+        "| those extra faults at the measured cost per fault, ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in comparisons:
+        faults = c["main_faults_extra"] + c["workers_faults_extra"]
+        lines.append(
+            f"| {c['images']} | {c['persistent']} | {c['main_cpu_ms_extra']:+.0f} "
+            f"| {c['workers_cpu_ms_extra']:+.0f} | {c['main_faults_extra']:+.0f} "
+            f"| {c['workers_faults_extra']:+.0f} "
+            f"| {faults * c['fault_us'] / 1000:+.1f} ({c['fault_us']:.2f} us each) |"
         )
     return "\n".join(lines)
 

@@ -47,12 +47,21 @@ def test_the_epochs_benchmark_times_every_epoch_of_every_configuration(tmp_path:
             assert epoch["images"] == row["images"]  # whole epochs, every image
             assert math.isfinite(epoch["images_per_s"]) and epoch["images_per_s"] > 0
             assert 0 < epoch["first_batch_s"] < epoch["seconds"]
+            # Where the CPU went: the main process and the workers add up to the whole tree.
+            assert epoch["main_cpu_ms"] > 0 and epoch["workers_cpu_ms"] > 0
+            total_ms = epoch["cpu_ms_per_image"] * epoch["images"]
+            assert epoch["main_cpu_ms"] + epoch["workers_cpu_ms"] == pytest.approx(total_ms)
+            assert epoch["main_faults"] >= 0 and epoch["workers_faults"] > 0
+            assert 0 < epoch["fault_us"] < 1000
     assert {c["persistent"] for c in results["comparisons"]} == {False, True}
     for comparison in results["comparisons"]:
         assert math.isfinite(comparison["ratio"]) and comparison["ratio"] > 0
         assert math.isfinite(comparison["first_epoch_first_batch_extra_ms"])
         assert comparison["ratio_per_repeat"] == [pytest.approx(comparison["ratio"])]
+        for key in ("main_cpu_ms", "workers_cpu_ms", "main_faults", "workers_faults"):
+            assert math.isfinite(comparison[f"{key}_extra"])
     assert "S3 / local" in output
+    assert "minor faults, workers" in output
 
 
 def test_each_repeat_swaps_which_storage_runs_first() -> None:
