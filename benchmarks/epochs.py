@@ -90,8 +90,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         own_usage,
         page_fault_us,
         pin_to,
-        process_tree_cpu_seconds,
-        process_tree_minor_faults,
+        process_tree_usage,
     )
 
     affinity = pin_to(spec["client_cpus"])
@@ -118,11 +117,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     )
     epochs = []
     for epoch in range(spec["epochs"]):
-        cpu, faults, (main_cpu, main_faults) = (
-            process_tree_cpu_seconds(),
-            process_tree_minor_faults(),
-            own_usage(),
-        )
+        (cpu, faults), (main_cpu, main_faults) = process_tree_usage(), own_usage()
         started = time.perf_counter()
         iterator = iter(loader)
         images = _check_batch(next(iterator), spec["image_size"])
@@ -132,9 +127,11 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         ended = time.perf_counter()
         # Workers that end with the iterator are counted once reaped (RUSAGE_CHILDREN).
         del iterator
-        cpu = process_tree_cpu_seconds() - cpu
-        faults = process_tree_minor_faults() - faults
-        main_cpu_after, main_faults_after = own_usage()
+        (cpu_after, faults_after), (main_cpu_after, main_faults_after) = (
+            process_tree_usage(),
+            own_usage(),
+        )
+        cpu, faults = cpu_after - cpu, faults_after - faults
         main_cpu, main_faults = main_cpu_after - main_cpu, main_faults_after - main_faults
         if images != len(dataset):
             raise RuntimeError(f"an epoch gave {images} images of {len(dataset)}")

@@ -43,24 +43,32 @@ def pin_to(cpus: list[int]) -> list[int]:
     return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
 
 
-def _rusage_seconds(who: int) -> float:
-    ru = resource.getrusage(who)
-    return ru.ru_utime + ru.ru_stime
+def process_tree_usage() -> tuple[float, int]:
+    """(user+system CPU seconds, minor page faults) of this process, its live descendants
+    and its reaped children, read in one pass over the tree."""
+    import psutil
+
+    own, reaped = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    cpu = own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
+    faults = own.ru_minflt + reaped.ru_minflt
+    for child in psutil.Process().children(recursive=True):
+        try:
+            t = child.cpu_times()
+            child_faults = _proc_minor_faults(child.pid)
+        except (psutil.NoSuchProcess, OSError, IndexError, ValueError):
+            continue  # ended meanwhile: counted once reaped
+        # children_* holds that child's own reaped children (e.g. a worker's helpers).
+        cpu += t.user + t.system + t.children_user + t.children_system
+        faults += child_faults
+    return cpu, faults
 
 
 def process_tree_cpu_seconds() -> float:
     """User+system CPU of this process, its live descendants and its reaped children."""
-    import psutil
-
-    total = _rusage_seconds(resource.RUSAGE_SELF) + _rusage_seconds(resource.RUSAGE_CHILDREN)
-    for child in psutil.Process().children(recursive=True):
-        try:
-            t = child.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        # children_* holds that child's own reaped children (e.g. a worker's helpers).
-        total += t.user + t.system + t.children_user + t.children_system
-    return total
+    return process_tree_usage()[0]
 
 
 def own_usage() -> tuple[float, int]:
@@ -75,20 +83,6 @@ def _proc_minor_faults(pid: int) -> int:
         # The command name (field 2) may hold spaces: count fields after its closing ')'.
         fields = f.read().rsplit(")", 1)[1].split()
     return int(fields[7]) + int(fields[8])  # minflt, cminflt (fields 10 and 11)
-
-
-def process_tree_minor_faults() -> int:
-    """Minor page faults of this process, its live descendants and its reaped children."""
-    import psutil
-
-    total = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    total += resource.getrusage(resource.RUSAGE_CHILDREN).ru_minflt
-    for child in psutil.Process().children(recursive=True):
-        try:
-            total += _proc_minor_faults(child.pid)
-        except (OSError, IndexError, ValueError):
-            continue
-    return total
 
 
 def page_fault_us(mib: int = 64) -> float:
