@@ -54,6 +54,7 @@ _STORE_OPTIONS = (
     "transport",
     "addressing_style",
     "ca_bundle",
+    "verify_etag_md5",
 )
 
 
@@ -65,6 +66,9 @@ class ObjectDataset(Closing, Dataset[Any]):
     ``root`` and come from ``keys``, from a manifest (:meth:`from_manifest`) or from a
     paginated listing of the root. The store options (``endpoint_url`` ... ``transport``)
     go to the root's backend; one that does not apply to it is a ``ConfigError``.
+    Bodies are checked against the checksums the store sends (S3's ``x-amz-checksum-*``);
+    ``verify_etag_md5=True`` also checks an S3 single-part ETag as the MD5 of the body
+    (not for SSE-KMS/SSE-C buckets, whose ETags are not MD5s).
     ``cache`` reads the objects through a node-local cache (a directory, or a
     :class:`~concurrent_loader.cache.CacheConfig`; see :mod:`concurrent_loader.cache`).
     """
@@ -86,6 +90,7 @@ class ObjectDataset(Closing, Dataset[Any]):
         transport: str | None = None,
         addressing_style: str | None = None,
         ca_bundle: str | None = None,
+        verify_etag_md5: bool = False,
         progress: bool = False,
         cache: str | os.PathLike[str] | CacheConfig | None = None,
     ) -> None:
@@ -101,6 +106,7 @@ class ObjectDataset(Closing, Dataset[Any]):
             transport=transport,
             addressing_style=addressing_style,
             ca_bundle=ca_bundle,
+            verify_etag_md5=verify_etag_md5,
         ).resolved()
         self.store: StoreConfig = with_cache(store, cache)
         self.fetch_config = fetch_config or FetchConfig()

@@ -15,6 +15,7 @@
     │   ├── ConnectionFailed         refused / reset / closed early          (retried)
     │   ├── CertificateRefused       server certificate not trusted / wrong host (not retried)
     │   ├── IncompleteBody           fewer bytes than Content-Length         (retried)
+    │   ├── IntegrityError           the body does not match the store's checksum (retried)
     │   └── FetchTimeout (TimeoutError) connect / first byte / read stall / attempt (retried);
     │                                    the object's whole time budget spent (final)
     ├── DecodeError                  the bytes arrived but are not a valid sample
@@ -54,6 +55,7 @@ __all__ = [
     "FetchError",
     "FetchTimeout",
     "IncompleteBody",
+    "IntegrityError",
     "LoaderError",
     "LoaderStalled",
     "ObjectNotFound",
@@ -92,6 +94,8 @@ class Reason(StrEnum):
     MALFORMED_RESPONSE = "MalformedResponse"
     UNSUPPORTED_ENCODING = "UnsupportedEncoding"
     INCOMPLETE_BODY = "IncompleteBody"
+    CHECKSUM_MISMATCH = "ChecksumMismatch"
+    OBJECT_CHANGED = "ObjectChanged"
     CONNECT_TIMEOUT = "ConnectTimeout"
     FIRST_BYTE_TIMEOUT = "FirstByteTimeout"
     READ_TIMEOUT = "ReadTimeout"
@@ -249,6 +253,16 @@ class CertificateRefused(FetchError):
 
 class IncompleteBody(FetchError):
     """The body ended before ``Content-Length`` bytes arrived."""
+
+    retryable = True
+
+
+class IntegrityError(FetchError):
+    """The bytes received are not the object's: their checksum is not the one the store
+    gave for it (``ChecksumMismatch``; the message names the algorithm, the expected and
+    the computed value), or the parts of one read came from different versions of the
+    object (``ObjectChanged``). Retried: a body corrupted on its way is fetched again; one
+    that still does not match after the retries is raised, never delivered."""
 
     retryable = True
 

@@ -17,7 +17,8 @@ A GET goes through layers, outermost first::
 
 Each layer is a :class:`Getter` around the next, so a new policy (a cache in front of the
 store) is one more wrapper, not a change to the others. A retried object is fetched whole
-again, never stitched from a partial body.
+again, never stitched from a partial body. A body that does not match the store's checksum
+is an ``IntegrityError`` raised by the store, retried like an incomplete body.
 
 Deadlines: the object's clock starts when its first attempt is sent (it holds a request
 slot), not while it waits behind the process's other GETs; from then on everything counts,
@@ -281,8 +282,19 @@ class FetchClient:
         *,
         observer: FetchObserver = NO_OBSERVER,
     ) -> bytes | bytearray:
+        return (await self.get_body(key, byte_range, observer=observer)).data
+
+    async def get_body(
+        self,
+        key: str,
+        byte_range: ByteRange | None = None,
+        *,
+        observer: FetchObserver = NO_OBSERVER,
+    ) -> Body:
+        """Like :meth:`get`, with what the store said of the body (its ETag, and for a
+        range the whole object's checksum, which the caller checks once it has the whole)."""
         request = Request(key, byte_range, self.store.url_for(key), observer)
-        return (await self._getter.get(request)).data
+        return await self._getter.get(request)
 
     async def close(self) -> None:
         await self.store.close()

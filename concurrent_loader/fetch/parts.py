@@ -19,6 +19,12 @@ Guarantees:
 - a whole object read in parts is read to the size its listing gave. A one-byte GET just
   past that size checks, alongside the parts, that the object has not grown since: if it
   has, the object is read again with one plain GET. (One that shrank fails its last part.)
+- the parts are of one version of the object: parts whose ETags differ fail the read with
+  ``IntegrityError`` (``Reason.OBJECT_CHANGED``); a whole object whose parts carried its
+  checksum (:attr:`~concurrent_loader.stores.base.Body.object_checksum`: a full-object
+  checksum header, or an ETag taken as MD5) is checked once assembled, on a thread
+  (``Reason.CHECKSUM_MISMATCH``). Either is read again, whole, up to
+  ``RetryConfig.max_attempts`` reads in all, then raised.
 
 The caller reserves :meth:`PartsConfig.reservation` in the byte budget before calling: the
 read's size plus the parts in flight (at most ``parts_in_flight * part_size``), which hold
@@ -32,8 +38,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import BadRequest, ConfigError, FetchError, IncompleteBody, Reason
+from ..errors import BadRequest, ConfigError, FetchError, IncompleteBody, IntegrityError, Reason
 from ..stores.base import ByteRange
+from ..stores.checksum import Checksum
 from .client import FetchClient
 from .hooks import NO_OBSERVER, FetchObserver
 
@@ -41,6 +48,9 @@ __all__ = ["DEFAULT_PART_SIZE", "PartsConfig", "read_in_parts"]
 
 DEFAULT_PART_SIZE = 8 * 1024 * 1024
 DEFAULT_PARTS_IN_FLIGHT = 8
+
+# What the store said of one part: its ETag and the whole object's checksum.
+_Said = tuple[str | None, Checksum | None]
 
 
 @dataclass(frozen=True)
@@ -111,6 +121,54 @@ async def read_in_parts(
     observer: FetchObserver = NO_OBSERVER,
 ) -> bytearray:
     """``byte_range`` of ``key`` (the whole object of ``size`` bytes when None) in parts."""
+    reads = client.config.retry.max_attempts
+    for read in range(1, reads + 1):
+        said: list[_Said] = []
+        buffer = await _read_once(client, key, byte_range, size, config, observer, said)
+        try:
+            await _check_assembled(buffer, said, client.store.url_for(key), byte_range is None)
+        except IntegrityError as exc:
+            if read == reads:
+                if reads > 1:
+                    exc.add_note(f"gave up after {reads} reads in parts")
+                raise
+            observer.on_retry(exc)
+            continue
+        return buffer
+    raise AssertionError("unreachable")
+
+
+async def _check_assembled(
+    buffer: bytearray, said: list[_Said], url: str, whole_object: bool
+) -> None:
+    """``IntegrityError`` unless the parts are of one version of the object and, when they
+    make up the whole object, it has the checksum they carried."""
+    etags = {etag for etag, _ in said if etag is not None}
+    if len(etags) > 1:
+        raise IntegrityError(
+            f"its parts came from {len(etags)} versions of the object (ETags "
+            f"{', '.join(sorted(etags))}): it changed while it was read",
+            url=url,
+            stage="fetch",
+            cause=Reason.OBJECT_CHANGED,
+        )
+    checksum = next((checksum for _, checksum in said if checksum is not None), None)
+    if whole_object and checksum is not None:
+        # Tens to hundreds of MB: off the event loop (hashlib lets go of the GIL).
+        await asyncio.to_thread(checksum.check, buffer, url)
+
+
+async def _read_once(
+    client: FetchClient,
+    key: str,
+    byte_range: ByteRange | None,
+    size: int,
+    config: PartsConfig,
+    observer: FetchObserver,
+    said: list[_Said],
+) -> bytearray:
+    """One read in parts; what the store said of each part is added to ``said`` (none
+    when the object grew and was read again with one GET, which its store checked)."""
     span = byte_range if byte_range is not None else ByteRange(0, size)
     parts = split(span, config.part_size)
     buffer = bytearray(span.length)
@@ -122,7 +180,9 @@ async def read_in_parts(
         # at most ``parts_in_flight`` are in flight.
         for index, part in queue:
             try:
-                data = await client.get(key, part, observer=observer)
+                body = await client.get_body(key, part, observer=observer)
+                data = body.data
+                said.append((body.etag, body.object_checksum))
                 if len(data) != part.length:
                     raise IncompleteBody(
                         f"{len(data)} bytes instead of {part.length}",
@@ -149,6 +209,7 @@ async def read_in_parts(
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     if grew is not None and grew.result():
+        said.clear()
         return bytearray(await client.get(key, observer=observer))
     return buffer
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from ..config import FetchConfig
+from .checksum import Checksum
 
 __all__ = ["Body", "ByteRange", "Capabilities", "ObjectInfo", "Store", "StoreConfig"]
 
@@ -76,14 +77,18 @@ class ObjectInfo:
 @dataclass(slots=True)
 class Body:
     """A successful read: the bytes, the time to first byte when the transport knows it, the
-    object's ETag when the store gives one (a cache keys and revalidates entries by it), and
+    object's ETag when the store gives one (a cache keys and revalidates entries by it),
     whether a node-local cache served it without a request to the store (then its time says
-    nothing about the store's latency, so the in-flight limit and the hedge delay ignore it)."""
+    nothing about the store's latency, so the in-flight limit and the hedge delay ignore it),
+    and, for a byte range only, the whole object's checksum as the store gave it, unchecked
+    (a whole body is checked by its store before it is returned; the range's reader checks
+    the object once its parts are assembled, :mod:`concurrent_loader.fetch.parts`)."""
 
     data: bytes | bytearray
     first_byte_s: float | None = None
     etag: str | None = None
     from_cache: bool = False
+    object_checksum: Checksum | None = None
 
 
 @runtime_checkable

@@ -1,4 +1,9 @@
-"""The plain HTTP(S) backend: ``GET {base}{key}`` for keys the caller lists (no listing)."""
+"""The plain HTTP(S) backend: ``GET {base}{key}`` for keys the caller lists (no listing).
+
+A whole body is checked against the checksum the server sends, when it sends one (GCS's
+``x-goog-hash``, ``Content-MD5``; see :mod:`.checksum`) before it is returned; a mismatch
+is an ``IntegrityError``, retried by the fetch client. ``verify_checksums=False`` skips it.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from ..config import FetchConfig
 from ..errors import ConfigError, Reason
 from ..transport import Origin, Transport, make_transport
 from .base import Body, ByteRange, Capabilities, ObjectInfo
+from .checksum import covers_whole_object, http_checksum
 from .status import error_for_status
 from .tls import ssl_context_for
 
@@ -28,6 +34,8 @@ class HttpConfig:
     transport: str = "http1"
     #: a CA bundle to trust instead of the system's
     ca_bundle: str | None = None
+    #: check bodies against the checksum headers the server sends
+    verify_checksums: bool = True
 
     @property
     def capabilities(self) -> Capabilities:
@@ -35,7 +43,12 @@ class HttpConfig:
 
     @classmethod
     def from_url(
-        cls, url: str, *, transport: str = "http1", ca_bundle: str | None = None
+        cls,
+        url: str,
+        *,
+        transport: str = "http1",
+        ca_bundle: str | None = None,
+        verify_checksums: bool = True,
     ) -> HttpConfig:
         parts = urlsplit(url)
         if not parts.netloc:
@@ -48,7 +61,7 @@ class HttpConfig:
         base = parts.path or "/"
         if not base.endswith("/"):
             base += "/"
-        return cls(parts.scheme.lower(), parts.netloc, base, transport, ca_bundle)
+        return cls(parts.scheme.lower(), parts.netloc, base, transport, ca_bundle, verify_checksums)
 
     def resolved(self) -> HttpConfig:
         return self
@@ -96,7 +109,16 @@ class HttpStore:
         )
         if response.status not in (200, 206):
             raise error_for_status(response.status, url)
-        return Body(response.body, response.first_byte_s)
+        body = Body(response.body, response.first_byte_s)
+        if self.config.verify_checksums:
+            headers = response.headers
+            whole = byte_range is None or covers_whole_object(headers)
+            checksum = http_checksum(headers, whole=whole)
+            if checksum is not None and whole:
+                checksum.check(body.data, url)
+            elif checksum is not None:
+                body.object_checksum = checksum
+        return body
 
     async def list(self) -> AsyncIterator[ObjectInfo]:
         raise ConfigError(

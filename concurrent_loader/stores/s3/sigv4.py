@@ -12,6 +12,8 @@ check this), and guarantees:
 * a call does one SHA-256 and one HMAC-SHA256, plus string formatting.
 
 Only bodiless requests are supported: the payload hash is always that of the empty body.
+A signer made with ``checksum_mode=True`` also sends and signs ``x-amz-checksum-mode:
+ENABLED``, which asks S3 for the object's checksum headers (signed, as botocore signs it).
 Paths must already be URI-encoded the way S3 expects, which :func:`encode_s3_path` does.
 """
 
@@ -25,12 +27,22 @@ from urllib.parse import quote
 
 from concurrent_loader.errors import ConfigError, Reason
 
-__all__ = ["EMPTY_SHA256", "Credentials", "SigV4Signer", "encode_s3_key", "encode_s3_path"]
+__all__ = [
+    "CHECKSUM_MODE_HEADER",
+    "EMPTY_SHA256",
+    "Credentials",
+    "SigV4Signer",
+    "encode_s3_key",
+    "encode_s3_path",
+]
 
 #: SHA-256 of the empty body, hex-encoded.
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 
 _ALGORITHM = "AWS4-HMAC-SHA256"
+
+#: asks S3 to send the object's checksum headers with a GET
+CHECKSUM_MODE_HEADER = ("x-amz-checksum-mode", "ENABLED")
 
 # Module-level so tests can move the clock across a UTC midnight.
 _clock = time.time
@@ -86,7 +98,14 @@ class _DayKey:
         "token",
     )
 
-    def __init__(self, credentials: Credentials, datestamp: str, region: str, service: str):
+    def __init__(
+        self,
+        credentials: Credentials,
+        datestamp: str,
+        region: str,
+        service: str,
+        checksum_mode: bool,
+    ):
         self.credentials = credentials
         self.token = credentials.token
         self.datestamp = datestamp
@@ -95,11 +114,9 @@ class _DayKey:
         # Copying a keyed HMAC object skips re-hashing the key pads on every call.
         self.hmac_template = hmac.new(k_signing, digestmod=hashlib.sha256)
         self.scope = f"{datestamp}/{region}/{service}/aws4_request"
-        self.signed_headers = (
-            "host;x-amz-content-sha256;x-amz-date;x-amz-security-token"
-            if credentials.token
-            else "host;x-amz-content-sha256;x-amz-date"
-        )
+        signed = "host;x-amz-checksum-mode;" if checksum_mode else "host;"
+        signed += "x-amz-content-sha256;x-amz-date"
+        self.signed_headers = signed + ";x-amz-security-token" if credentials.token else signed
         self.auth_prefix = (
             f"{_ALGORITHM} Credential={credentials.access_key}/{self.scope}, "
             f"SignedHeaders={self.signed_headers}, Signature="
@@ -117,19 +134,30 @@ class SigV4Signer:
     a whole, so the worst a race can do is compute a key twice.
     """
 
-    __slots__ = ("_day_key", "_second_and_date", "region", "service")
+    __slots__ = (
+        "_canonical_host",
+        "_day_key",
+        "_second_and_date",
+        "checksum_mode",
+        "region",
+        "service",
+    )
 
-    def __init__(self, region: str, service: str = "s3") -> None:
+    def __init__(self, region: str, service: str = "s3", *, checksum_mode: bool = False) -> None:
         if not region or not service:
             raise ConfigError("region and service must be non-empty", cause=Reason.INVALID_ARGUMENT)
         self.region = region
         self.service = service
+        self.checksum_mode = checksum_mode
+        # What follows ``host:...\n`` among the canonical headers, before x-amz-content-sha256.
+        self._canonical_host = "\nx-amz-checksum-mode:ENABLED\n" if checksum_mode else "\n"
         # One tuple, replaced whole, so a reader never pairs one second with another's string.
         self._second_and_date = (-1, "")
         self._day_key: _DayKey | None = None
 
     def __repr__(self) -> str:
-        return f"SigV4Signer(region={self.region!r}, service={self.service!r})"
+        mode = ", checksum_mode=True" if self.checksum_mode else ""
+        return f"SigV4Signer(region={self.region!r}, service={self.service!r}{mode})"
 
     def _now(self) -> str:
         second = int(_clock())
@@ -147,7 +175,7 @@ class SigV4Signer:
             and (day_key.credentials is credentials or day_key.credentials == credentials)
         ):
             return day_key
-        day_key = _DayKey(credentials, datestamp, self.region, self.service)
+        day_key = _DayKey(credentials, datestamp, self.region, self.service, self.checksum_mode)
         self._day_key = day_key
         return day_key
 
@@ -178,14 +206,14 @@ class SigV4Signer:
         # schemes.
         if day_key.token:
             canonical_request = (
-                f"GET\n{canonical_path}\n\nhost:{host}\n"
+                f"GET\n{canonical_path}\n\nhost:{host}{self._canonical_host}"
                 f"x-amz-content-sha256:{EMPTY_SHA256}\nx-amz-date:{amz_date}\n"
                 f"x-amz-security-token:{day_key.token}\n\n"
                 f"{day_key.signed_headers}\n{EMPTY_SHA256}"
             )
         else:
             canonical_request = (
-                f"GET\n{canonical_path}\n\nhost:{host}\n"
+                f"GET\n{canonical_path}\n\nhost:{host}{self._canonical_host}"
                 f"x-amz-content-sha256:{EMPTY_SHA256}\nx-amz-date:{amz_date}\n\n"
                 f"{day_key.signed_headers}\n{EMPTY_SHA256}"
             )
@@ -199,4 +227,6 @@ class SigV4Signer:
         ]
         if day_key.token:
             headers.insert(2, ("x-amz-security-token", day_key.token))
+        if self.checksum_mode:
+            headers.append(CHECKSUM_MODE_HEADER)
         return headers

@@ -15,6 +15,12 @@ A bucket in another region answers ``301 PermanentRedirect`` naming its region i
 ``x-amz-bucket-region``: the store re-resolves its route for that region once, remembers it
 and retries; any other wrong-region answer is a ``BadRequest`` with ``Reason.WRONG_REGION``
 naming the region when the store told it.
+
+Every GET asks for the object's checksum (``x-amz-checksum-mode: ENABLED``) and a whole body
+is checked against the one the response carries before it is returned (``verify_checksums``,
+on by default; ``verify_etag_md5`` also checks a single-part ETag as the MD5, off by
+default: SSE-KMS and SSE-C ETags are not MD5s); see :mod:`..checksum`. A mismatch is an
+``IntegrityError``, retried by the fetch client.
 """
 
 from __future__ import annotations
@@ -31,11 +37,12 @@ from ...config import FetchConfig
 from ...errors import BadRequest, ConfigError, FetchError, Reason
 from ...transport import Transport, make_transport
 from ..base import Body, ByteRange, Capabilities, ObjectInfo
+from ..checksum import covers_whole_object, s3_checksum
 from ..tls import ssl_context_for
 from .credentials import CredentialCache, CredentialSource, redact_botocore_logs
 from .errors import error_for_exception, error_for_response, refused_certificate
 from .route import S3Route, resolve_route
-from .sigv4 import EMPTY_SHA256, SigV4Signer, encode_s3_key
+from .sigv4 import CHECKSUM_MODE_HEADER, EMPTY_SHA256, SigV4Signer, encode_s3_key
 
 __all__ = ["S3Config", "S3Store"]
 
@@ -58,6 +65,11 @@ class S3Config:
     ca_bundle: str | None = None
     #: where GETs go, resolved by :meth:`resolved` (in the main process) or on first open
     route: S3Route | None = None
+    #: ask for the object's checksum with every GET and check bodies against it
+    verify_checksums: bool = True
+    #: also take a single-part ETag (32 hex digits) as the MD5 of the body: not so for
+    #: SSE-KMS and SSE-C objects, hence opt-in
+    verify_etag_md5: bool = False
 
     @property
     def capabilities(self) -> Capabilities:
@@ -78,6 +90,8 @@ class S3Config:
         transport: str = "http1",
         addressing_style: str | None = None,
         ca_bundle: str | None = None,
+        verify_checksums: bool = True,
+        verify_etag_md5: bool = False,
     ) -> S3Config:
         parts = urlsplit(url)
         bucket = parts.netloc
@@ -122,6 +136,8 @@ class S3Config:
             transport,
             addressing_style,
             ca_bundle,
+            verify_checksums=verify_checksums,
+            verify_etag_md5=verify_etag_md5,
         )
 
     def url_for(self, key: str) -> str:
@@ -173,11 +189,14 @@ class S3Store:
             session = source.botocore_session()
         self._route = config.route or config.resolve_route(session=session)
         self._redirect: asyncio.Future[None] | None = None
-        self._signer = SigV4Signer(self._route.region)
+        self._signer = self._signer_for(self._route.region)
         self._credentials = (
             None if source.anonymous else CredentialCache(source, self.url_for(""), session)
         )
         self._transport: Transport = self._make_transport(self._route)
+
+    def _signer_for(self, region: str) -> SigV4Signer:
+        return SigV4Signer(region, checksum_mode=self.config.verify_checksums)
 
     def _make_transport(self, route: S3Route) -> Transport:
         # Plain http (a local or in-cluster endpoint, through an http proxy or not) never
@@ -208,6 +227,8 @@ class S3Store:
         host = route.origin.host_header
         if self._credentials is None:
             headers = [("x-amz-content-sha256", EMPTY_SHA256)]
+            if self.config.verify_checksums:
+                headers.append(CHECKSUM_MODE_HEADER)
         else:
             headers = self._signer.headers_for_get(host, path, self._credentials.get())
         response = await self._transport.get(
@@ -220,7 +241,11 @@ class S3Store:
         )
         # The transports refuse a body shorter than its Content-Length (or its range).
         if response.status in (200, 206):
-            return Body(response.body, response.first_byte_s, response.headers.get("etag"))
+            body = Body(response.body, response.first_byte_s, response.headers.get("etag"))
+            config = self.config
+            if config.verify_checksums or config.verify_etag_md5:
+                self._verify(body, response.headers, byte_range is not None, url)
+            return body
         region = response.headers.get("x-amz-bucket-region")
         if region and region != route.region and response.status in (301, 400):
             await self._follow_region(region)
@@ -239,6 +264,18 @@ class S3Store:
             )
         raise error
 
+    def _verify(self, body: Body, headers: dict[str, str], ranged: bool, url: str) -> None:
+        """Check a whole body against the object's checksum; keep it on a range's body."""
+        if not self.config.verify_checksums:  # the ETag alone, no checksum asked for
+            headers = {"etag": headers.get("etag", "")}
+        checksum = s3_checksum(headers, etag_md5=self.config.verify_etag_md5)
+        if checksum is None:
+            return
+        if ranged and not covers_whole_object(headers):
+            body.object_checksum = checksum
+        else:
+            checksum.check(body.data, url)
+
     async def _follow_region(self, region: str) -> None:
         """Switch to ``region``'s route, once per store: GETs redirected together share one
         resolution; later redirects elsewhere are not followed."""
@@ -251,7 +288,7 @@ class S3Store:
         route = await loop.run_in_executor(None, self.config.resolve_route, region)
         old, self._transport = self._transport, self._make_transport(route)
         self._route = route
-        self._signer = SigV4Signer(route.region)
+        self._signer = self._signer_for(route.region)
         await old.close()
 
     async def list(self) -> AsyncIterator[ObjectInfo]:

@@ -1,0 +1,180 @@
+"""Checking a body against the checksum its store gave for the object.
+
+A store that offers a checksum of the whole object in its response headers lets a reader
+prove that the bytes it hands on are the object's, whatever happened on the way (a
+flipped bit in a proxy, a NIC or a kernel buffer; a response read from the wrong
+connection). :func:`s3_checksum` and :func:`http_checksum` pick the one checksum of a
+response worth checking (the cheapest to compute, see ``benchmarks/integrity.py``), and
+:meth:`Checksum.check` raises :class:`~concurrent_loader.errors.IntegrityError` (retried
+by the fetch client) when the body does not match.
+
+What is checked:
+
+* S3 (``x-amz-checksum-mode: ENABLED`` on the GET): ``x-amz-checksum-crc64nvme``,
+  ``-crc32c``, ``-crc32``, ``-sha1``, ``-sha256``, whichever the object carries. A
+  composite checksum of a multipart upload (``x-amz-checksum-type: COMPOSITE``, a value
+  like ``base64-N``) is a checksum of the parts' checksums, not of the body, and is
+  skipped. Opt-in, a single-part ETag (32 hex digits, no ``-N``) as the body's MD5: it is
+  not one for SSE-KMS or SSE-C objects, whose ETags are opaque.
+* Plain HTTP(S): GCS's ``x-goog-hash: crc32c=...,md5=...`` and ``Content-MD5``.
+* A ranged response's checksum headers are the whole object's: a range is checked by its
+  length against ``Content-Range`` (the transports do that), and the whole object once
+  its parts are assembled (:mod:`concurrent_loader.fetch.parts`); a range that is the
+  whole object (``bytes 0-(n-1)/n``) is checked as a whole body. ``Content-MD5`` on a
+  ``206`` may be the range's or the object's (servers differ), so it is only checked on a
+  ``200``.
+
+CRCs are computed by ``anycrc`` (carry-less multiplication, all three CRCs at a few
+microseconds per 110 KB), digests by ``hashlib``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import anycrc
+
+from ..errors import IntegrityError, Reason
+
+__all__ = [
+    "ALGORITHMS",
+    "Checksum",
+    "covers_whole_object",
+    "http_checksum",
+    "s3_checksum",
+]
+
+
+def _crc(model: str, width: int) -> Callable[[bytes | bytearray | memoryview], bytes]:
+    calc = anycrc.Model(model).calc
+    size = width // 8
+
+    def digest(data: bytes | bytearray | memoryview) -> bytes:
+        return int(calc(data)).to_bytes(size, "big")
+
+    return digest
+
+
+def _hash(name: str) -> Callable[[bytes | bytearray | memoryview], bytes]:
+    def digest(data: bytes | bytearray | memoryview) -> bytes:
+        return hashlib.new(name, data).digest()
+
+    return digest
+
+
+#: algorithm -> the digest of a body, cheapest first (the order a response's checksums
+#: are preferred in; see ``benchmarks/integrity.py`` for the figures)
+ALGORITHMS: dict[str, Callable[[bytes | bytearray | memoryview], bytes]] = {
+    "crc64nvme": _crc("CRC64-NVME", 64),
+    "crc32c": _crc("CRC32C", 32),
+    "crc32": _crc("CRC32", 32),
+    "sha1": _hash("sha1"),
+    "sha256": _hash("sha256"),
+    "md5": _hash("md5"),
+}
+_SIZES = {"crc64nvme": 8, "crc32c": 4, "crc32": 4, "sha1": 20, "sha256": 32, "md5": 16}
+
+
+@dataclass(frozen=True, slots=True)
+class Checksum:
+    """The digest a store gave for a whole object: ``algorithm`` (a key of
+    :data:`ALGORITHMS`), the raw ``expected`` digest, and the header it came from."""
+
+    algorithm: str
+    expected: bytes
+    source: str
+
+    def _render(self, digest: bytes) -> str:
+        # In the spelling of the header, so the message can be compared with it.
+        if self.source == "etag":
+            return digest.hex()
+        return base64.b64encode(digest).decode("ascii")
+
+    def check(self, data: bytes | bytearray | memoryview, url: str) -> None:
+        """Raise ``IntegrityError`` naming ``url`` unless ``data`` has this digest."""
+        got = ALGORITHMS[self.algorithm](data)
+        if got != self.expected:
+            raise IntegrityError(
+                f"{self.algorithm} of the {len(data)} bytes received is {self._render(got)}, "
+                f"the store's {self.source} says {self._render(self.expected)}",
+                url=url,
+                stage="fetch",
+                cause=Reason.CHECKSUM_MISMATCH,
+            )
+
+
+def _from_base64(algorithm: str, value: str, source: str) -> Checksum | None:
+    """The checksum in a base64 header value; None for a composite (``...-N``) or malformed
+    value, which cannot be checked against the body."""
+    try:
+        digest = base64.b64decode(value.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    if len(digest) != _SIZES[algorithm]:
+        return None
+    return Checksum(algorithm, digest, source)
+
+
+_S3_HEADERS = tuple((name, "x-amz-checksum-" + name) for name in ALGORITHMS if name != "md5")
+
+
+def s3_checksum(headers: Mapping[str, str], *, etag_md5: bool) -> Checksum | None:
+    """The checksum of an S3 GET response worth checking, or None.
+
+    ``headers`` are lower-case. A full-object ``x-amz-checksum-*`` header, cheapest
+    algorithm first; else, when ``etag_md5``, a single-part ETag as the MD5.
+    """
+    if headers.get("x-amz-checksum-type", "").upper() != "COMPOSITE":
+        for algorithm, name in _S3_HEADERS:
+            value = headers.get(name)
+            if value is not None:
+                checksum = _from_base64(algorithm, value, name)
+                if checksum is not None:
+                    return checksum
+    if etag_md5:
+        etag = headers.get("etag", "").removeprefix("W/").strip('"')
+        if len(etag) == 32:
+            try:
+                return Checksum("md5", bytes.fromhex(etag), "etag")
+            except ValueError:
+                return None
+    return None
+
+
+def http_checksum(headers: Mapping[str, str], *, whole: bool) -> Checksum | None:
+    """The checksum of a plain HTTP(S) response worth checking, or None.
+
+    GCS's ``x-goog-hash`` (``crc32c=...,md5=...``; the whole object's, also on a range),
+    crc32c first; else, for a whole body (``whole``), ``Content-MD5``.
+    """
+    found: dict[str, Checksum] = {}
+    for item in headers.get("x-goog-hash", "").split(","):
+        algorithm, _, value = item.strip().partition("=")
+        algorithm = algorithm.lower()
+        if algorithm in ("crc32c", "md5") and algorithm not in found:
+            checksum = _from_base64(algorithm, value, "x-goog-hash")
+            if checksum is not None:
+                found[algorithm] = checksum
+    if "crc32c" in found:
+        return found["crc32c"]
+    if "md5" in found:
+        return found["md5"]
+    content_md5 = headers.get("content-md5")
+    if whole and content_md5 is not None:
+        return _from_base64("md5", content_md5, "content-md5")
+    return None
+
+
+def covers_whole_object(headers: Mapping[str, str]) -> bool:
+    """Whether a ``206``'s ``Content-Range`` (``bytes 0-(n-1)/n``) is the whole object."""
+    value = headers.get("content-range", "")
+    unit, _, rest = value.strip().partition(" ")
+    span, _, total = rest.partition("/")
+    first, _, last = span.partition("-")
+    if unit.lower() != "bytes" or not (first.isdigit() and last.isdigit() and total.isdigit()):
+        return False
+    return int(first) == 0 and int(last) + 1 == int(total)
