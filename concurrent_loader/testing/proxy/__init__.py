@@ -5,7 +5,8 @@ It sits between a client and a real S3-compatible server (see
 server lacks: time to first byte (fixed, ``latency_ms`` +- ``jitter_ms``, or lognormal
 from ``latency_p50_ms`` and ``latency_p99_ms``), stragglers, bandwidth caps per
 connection and in total, and injected faults (503 SlowDown, 500, connection resets before
-or in the middle of a body, truncated bodies, stalls, extra slow responses). The
+or in the middle of a body, truncated bodies, stalls, extra slow responses, a body with one
+byte inverted, a stray response after a complete one). The
 ``"s3-like"`` preset gives a first byte after 30 ms at the median and 200 ms at p99, and
 makes 0.5 % of object GETs 2 s late.
 
@@ -29,11 +30,11 @@ Guarantees:
   per-request history behind ``n``, by ``POST /__proxy__/reset``. Neither is forwarded.
 
 The modules, by concern: :mod:`.draws` (the seeded per-request draws), :mod:`.faults`
-(:class:`FaultPlan`), :mod:`.latency` (:class:`LatencyModel`), :mod:`.bandwidth` (the
-token buckets), :mod:`.http` (heads and body relays), :mod:`.connections` (the client
-and upstream sockets), :mod:`.stats`, :mod:`.server` (:class:`ProxyServer`),
-:mod:`.cli` (the proxy process) and :mod:`.process` (:class:`ProxyProcess`, which starts
-and stops it).
+(:class:`FaultPlan`), :mod:`.tamper` (corrupted bodies, stray bytes), :mod:`.latency`
+(:class:`LatencyModel`), :mod:`.bandwidth` (the token buckets), :mod:`.http` (heads and
+body relays), :mod:`.connections` (the client and upstream sockets), :mod:`.stats`,
+:mod:`.server` (:class:`ProxyServer`), :mod:`.cli` (the proxy process) and
+:mod:`.process` (:class:`ProxyProcess`, which starts and stops it).
 
 The proxy runs as its own process (``python -m concurrent_loader.testing.proxy --help``)
 so that its CPU time can be measured and pinned apart from the code under test. All but

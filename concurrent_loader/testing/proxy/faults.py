@@ -26,6 +26,8 @@ FAULT_NAMES: tuple[str, ...] = (
     "truncate",
     "stall",
     "slow",
+    "corrupt",
+    "stray_bytes",
 )
 
 
@@ -36,7 +38,9 @@ class FaultPlan:
     The rates partition one uniform draw, so at most one fault hits a request and their
     sum must not exceed 1. ``slow`` delays the first byte by ``extra_latency_ms`` on top
     of the proxy's latency; ``stall`` sends the response head, then nothing for
-    ``stall_seconds``, then closes.
+    ``stall_seconds``, then closes. ``corrupt`` inverts one byte of a ``2xx`` body that has
+    a ``Content-Length`` (others pass unchanged), ``stray_bytes`` sends a second, unasked
+    response after a complete one on the same open connection (:mod:`.tamper`).
 
     A **SlowDown storm** (``storm_seconds > 0``) is scripted in time, not drawn: every
     faultable request that arrives from ``storm_start_s`` to ``storm_start_s +
@@ -52,6 +56,8 @@ class FaultPlan:
     truncate: float = 0.0
     stall: float = 0.0
     slow: float = 0.0
+    corrupt: float = 0.0
+    stray_bytes: float = 0.0
     stall_seconds: float = 30.0
     extra_latency_ms: float = 0.0
     storm_start_s: float = 0.0

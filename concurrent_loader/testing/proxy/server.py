@@ -7,7 +7,8 @@ Guarantees, per request:
   and target until a reset.
 * Latency is measured from the arrival of the request head to the first response byte,
   so the upstream's own time is hidden inside it rather than added to it.
-* Rejections (503, 500, reset before any byte) never reach the upstream.
+* Rejections (503, 500, reset before any byte) never reach the upstream; a corrupted body
+  keeps its length and framing (:mod:`.tamper`).
 * ``GET /__proxy__/stats`` (JSON) and ``POST /__proxy__/reset`` (zero the counters and
   the per-request history behind ``n``) are answered here and never forwarded.
 * One broken exchange never takes the proxy down: only that connection is dropped.
@@ -39,6 +40,7 @@ from .http import (
 )
 from .latency import LatencyModel
 from .stats import Stats
+from .tamper import STRAY_RESPONSE, corrupting
 
 __all__ = ["RESET_PATH", "STATS_PATH", "ProxyServer", "parse_upstream"]
 
@@ -285,8 +287,11 @@ class ProxyServer:
         cut_after = None
         if fault in ("reset_mid_body", "truncate"):
             cut_after = (response.length // 2) if response.length is not None else 1
+        sink = client.send
+        if fault == "corrupt" and 200 <= response.status < 300 and response.length:
+            sink = corrupting(client.send, response.length // 2)
         try:
-            complete = await relay_response_body(response, upstream.reader, client.send, cut_after)
+            complete = await relay_response_body(response, upstream.reader, sink, cut_after)
         except BrokenBody as exc:
             # The upstream broke mid-body: the client must see a broken response too.
             self.stats.upstream_errors += 1
@@ -303,6 +308,8 @@ class ProxyServer:
             return False
         if not response.upstream_reusable:
             upstream.close()
+        if fault == "stray_bytes":
+            await client.send(STRAY_RESPONSE, counted=False)
         if close:
             await client.close()
         return not close
