@@ -21,7 +21,9 @@ images each holds, counted exactly as :class:`~concurrent_loader.ImageFolder` co
 ``pack`` writes the objects under ``SRC`` into tar shards (``shard-000000.tar``...) with
 their indexes (``shard-000000.tar.idx``) under ``DEST`` (a local directory or an ``s3://``
 prefix), deterministically, readable by ``ShardDataset`` and the ``webdataset`` library;
-``--image-folder`` adds a ``.cls`` label member per image (:mod:`concurrent_loader.shards.pack`).
+``--image-folder`` adds a ``.cls`` label member per image; an earlier pack in ``DEST`` is
+refused unless ``--overwrite``; store options apply to the side(s) on S3
+(:mod:`concurrent_loader.shards.packcli`, :mod:`concurrent_loader.shards.pack`).
 
 ``cache warm`` reads every object under ``ROOT`` (or every key of ``--manifest``) once
 through the node-local cache in ``DIR`` (:mod:`concurrent_loader.cache`), with a progress
@@ -49,6 +51,7 @@ from .cache.warm import warm_cache
 from .dataset import IMG_EXTENSIONS, ImageFolder, ObjectDataset
 from .errors import ConfigError, LoaderError, Reason
 from .listing import list_store, progress
+from .shards.packcli import add_pack_arguments, run_pack
 from .stores import ObjectInfo, StoreConfig, store_config_for
 
 __all__ = ["main"]
@@ -161,21 +164,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
-    from .shards.pack import pack, parse_size
-
-    shard_size = parse_size(args.shard_size)
-    with progress(args.progress, "packing") as tick:
-        result = pack(
-            args.root,
-            args.dest,
-            shard_size=shard_size,
-            image_folder=args.image_folder,
-            on_sample=tick,
-            endpoint_url=args.endpoint_url,
-            region=args.region,
-            profile=args.profile,
-            anonymous=args.anonymous,
-        )
+    result = run_pack(args)
     print(
         f"wrote {result.samples} samples in {len(result.shards)} shards "
         f"({_human_bytes(result.bytes)}) to {args.dest}",
@@ -326,18 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
         "pack", help="pack the objects under SRC into tar shards and their indexes under DEST"
     )
     common(pack)
-    pack.add_argument("dest", help="a local directory or s3://bucket/prefix for the shards")
-    pack.add_argument(
-        "--shard-size",
-        default="256MB",
-        help="close a shard before a sample that would take it past this (default 256MB; "
-        "MB/GB are powers of 1000, MiB/GiB of 1024)",
-    )
-    pack.add_argument(
-        "--image-folder",
-        action="store_true",
-        help="SRC is ROOT/<class>/<image>: add a .cls member (the class index) per image",
-    )
+    add_pack_arguments(pack)
     pack.set_defaults(run=cmd_pack)
 
     _cache_commands(commands)

@@ -1,23 +1,30 @@
 """``concurrent-loader pack SRC DEST``: objects (or an ImageFolder) into tar shards + indexes.
 
 ``SRC`` is a prefix (``s3://bucket/prefix``) or a local directory; ``DEST`` a local
-directory or an ``s3://`` prefix. Shards are ``shard-000000.tar``, ``shard-000001.tar``...,
-each with its index ``shard-000000.tar.idx`` (:mod:`.index`).
+directory or an ``s3://`` prefix. Store options (``endpoint_url``, ``region``, ``profile``,
+``anonymous``...) apply to whichever side is on S3, to both when both are. Shards are
+``shard-000000.tar``, ``shard-000001.tar``..., each with its index
+``shard-000000.tar.idx`` (:mod:`.index`).
 
 Guarantees:
 
-- deterministic: the same input gives the same bytes. Input keys are sorted; every tar
+- what is written reads back as the promised samples with both readers,
+  :class:`~concurrent_loader.ShardDataset` and the ``webdataset`` library, and
+  :attr:`PackResult.samples` is how many they read: the rules, and the sources refused or
+  skipped, are in :mod:`.packplan`; ``DEST`` holds the new pack and nothing a reader would
+  mix in with it (:mod:`.packdest`: an earlier pack is refused, or with ``overwrite``
+  removed). Every refusal is a ``ConfigError`` raised before anything is written;
+- deterministic: the same input gives the same bytes. Samples are in key order; every tar
   header has mtime 0, uid/gid 0, no user or group name, mode 0444; the tar is written in
   the POSIX pax format (a pax header only for a name that ustar cannot hold);
-- readable by the ``webdataset`` library: each object is a member named by its key; a
-  sample's members are adjacent (sorting keeps ``key.*`` together) and never split across
-  shards; a shard closes before a sample that would take it past ``shard_size`` (a single
-  sample larger than that gets a shard of its own);
+- a sample's members are adjacent and never split across shards; a shard closes before a
+  sample that would take it past ``shard_size`` (a single sample larger than that gets a
+  shard of its own);
 - with ``image_folder=True`` (``SRC/<class>/<image>``, chosen as
   :class:`~concurrent_loader.ImageFolder` chooses), each image ``c/x.jpg`` is sample
   ``c/x`` with members ``c/x.jpg`` and ``c/x.cls`` (the class index as decimal text; classes
   are the sorted folder names). Dots in an image's file name before its extension become
-  ``_`` in its sample key, since ``webdataset`` splits at the first dot.
+  ``_`` in its sample key, since both readers split at the first dot.
 
 A shard is written to a temporary file and then renamed (local) or uploaded (S3), so a
 reader never sees half of one.
@@ -29,17 +36,19 @@ import os
 import re
 import tarfile
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import FetchConfig
-from ..dataset import ImageFolder, ObjectDataset
+from ..dataset import ObjectDataset
 from ..errors import ConfigError, Reason
 from ..listing import list_store
 from ..stores import store_config_for
-from .index import INDEX_SUFFIX, ShardIndex
-from .tar import BLOCK, Member, padded, split_name
+from .index import ShardIndex
+from .packdest import Destination, open_destination
+from .packplan import Sample, plan_image_folder, plan_objects, split_shards
+from .tar import Member, padded
 
 __all__ = ["PackResult", "pack", "parse_size"]
 
@@ -72,23 +81,17 @@ def parse_size(text: str) -> int:
 
 
 @dataclass(frozen=True)
-class _Entry:
-    """One member to write: its name in the tar, and where its bytes come from (an object
-    key of the source, or the bytes themselves)."""
-
-    name: str
-    key: str | None
-    data: bytes = b""
-    size: int = 0
-
-
-@dataclass(frozen=True)
 class PackResult:
-    """What :func:`pack` wrote: shard names (relative to ``DEST``), samples and tar bytes."""
+    """What :func:`pack` wrote: shard names (relative to ``DEST``), samples (as both readers
+    count them) and tar bytes; ``skipped``: the source keys no reader would make part of a
+    sample, left out (:mod:`.packplan`); ``removed``: an earlier pack's files that
+    ``overwrite`` removed from ``DEST``."""
 
     shards: list[str]
     samples: int
     bytes: int
+    skipped: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
 
 
 def pack(
@@ -97,6 +100,7 @@ def pack(
     *,
     shard_size: int = 256 * 10**6,
     image_folder: bool = False,
+    overwrite: bool = False,
     fetch_config: FetchConfig | None = None,
     on_sample: Callable[[], None] | None = None,
     **store_options: Any,
@@ -106,77 +110,41 @@ def pack(
         raise ConfigError(
             f"shard_size must be >= 1, got {shard_size}", cause=Reason.INVALID_ARGUMENT
         )
-    fetch_config = fetch_config or FetchConfig()
-    store = store_config_for(src, **store_options).resolved()
-    listed = list_store(store, fetch_config)
-    size_of = {info.key: info.size for info in listed}
-    samples = (
-        _image_folder_samples(store, [info.key for info in listed], size_of)
-        if image_folder
-        else _object_samples([info.key for info in listed], size_of)
-    )
-    reader = ObjectDataset(store, keys=[info.key for info in listed], fetch_config=fetch_config)
-    position = {info.key: i for i, info in enumerate(listed)}
-    writer = _ShardWriter(dest, store_options)
-    total = 0
-    try:
-        for shard in _split(samples, shard_size):
-            total += writer.write(shard, _bodies(reader, position, shard), on_sample)
-    finally:
-        reader.close()
-        writer.close()
-    return PackResult(writer.written, len(samples), total)
-
-
-Sample = list[_Entry]
-
-
-def _object_samples(keys: Sequence[str], size_of: dict[str, int]) -> list[Sample]:
-    """Each object a member named by its key; adjacent members with one key, one sample."""
-    samples: list[Sample] = []
-    last_key: str | None = None
-    for key in sorted(keys):
-        split = split_name(key)
-        sample_key = split[0] if split else key
-        entry = _Entry(key, key, size=size_of[key])
-        if samples and sample_key == last_key and split is not None:
-            samples[-1].append(entry)
-        else:
-            samples.append([entry])
-        last_key = sample_key
-    return samples
-
-
-def _image_folder_samples(store: Any, keys: list[str], size_of: dict[str, int]) -> list[Sample]:
-    folder = ImageFolder(store, keys=keys)
-    samples = []
-    for key, target in zip(folder.keys, folder.targets.tolist(), strict=True):
-        directory, _, filename = key.rpartition("/")
-        stem, _, extension = filename.rpartition(".")
-        sample_key = f"{directory}/{stem.replace('.', '_')}"
-        label = str(target).encode("ascii")
-        samples.append(
-            [
-                _Entry(f"{sample_key}.{extension}", key, size=size_of[key]),
-                _Entry(f"{sample_key}.cls", None, label, len(label)),
-            ]
+    given = sorted(name for name, value in store_options.items() if value not in (None, False))
+    if given and not (_on_s3(src) or _on_s3(dest)):
+        raise ConfigError(
+            f"{', '.join(given)} apply to an s3:// SRC or DEST; neither {src!r} nor {dest!r} is",
+            cause=Reason.INVALID_ARGUMENT,
         )
-    samples.sort(key=lambda sample: sample[0].name)
-    return samples
+    fetch_config = fetch_config or FetchConfig()
+    store = store_config_for(src, **(store_options if _on_s3(src) else {})).resolved()
+    destination, stale = open_destination(
+        dest, store, overwrite=overwrite, **(store_options if _on_s3(dest) else {})
+    )
+    try:
+        listed = list_store(store, fetch_config)
+        plan = (plan_image_folder if image_folder else plan_objects)(store, listed)
+        reader = ObjectDataset(store, keys=[info.key for info in listed], fetch_config=fetch_config)
+        try:
+            destination.remove(stale)  # the first write: every check has passed
+            position = {info.key: i for i, info in enumerate(listed)}
+            shards: list[str] = []
+            total = 0
+            for shard in split_shards(plan.samples, shard_size):
+                name = f"shard-{len(shards):06d}.tar"
+                total += _write(
+                    destination, name, shard, _bodies(reader, position, shard), on_sample
+                )
+                shards.append(name)
+        finally:
+            reader.close()
+    finally:
+        destination.close()
+    return PackResult(shards, len(plan.samples), total, plan.skipped, stale)
 
 
-def _split(samples: list[Sample], shard_size: int) -> Iterator[list[Sample]]:
-    shard: list[Sample] = []
-    used = 0
-    for sample in samples:
-        size = sum(BLOCK + padded(entry.size) for entry in sample)
-        if shard and used + size > shard_size:
-            yield shard
-            shard, used = [], 0
-        shard.append(sample)
-        used += size
-    if shard:
-        yield shard
+def _on_s3(url: str) -> bool:
+    return url.startswith("s3://")
 
 
 def _bodies(
@@ -186,78 +154,41 @@ def _bodies(
     entries = [entry for sample in shard for entry in sample]
     for start in range(0, len(entries), _FETCH_CHUNK):
         chunk = entries[start : start + _FETCH_CHUNK]
-        wanted = [position[e.key] for e in chunk if e.key is not None]
+        wanted = [position[e.source] for e in chunk if e.data is None]
         fetched = iter(reader.__getitems__(wanted))
         for entry in chunk:
-            yield entry.data if entry.key is None else next(fetched)
+            yield next(fetched) if entry.data is None else entry.data
 
 
-class _ShardWriter:
-    """Writes shards (and their indexes) to a local directory or an S3 prefix."""
-
-    def __init__(self, dest: str, store_options: dict[str, Any]) -> None:
-        self.dest = dest
-        self.written: list[str] = []
-        self._s3: Any = None
-        if dest.startswith("s3://"):
-            bucket, _, prefix = dest[len("s3://") :].partition("/")
-            self._bucket = bucket
-            self._prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
-            self._s3 = _s3_client(store_options)
-            self._tmpdir = tempfile.mkdtemp(prefix="concurrent-loader-pack-")
-        elif "://" in dest:
-            raise ConfigError(
-                f"DEST must be a local directory or s3://bucket/prefix, got {dest!r}",
-                cause=Reason.INVALID_ARGUMENT,
-            )
-        else:
-            os.makedirs(dest, exist_ok=True)
-            self._tmpdir = dest
-
-    def write(
-        self, shard: list[Sample], bodies: Iterator[bytes], on_sample: Callable[[], None] | None
-    ) -> int:
-        name = f"shard-{len(self.written):06d}.tar"
-        fd, tmp = tempfile.mkstemp(prefix=".packing-", dir=self._tmpdir)
-        members: list[Member] = []
-        try:
-            with os.fdopen(fd, "wb") as f:
-                with tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                    for sample in shard:
-                        for entry in sample:
-                            data = next(bodies)
-                            header_offset = tar.offset
-                            tar.addfile(_tarinfo(entry.name, len(data)), _Reader(data))
-                            data_offset = tar.offset - padded(len(data))
-                            members.append(
-                                Member(entry.name, header_offset, data_offset, len(data))
-                            )
-                        if on_sample is not None:
-                            on_sample()
-                size = f.tell()
-            os.chmod(tmp, 0o644)  # mkstemp makes it 0600: readable as any other file
-            index = ShardIndex.of_members(members, size).to_json()
-            self._publish(name, tmp, index)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        self.written.append(name)
-        return size
-
-    def _publish(self, name: str, tmp: str, index: bytes) -> None:
-        if self._s3 is None:
-            os.replace(tmp, os.path.join(self.dest, name))
-            _write_file(os.path.join(self.dest, name + INDEX_SUFFIX), index)
-            return
-        with open(tmp, "rb") as f:
-            self._s3.put_object(Bucket=self._bucket, Key=self._prefix + name, Body=f)
-        self._s3.put_object(Bucket=self._bucket, Key=self._prefix + name + INDEX_SUFFIX, Body=index)
-
-    def close(self) -> None:
-        if self._s3 is not None:
-            os.rmdir(self._tmpdir)
-            self._s3.close()
-            self._s3 = None
+def _write(
+    destination: Destination,
+    name: str,
+    shard: list[Sample],
+    bodies: Iterator[bytes],
+    on_sample: Callable[[], None] | None,
+) -> int:
+    """Write shard ``name`` and its index to ``destination``; its size in bytes."""
+    fd, tmp = tempfile.mkstemp(prefix=".packing-", dir=destination.scratch())
+    members: list[Member] = []
+    try:
+        with os.fdopen(fd, "wb") as f:
+            with tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                for sample in shard:
+                    for entry in sample:
+                        data = next(bodies)
+                        header_offset = tar.offset
+                        tar.addfile(_tarinfo(entry.name, len(data)), _Reader(data))
+                        data_offset = tar.offset - padded(len(data))
+                        members.append(Member(entry.name, header_offset, data_offset, len(data)))
+                    if on_sample is not None:
+                        on_sample()
+            size = f.tell()
+        os.chmod(tmp, 0o644)  # mkstemp makes it 0600: readable as any other file
+        destination.publish(name, tmp, ShardIndex.of_members(members, size).to_json())
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return size
 
 
 class _Reader:
@@ -283,27 +214,3 @@ def _tarinfo(name: str, size: int) -> tarfile.TarInfo:
     info.uname = info.gname = ""
     info.type = tarfile.REGTYPE
     return info
-
-
-def _write_file(path: str, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".packing-", dir=os.path.dirname(path) or ".")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def _s3_client(store_options: dict[str, Any]) -> Any:
-    import botocore.session
-
-    session = botocore.session.Session(profile=store_options.get("profile"))
-    return session.create_client(
-        "s3",
-        endpoint_url=store_options.get("endpoint_url"),
-        region_name=store_options.get("region"),
-    )

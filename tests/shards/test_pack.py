@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tarfile
+from pathlib import Path
 
 import pytest
 
@@ -116,4 +117,202 @@ def test_the_pack_command_reports_a_bad_size_in_one_line(tmp_path, capsys, packe
         "concurrent-loader: error: InvalidArgument - bad size '12XB': expected a "
         "positive number of bytes like 256MB or 64MiB"
     ]
+    assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------ what both readers read, and nothing else
+
+
+def read_back(root: Path) -> dict[str, dict[str, bytes]]:
+    """The samples of the pack in ``root`` as ShardDataset reads them, checked equal (keys,
+    order, members, bytes) to what webdataset reads from the same shard files."""
+    with ShardDataset(str(root)) as ds:
+        ours = [ds[i] for i in range(len(ds))]
+    theirs = webdataset_samples(sorted(root.glob("*.tar")))
+    strip = [{k: v for k, v in s.items() if k != "__url__"} for s in ours]
+    assert strip == [{k: v for k, v in s.items() if k != "__url__"} for s in theirs]
+    keys = [s["__key__"] for s in ours]
+    assert len(keys) == len(set(keys)), "a key read as two samples"
+    return {s["__key__"]: {k: v for k, v in s.items() if not k.startswith("__")} for s in ours}
+
+
+def write_files(root: Path, names: list[str]) -> dict[str, bytes]:
+    files = {}
+    for name in names:
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(name.encode() * 3)
+        files[name] = name.encode() * 3
+    return files
+
+
+def test_packing_over_an_earlier_pack_is_refused_and_leaves_it_as_it_was(tmp_path):
+    write_samples(tmp_path / "big", n=29, seed=1)
+    write_samples(tmp_path / "small", n=20, seed=2)
+    pack(str(tmp_path / "big"), str(tmp_path / "out"), shard_size=20_000)
+    before = digest_tree(tmp_path / "out")
+    refused = r"holds a pack \(12 files: shard-000000.tar; .*--overwrite"
+    with pytest.raises(ConfigError, match=refused):
+        pack(str(tmp_path / "small"), str(tmp_path / "out"), shard_size=40_000)
+    assert digest_tree(tmp_path / "out") == before
+
+
+def test_overwrite_removes_exactly_the_earlier_packs_files(tmp_path):
+    write_samples(tmp_path / "big", n=29, seed=1)
+    small = write_samples(tmp_path / "small", n=20, seed=2)
+    earlier = pack(str(tmp_path / "big"), str(tmp_path / "out"), shard_size=20_000)
+    (tmp_path / "out" / "NOTES.md").write_text("kept")
+    (tmp_path / "out" / "shard-7.tar.idx.bak").write_text("kept: not the packer's name")
+    result = pack(str(tmp_path / "small"), str(tmp_path / "out"), overwrite=True)
+    assert result.shards == ["shard-000000.tar"]
+    assert len(earlier.shards) > 1
+    assert sorted(result.removed) == sorted(
+        [name for shard in earlier.shards for name in (shard, shard + ".idx")]
+    )
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "NOTES.md",
+        "shard-000000.tar",
+        "shard-000000.tar.idx",
+        "shard-7.tar.idx.bak",
+    ]
+    assert read_back(tmp_path / "out") == small
+
+
+def test_overwrite_of_an_s3_prefix_removes_only_the_earlier_pack(
+    tmp_path, s3_server, s3_bucket, s3_env
+):
+    write_samples(tmp_path / "big", n=29, seed=1)
+    small = write_samples(tmp_path / "small", n=20, seed=2)
+    dest = f"s3://{s3_bucket}/overwritten"
+    earlier = pack(str(tmp_path / "big"), dest, shard_size=20_000)
+    s3_server.put_object(s3_bucket, "overwritten/NOTES.md", b"kept")
+    s3_server.put_object(s3_bucket, "overwritten-too/shard-000009.tar.idx", b"another prefix")
+    with pytest.raises(ConfigError, match="already holds a pack"):
+        pack(str(tmp_path / "small"), dest)
+    result = pack(str(tmp_path / "small"), dest, overwrite=True)
+    assert len(earlier.shards) > 1 and result.shards == ["shard-000000.tar"]
+    assert s3_server.get_object(s3_bucket, "overwritten/NOTES.md") == b"kept"
+    assert s3_server.get_object(s3_bucket, "overwritten-too/shard-000009.tar.idx")
+    with ShardDataset(dest + "/") as ds:
+        assert ds.shards == ["shard-000000.tar"]
+        samples = [ds[i] for i in range(len(ds))]
+    assert {s["__key__"]: {"bin": s["bin"], "txt": s["txt"]} for s in samples} == small
+
+
+def test_other_tar_files_in_dest_are_refused_even_with_overwrite(tmp_path):
+    write_samples(tmp_path / "objects", n=5)
+    (tmp_path / "out" / "old").mkdir(parents=True)
+    (tmp_path / "out" / "old" / "shard-000000.tar").write_bytes(b"x" * 1024)
+    with pytest.raises(ConfigError, match=r"1 tar files the packer did not write \(old/shard"):
+        pack(str(tmp_path / "objects"), str(tmp_path / "out"), overwrite=True)
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["old"]
+
+
+def test_a_dest_inside_the_source_is_refused(tmp_path):
+    write_samples(tmp_path / "objects", n=5)
+    with pytest.raises(ConfigError, match="is inside SRC"):
+        pack(str(tmp_path / "objects"), str(tmp_path / "objects" / "shards"))
+    with pytest.raises(ConfigError, match="is inside SRC"):
+        pack(str(tmp_path / "objects"), str(tmp_path / "objects"), overwrite=True)
+    assert sorted(p.name for p in (tmp_path / "objects").iterdir())[-1] == "s0004.txt"
+
+
+def test_an_s3_dest_inside_the_s3_source_is_refused(tmp_path, s3_server, s3_bucket, s3_env):
+    write_samples(tmp_path / "objects", n=5)
+    s3_server.upload_dir(tmp_path / "objects", s3_bucket, prefix="inside/")
+    with pytest.raises(ConfigError, match="is inside SRC"):
+        pack(f"s3://{s3_bucket}/inside", f"s3://{s3_bucket}/inside/shards")
+    client = s3_server.client()
+    try:
+        listed = client.list_objects_v2(Bucket=s3_bucket, Prefix="inside/")["Contents"]
+    finally:
+        client.close()
+    assert len(listed) == 10  # the source's objects, and nothing written
+
+
+@pytest.mark.parametrize(
+    "names,image_folder,colliding",
+    [
+        (["a.JPG", "a.jpg", "b.jpg"], False, ["a.JPG", "a.jpg"]),
+        (["a.seg.PNG", "a.seg.png", "a.txt"], False, ["a.seg.PNG", "a.seg.png"]),
+        (["a.__key__", "a.txt"], False, ["a.__key__"]),
+        (["c/a.b.jpg", "c/a_b.jpg", "c/z.jpg"], True, ["c/a.b.jpg", "c/a_b.jpg"]),
+        (["c/x.jpg", "c/x.png", "d/x.png"], True, ["c/x.jpg", "c/x.png"]),
+        (["c/a.JPG", "c/a.jpg"], True, ["c/a.JPG", "c/a.jpg"]),
+    ],
+)
+def test_objects_that_map_to_one_member_are_refused_before_writing(
+    tmp_path, names, image_folder, colliding
+):
+    write_files(tmp_path / "src", names)
+    with pytest.raises(ConfigError, match="map to one member of one sample") as caught:
+        pack(str(tmp_path / "src"), str(tmp_path / "out"), image_folder=image_folder)
+    message = str(caught.value)
+    assert " and ".join(str(tmp_path / "src" / name) for name in colliding) in message
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_image_folder_the_readers_would_skip_is_refused(tmp_path):
+    write_files(tmp_path / "src", ["__meta__/x.jpg", "cat/y.jpg"])
+    with pytest.raises(ConfigError, match=r"would not read back.*__meta__/x.jpg"):
+        pack(str(tmp_path / "src"), str(tmp_path / "out"), image_folder=True)
+    assert not (tmp_path / "out").exists()
+
+
+def test_objects_no_reader_groups_are_skipped_and_not_counted(tmp_path, capsys):
+    names = ["a.jpg", "a.txt", "b.jpg", "README", "LICENSE", ".DS_Store", "d/.hidden"]
+    names += ["d/e.jpg", "__meta__/x.json", "dots.in.name.txt"]
+    files = write_files(tmp_path / "src", names)
+    code = main(["pack", str(tmp_path / "src"), str(tmp_path / "out"), "--no-progress"])
+    assert code == 0
+    err = capsys.readouterr().err
+    assert "skipped 5 objects that no reader makes part of a sample" in err
+    assert ".DS_Store; LICENSE; README; __meta__/x.json; d/.hidden" in err
+    assert "wrote 4 samples in 1 shards" in err
+    read = read_back(tmp_path / "out")
+    assert read == {
+        "a": {"jpg": files["a.jpg"], "txt": files["a.txt"]},
+        "b": {"jpg": files["b.jpg"]},
+        "d/e": {"jpg": files["d/e.jpg"]},
+        "dots": {"in.name.txt": files["dots.in.name.txt"]},
+    }
+    result = pack(str(tmp_path / "src"), str(tmp_path / "again"))
+    assert result.samples == len(read) and len(result.skipped) == 5
+
+
+def test_a_source_with_only_unreadable_objects_is_refused(tmp_path):
+    write_files(tmp_path / "src", ["README", ".env"])
+    with pytest.raises(ConfigError, match="nothing to pack under .*none of its 2 objects"):
+        pack(str(tmp_path / "src"), str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_key_whose_members_do_not_sort_together_is_still_one_sample(tmp_path):
+    # By name "a.zz/b.jpg" sorts between "a.jpg" and "a.zzz", which are both sample "a".
+    files = write_files(tmp_path / "src", ["a.jpg", "a.zz/b.jpg", "a.zzz"])
+    result = pack(str(tmp_path / "src"), str(tmp_path / "out"))
+    assert result.samples == 2
+    assert read_back(tmp_path / "out") == {
+        "a": {"jpg": files["a.jpg"], "zzz": files["a.zzz"]},
+        "a.zz/b": {"jpg": files["a.zz/b.jpg"]},
+    }
+
+
+def test_store_options_apply_to_the_side_on_s3(
+    tmp_path, capsys, s3_server, s3_bucket, aws_env, monkeypatch
+):
+    aws_env(s3_server)
+    monkeypatch.delenv("AWS_ENDPOINT_URL")  # the endpoint comes from --endpoint-url alone
+    expected = write_samples(tmp_path / "objects", n=12, seed=4)
+    s3_server.upload_dir(tmp_path / "objects", s3_bucket, prefix="options-raw/")
+    options = ["--endpoint-url", s3_server.endpoint_url, "--no-progress"]
+    for src in (str(tmp_path / "objects"), f"s3://{s3_bucket}/options-raw"):
+        dest = f"s3://{s3_bucket}/options-{len(src)}"
+        assert main(["pack", src, dest, *options]) == 0, capsys.readouterr().err
+        with ShardDataset(dest, endpoint_url=s3_server.endpoint_url) as ds:
+            samples = [ds[i] for i in range(len(ds))]
+        assert {s["__key__"]: {"bin": s["bin"], "txt": s["txt"]} for s in samples} == expected
+    capsys.readouterr()
+    assert main(["pack", str(tmp_path / "objects"), str(tmp_path / "out"), *options]) == 1
+    assert "endpoint_url apply to an s3:// SRC or DEST; neither" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
