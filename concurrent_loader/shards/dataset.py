@@ -69,6 +69,16 @@ class ShardDataset(ObjectDataset):
         progress: bool = False,
         **store_options: Any,
     ) -> None:
+        if store_options.get("cache") is not None:
+            raise ConfigError(
+                "ShardDataset does not read through the node cache (cache=): the cache keeps "
+                "whole objects, and a shard is read in byte ranges, which it does not keep. "
+                "To read each remote shard once in large pieces, use readahead=Readahead(); "
+                "to keep shards on local disk, copy them there and give that directory as "
+                "the root",
+                cause=Reason.INVALID_ARGUMENT,
+            )
+        store_options.pop("cache", None)
         self.store: StoreConfig = store_config_for(root, **store_options).resolved()
         self.fetch_config = fetch_config or FetchConfig()
         self.decode = decode

@@ -14,6 +14,15 @@ read from its first header to its last member's end can be checked header by hea
 small file per shard keeps shards independent: a shard and its index are copied, listed
 and replaced together.
 
+What an index promises, and how it is held to it: when read, that it can describe a tar
+of its ``size`` (members in tar order, not overlapping, inside the shard:
+:meth:`ShardIndex.check`); when the dataset is made, that ``size`` is the shard's listed
+size (a shard grown since, re-packed or written again without its index, is refused);
+when a sample is read, that the shard's own headers, walked from the sample's first
+header (the shard's start, for its first sample) to the next sample's, are exactly the
+members it lists there, with no sample member it leaves out
+(:mod:`concurrent_loader.sources.shards`).
+
 A shard without an index is indexed once by scanning it with ranged GETs
 (:func:`index_shards`), 4 MiB at a time, stepping over members larger than that, up to 8
 shards at once.
@@ -33,7 +42,7 @@ from ..errors import ObjectNotFound, Reason, ShardError
 from ..fetch import client_for
 from ..runtime import Runtime
 from ..stores.base import BlockingStore, ByteRange, StoreConfig
-from .tar import Member, is_sample_member, scan_members
+from .tar import BLOCK, Member, is_sample_member, padded, scan_members
 
 __all__ = ["INDEX_FORMAT", "INDEX_SUFFIX", "ShardIndex", "index_shards"]
 
@@ -42,6 +51,7 @@ INDEX_VERSION = 1
 INDEX_SUFFIX = ".idx"
 _SCANS_IN_PARALLEL = 8
 _SCAN_WINDOW = 4 << 20  # bytes per ranged GET of a scan
+_MAX_SIZE = 1 << 62  # offsets are kept as int64
 
 
 @dataclass(frozen=True)
@@ -67,23 +77,86 @@ class ShardIndex:
 
     @classmethod
     def from_json(cls, data: bytes | bytearray, url: str) -> ShardIndex:
-        """The index in ``data``, read from ``url``; anything else is a ``ShardError``."""
+        """The index in ``data``, read from ``url``; anything else is a ``ShardError``, and so
+        is an index that cannot describe a tar (see :meth:`check`)."""
         try:
             document = json.loads(data)
+            if not isinstance(document, dict):
+                raise ValueError("not a JSON object")
             if document.get("format") != INDEX_FORMAT or document.get("version") != INDEX_VERSION:
                 raise ValueError(f"not a {INDEX_FORMAT} version {INDEX_VERSION} document")
-            members = tuple(
-                Member(str(name), int(header), int(offset), int(size))
-                for name, header, offset, size in document["members"]
-            )
-            return cls(int(document["size"]), members)
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            size = document["size"]
+            if not _is_int(size):
+                raise ValueError(f"size {size!r} is not an integer")
+            members = []
+            for entry in document["members"]:
+                if not isinstance(entry, list) or len(entry) != 4:
+                    raise ValueError(f"member {entry!r} is not [name, header, offset, size]")
+                name, header, offset, length = entry
+                if not isinstance(name, str) or not all(
+                    _is_int(n) for n in (header, offset, length)
+                ):
+                    raise ValueError(f"member {entry!r} is not [name, header, offset, size]")
+                members.append(Member(name, header, offset, length))
+            index = cls(size, tuple(members))
+        except (ValueError, TypeError, KeyError, RecursionError) as exc:
             raise ShardError(
                 f"unreadable shard index: {exc}",
                 url=url,
                 stage="index",
                 cause=Reason.INDEX_MISMATCH,
             ) from exc
+        index.check(url)
+        return index
+
+    def check(self, url: str) -> None:
+        """Refuse (``ShardError``, ``IndexMismatch``, naming the member and its offset) an
+        index that cannot describe a tar of :attr:`size` bytes: every member a sample
+        member, its headers whole blocks before its data, its data inside the shard, and
+        the members in tar order without overlapping (a member listed twice overlaps
+        itself). What it says of the shard's headers is checked when a sample is read."""
+
+        def refuse(member: Member, why: str) -> ShardError:
+            return ShardError(
+                f"the index lists member {member.name!r} at offset {member.header_offset} "
+                f"(data {member.size} bytes at {member.offset}): {why}",
+                url=url,
+                stage="index",
+                cause=Reason.INDEX_MISMATCH,
+            )
+
+        if not 0 <= self.size < _MAX_SIZE:
+            raise ShardError(
+                f"the index gives an impossible shard size {self.size}",
+                url=url,
+                stage="index",
+                cause=Reason.INDEX_MISMATCH,
+            )
+        next_header = 0
+        previous: Member | None = None
+        for member in self.members:
+            if not is_sample_member(member.name):
+                raise refuse(member, "not a sample member's name")
+            if member.header_offset < 0 or member.size < 0 or member.offset < 0:
+                raise refuse(member, "a negative offset or size")
+            headers = member.offset - member.header_offset
+            if member.header_offset % BLOCK or headers % BLOCK or headers < BLOCK:
+                raise refuse(member, "its header is not whole 512-byte blocks before its data")
+            if member.end > self.size:
+                raise refuse(member, f"its data ends past the shard's {self.size} bytes")
+            if member.header_offset < next_header:
+                assert previous is not None
+                raise refuse(
+                    member,
+                    f"it overlaps member {previous.name!r} at offset {previous.header_offset} "
+                    "(listed twice, or out of tar order)",
+                )
+            next_header = padded(member.end)
+            previous = member
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def index_shards(

@@ -1,11 +1,19 @@
 """Tar archives as bytes: headers, members, and WebDataset's grouping of members into samples.
 
 Pure functions over ``bytes``; no file, socket or event loop. A member's header is a
-512-byte ustar block, optionally preceded by a pax extended header (``x``, whose ``path``
-and ``size`` records override the block's) or a GNU long name (``L``); pax global headers
-(``g``) are skipped. Every header's checksum is verified: a block that is neither a valid
-header nor the end-of-archive zero block is refused with
-:class:`~concurrent_loader.errors.ShardError`.
+512-byte ustar block, optionally preceded by pax extended headers (``x``, whose ``path``
+and ``size`` records override the block's) or GNU long names (``L``, ``K``); pax global
+headers (``g``) are skipped. Headers are read as Python's ``tarfile`` reads them (which
+``webdataset`` uses), field by field, so a shard's members are the ones ``webdataset``
+sees; where ``tarfile`` would stop or fail, so do we, never yielding a member it would
+not.
+
+Guarantees: a walk ends in time linear in the bytes walked (every step moves forward by
+at least one block), and every malformed header (bad checksum, a number field that is not
+a number, a pax record of length 0 or without its framing, a non-UTF-8 pax key, an
+extended header past the shard's end or larger than :data:`MAX_EXTENDED_HEADER`, a
+truncated block, GNU sparse members) is a :class:`~concurrent_loader.errors.ShardError`
+naming the shard and the header's byte offset, never another exception.
 
 Grouping follows the ``webdataset`` library exactly (``tariterators.py``), so a shard reads
 as the same samples here and there:
@@ -22,6 +30,7 @@ as the same samples here and there:
 from __future__ import annotations
 
 import re
+import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -29,7 +38,9 @@ from ..errors import Reason, ShardError
 
 __all__ = [
     "BLOCK",
+    "MAX_EXTENDED_HEADER",
     "Member",
+    "TarWalk",
     "group_samples",
     "is_sample_member",
     "padded",
@@ -40,9 +51,18 @@ __all__ = [
 ]
 
 BLOCK = 512
+#: the largest pax or GNU long-name header read; real ones hold a path of a few hundred bytes
+MAX_EXTENDED_HEADER = 1 << 20
 _NAME_RE = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 _META_RE = re.compile(r"__[^/]*__($|/)")
 _REGULAR = (b"0", b"\0", b"7")  # regular file; old tars write NUL; contiguous file
+# Types tarfile knows: the data of those that are not regular files is not stepped over.
+_SUPPORTED = (*_REGULAR, b"1", b"2", b"3", b"4", b"5", b"6", b"L", b"K", b"S")
+_EXTENDED = (b"x", b"X", b"g", b"L", b"K")  # headers that describe the next header
+_GNU = (b"L", b"K", b"S")  # types whose prefix field is not a ustar name prefix
+_SIGNED = struct.Struct("148b8x356b")
+
+Read = Callable[[int, int], "bytes | bytearray | memoryview"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,12 +110,40 @@ def is_sample_member(name: str) -> bool:
     return split_name(name) is not None
 
 
-def _octal(field: bytes) -> int:
-    field = field.rstrip(b"\0 ").lstrip(b" ")
-    if field and field[0] & 0x80:  # GNU base-256 for sizes of 8 GiB and more
-        value = int.from_bytes(field, "big") & ~(0x80 << (8 * (len(field) - 1)))
-        return value
-    return int(field, 8) if field else 0
+def _bad(what: str, offset: int, url: str) -> ShardError:
+    return ShardError(
+        f"no tar header at offset {offset} ({what}): not a tar, or the index does not "
+        "match the shard",
+        url=url,
+        stage="decode",
+        cause=Reason.NOT_A_TAR,
+    )
+
+
+def _truncated(what: str, offset: int, url: str) -> ShardError:
+    return ShardError(
+        f"the shard ends inside the {what} at offset {offset}",
+        url=url,
+        stage="fetch",
+        cause=Reason.TRUNCATED_SHARD,
+    )
+
+
+def _nts(field: bytes) -> bytes:
+    end = field.find(b"\0")
+    return field if end < 0 else field[:end]
+
+
+def _number(field: bytes) -> int | None:
+    """A number field as ``tarfile.nti`` reads it (octal text, or GNU base-256 when the
+    first byte is 0x80 or 0xff); None when ``tarfile`` would refuse it."""
+    if field[0] in (0o200, 0o377):
+        value = int.from_bytes(field[1:], "big")
+        return value - 256 ** (len(field) - 1) if field[0] == 0o377 else value
+    try:
+        return int(_nts(field).decode("ascii").strip() or "0", 8)
+    except (UnicodeDecodeError, ValueError):
+        return None
 
 
 def parse_header(block: bytes | bytearray | memoryview, offset: int, url: str) -> _Header | None:
@@ -103,93 +151,135 @@ def parse_header(block: bytes | bytearray | memoryview, offset: int, url: str) -
     block (end of archive). A block that is not a tar header raises ``ShardError``."""
     block = bytes(block)
     if len(block) < BLOCK:
-        raise ShardError(
-            f"the shard ends inside the tar header at offset {offset}",
-            url=url,
-            stage="fetch",
-            cause=Reason.TRUNCATED_SHARD,
-        )
-    if block == bytes(BLOCK):
+        raise _truncated("tar header", offset, url)
+    if block.count(0) == BLOCK:
         return None
-    try:
-        stored = _octal(block[148:156])
-        size = _octal(block[124:136])
-    except ValueError:
-        stored = size = -1
-    computed = sum(block[:148]) + 8 * 32 + sum(block[156:])
-    if stored != computed or size < 0:
-        raise ShardError(
-            f"no tar header at offset {offset} (bad checksum): not a tar, or the index does "
-            "not match the shard",
-            url=url,
-            stage="decode",
-            cause=Reason.NOT_A_TAR,
-        )
-    name = block[0:100].split(b"\0", 1)[0]
-    if block[257:262] == b"ustar":
-        prefix = block[345:500].split(b"\0", 1)[0]
-        if prefix:
-            name = prefix + b"/" + name
-    return _Header(name.decode("utf-8", "surrogateescape"), size, block[156:157])
+    stored = _number(block[148:156])
+    unsigned = sum(block[:148]) + 8 * 32 + sum(block[156:])
+    if stored not in (unsigned, sum(_SIGNED.unpack(block)) + 8 * 32):
+        raise _bad("bad checksum", offset, url)
+    fields = [_number(block[a : a + n]) for a, n in ((100, 8), (108, 8), (116, 8), (136, 12))]
+    fields += [_number(block[329:337]), _number(block[337:345])]
+    size = _number(block[124:136])
+    if size is None or None in fields:
+        raise _bad("a number field that is not a number", offset, url)
+    if size < 0:
+        raise _bad(f"a negative size {size}", offset, url)
+    kind = block[156:157]
+    name = _nts(block[0:100]).decode("utf-8", "surrogateescape")
+    if kind == b"\0" and name.endswith("/"):
+        kind = b"5"  # a V7 directory: tarfile steps over no data for it
+    prefix = _nts(block[345:500]).decode("utf-8", "surrogateescape")
+    if prefix and kind not in _GNU:
+        name = prefix + "/" + name
+    return _Header(name, size, kind)
 
 
-def _pax_records(data: bytes) -> dict[str, str]:
+def _pax_records(data: bytes, offset: int, url: str) -> dict[str, str]:
+    """The records ``"<length> <key>=<value>\\n"`` of a pax header at ``offset``; records end
+    at the data's end or at a NUL. Each record must be framed exactly: its length counts
+    itself, the key is UTF-8 and not empty."""
     records: dict[str, str] = {}
     pos = 0
-    while pos < len(data):
-        space = data.index(b" ", pos)
-        length = int(data[pos:space])
-        key, _, value = data[space + 1 : pos + length - 1].partition(b"=")
-        records[key.decode("utf-8")] = value.decode("utf-8", "surrogateescape")
+    while pos < len(data) and data[pos] != 0:
+        space = data.find(b" ", pos, pos + 24)
+        digits = data[pos:space] if space > pos else b""
+        if not (digits.isdigit() and digits.isascii()):
+            raise _bad(f"a pax record at byte {pos} without a decimal length", offset, url)
+        length = int(digits)
+        if length <= space + 1 - pos or pos + length > len(data):
+            raise _bad(f"a pax record at byte {pos} of impossible length {length}", offset, url)
+        record = data[space + 1 : pos + length]
+        key, equals, value = record[:-1].partition(b"=")
+        if not key or not equals or record[-1:] != b"\n":
+            raise _bad(f"a pax record at byte {pos} without 'key=value\\n'", offset, url)
+        try:
+            records[key.decode("utf-8")] = value.decode("utf-8", "surrogateescape")
+        except UnicodeDecodeError:
+            raise _bad(f"a pax record at byte {pos} whose key is not UTF-8", offset, url) from None
         pos += length
     return records
 
 
-def read_members(
-    read: Callable[[int, int], bytes | bytearray | memoryview], start: int, end: int, url: str
-) -> Iterator[Member]:
-    """The members of a tar between ``start`` (a header) and ``end``, where
-    ``read(offset, length)`` gives bytes of the shard (fewer at its end). Stops at the end
-    of the archive or at ``end``; non-regular members are skipped. A member whose data
-    runs past the shard's end is still yielded (reading it fails as truncated)."""
-    offset = start
-    pending_name: str | None = None
-    pending_size: int | None = None
-    member_start = offset
-    while offset + BLOCK <= end:
-        header = parse_header(read(offset, BLOCK), offset, url)
-        if header is None:
-            return
-        data_offset = offset + BLOCK
-        if header.kind in (b"x", b"L", b"g"):
-            if data_offset + header.size > end:
-                return  # the member it describes is past what is walked
-            data = bytes(read(data_offset, header.size))
+class TarWalk:
+    """The regular members of a tar from the header at ``start``, where ``read(offset,
+    length)`` gives bytes of the shard (fewer past what it has). Iterating walks header
+    by header until the end-of-archive block (then :attr:`at_eof` is True) or until the
+    next header would start at or past ``end``; :attr:`offset` is then where the next
+    header is (past ``end`` when a member's data runs over it). A member whose data runs
+    past ``end`` is still yielded: the caller knows what ``end`` means. Non-regular
+    members are stepped over as ``tarfile`` steps over them."""
+
+    def __init__(self, read: Read, start: int, end: int, url: str) -> None:
+        self.read = read
+        self.offset = start
+        self.end = end
+        self.url = url
+        self.at_eof = False
+
+    def __iter__(self) -> Iterator[Member]:
+        while self.offset < self.end:
+            found = self._next()
+            if found is None:
+                return
+            member, regular = found
+            if regular:
+                yield member
+
+    def _next(self) -> tuple[Member, bool] | None:
+        """The next member and whether it is a regular file, or None at the end of the
+        archive."""
+        start = self.offset
+        name: str | None = None
+        size: int | None = None
+        while True:
+            offset = self.offset
+            header = parse_header(self.read(offset, BLOCK), offset, self.url)
+            if header is None:
+                if offset != start:
+                    raise _bad("an extended header followed by no member", start, self.url)
+                self.at_eof = True
+                return None
+            data_offset = offset + BLOCK
+            if header.kind not in _EXTENDED:
+                break
+            if header.size > MAX_EXTENDED_HEADER:
+                raise _bad(f"an extended header of {header.size} bytes", offset, self.url)
+            data = bytes(self.read(data_offset, header.size))
             if len(data) < header.size:
-                raise ShardError(
-                    f"the shard ends inside the extended header at offset {offset}",
-                    url=url,
-                    stage="fetch",
-                    cause=Reason.TRUNCATED_SHARD,
-                )
-            if header.kind == b"x":
-                records = _pax_records(data)
-                pending_name = records.get("path", pending_name)
-                if "size" in records:
-                    pending_size = int(records["size"])
-            elif header.kind == b"L":
-                pending_name = data.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-            offset = data_offset + padded(header.size)
-            if header.kind == b"g":
-                member_start = offset
-            continue
-        size = pending_size if pending_size is not None else header.size
-        name = pending_name if pending_name is not None else header.name
-        if header.kind in _REGULAR:
-            yield Member(name, member_start, data_offset, size)
-        offset = data_offset + padded(size)
-        member_start = offset
-        pending_name = pending_size = None
+                raise _truncated("extended header", offset, self.url)
+            if header.kind in (b"x", b"X", b"g"):
+                records = _pax_records(data, offset, self.url)
+                if any(key.startswith("GNU.sparse.") for key in records):
+                    raise _bad("a GNU sparse member, not supported", offset, self.url)
+                if header.kind == b"g":
+                    if "path" in records or "size" in records:
+                        raise _bad("a pax global path or size, not supported", offset, self.url)
+                    start = data_offset + padded(header.size)  # not part of the next member
+                else:  # the first extended header wins, as tarfile applies them
+                    if name is None and "path" in records:
+                        name = records["path"].rstrip("/")
+                    if size is None and "size" in records:
+                        if not records["size"].isascii() or not records["size"].isdigit():
+                            raise _bad(f"a pax size {records['size']!r}", offset, self.url)
+                        size = int(records["size"])
+            elif header.kind == b"L" and name is None:
+                name = _nts(data).decode("utf-8", "surrogateescape")
+            self.offset = data_offset + padded(header.size)
+        if header.kind == b"S":
+            raise _bad("a GNU sparse member, not supported", offset, self.url)
+        size = header.size if size is None else size
+        regular = header.kind in _REGULAR
+        steps_over_data = regular or header.kind not in _SUPPORTED
+        self.offset = data_offset + (padded(size) if steps_over_data else 0)
+        name = header.name if name is None else name
+        return Member(name, start, data_offset, size), regular
+
+
+def read_members(read: Read, start: int, end: int, url: str) -> Iterator[Member]:
+    """The regular members of a tar between ``start`` (a header) and ``end`` (see
+    :class:`TarWalk`)."""
+    return iter(TarWalk(read, start, end, url))
 
 
 def scan_members(
@@ -197,7 +287,9 @@ def scan_members(
 ) -> list[Member]:
     """Every member of a whole shard of ``size`` bytes, reading it ``window`` bytes at a
     time through ``read(offset, length)`` (one ranged GET each); members larger than the
-    window are stepped over, not read."""
+    window are stepped over, not read. A shard that ends inside a header block is
+    ``TruncatedShard``; a member whose data runs past the end is kept (reading it fails
+    as truncated)."""
     window_start, window_data = 0, b""
 
     def cached(offset: int, length: int) -> bytes | bytearray | memoryview:
@@ -214,7 +306,7 @@ def scan_members(
         raise ShardError(
             "the object is empty, not a tar", url=url, stage="decode", cause=Reason.NOT_A_TAR
         )
-    return list(read_members(cached, 0, size, url))
+    return list(TarWalk(cached, 0, size, url))
 
 
 def group_samples(members: list[Member], url: str) -> list[tuple[str, list[tuple[str, Member]]]]:

@@ -2,11 +2,20 @@
 
 Global index ``i`` enumerates samples shard by shard in the order of ``shards`` (shard 0's
 samples first, in tar order): ``shard_lengths[s]`` samples in shard ``s``. A sample is read
-as one byte range, from its first member's first header to its last member's last byte, so
-the headers between its members come with it: :meth:`ShardSource.decode` walks them and
-refuses (:class:`~concurrent_loader.errors.ShardError`, naming shard, member and offset) a
-sample whose bytes are not the members its index lists. A sample that ends past the
-shard's listed size is refused before any GET (``TruncatedShard``).
+as one byte range, from its first member's first header to the next sample's first header
+(from the shard's start, for its first sample; to the shard's end, for its last), so the
+spans of a shard's samples tile it and every header of the shard lies in exactly one span:
+:meth:`ShardSource.decode` walks the span's headers and refuses
+(:class:`~concurrent_loader.errors.ShardError`, naming shard, member and offset) a sample
+whose span is not exactly the members its index lists (``IndexMismatch``) or holds a sample
+member the index leaves out (``MissingMember``). A sample that ends past the shard's
+listed size is refused before any GET (``TruncatedShard``); an index written for a smaller
+shard than the one listed is refused when the source is made.
+
+What the walk proves: the sample's members are where real headers of the shard say, as
+far as the span shows. A hostile index could still place a whole chain of members inside
+another member's data (a tar stored in a tar) where its headers look right; it then has
+to misplace an earlier member of the same shard, whose own sample fails when read.
 
 Samples are dicts as ``webdataset`` makes them: ``{"__key__": key, "__url__": shard URL,
 extension: bytes, ...}``, passed to ``decode`` when one is given. The source merges a
@@ -25,12 +34,10 @@ from ..errors import DecodeError, LoaderError, Reason, ShardError
 from ..keys import KeyTable
 from ..shards.index import ShardIndex
 from ..shards.tar import (
-    BLOCK,
     Member,
+    TarWalk,
     group_samples,
     is_sample_member,
-    padded,
-    read_members,
     split_name,
 )
 from ..stores.base import ByteRange, StoreConfig
@@ -68,6 +75,16 @@ class ShardSource:
         self.listed_sizes = list(listed_sizes)
         self.shard_lengths: list[int] = []
         self._index_sizes = [index.size for index in indexes]
+        for key, index, listed in zip(shards, indexes, listed_sizes, strict=True):
+            if listed is not None and listed > index.size:
+                raise ShardError(
+                    f"the shard is {listed} bytes, its index ({key}.idx) was written for "
+                    f"{index.size}: the shard was re-packed or written again after its index; "
+                    "pack it again, or remove the index to have the shard scanned",
+                    url=store.url_for(key),
+                    stage="index",
+                    cause=Reason.INDEX_MISMATCH,
+                )
         keys: list[str] = []
         names: list[str] = []
         header_offsets: list[int] = []
@@ -105,25 +122,25 @@ class ShardSource:
     def _members(self, index: int) -> range:
         return range(int(self._first_member[index]), int(self._first_member[index + 1]))
 
-    def _end(self, index: int) -> int:
-        """The end of the sample's last member's data."""
-        last = self._members(index)[-1]
-        return int(self._offsets[last] + self._sizes[last])
+    def _limit(self, shard: int) -> int:
+        """Where shard ``shard`` ends: its listed size, else its size in the index."""
+        listed = self.listed_sizes[shard]
+        return self._index_sizes[shard] if listed is None else listed
 
     def _span(self, index: int) -> ByteRange:
-        """What is read of sample ``index``: from its first header to the header block that
-        follows its last member (when the shard has one), so that a member of the sample
-        left out of the index, between or right after its members, is seen."""
-        members = self._members(index)
-        end = padded(self._end(index)) + BLOCK
+        """What is read of sample ``index``: from its first member's first header (the
+        shard's start, for its first sample) to the next sample's first header (the shard's
+        end, in the index, for its last sample). The spans of a shard's samples tile it, so
+        walking a span's headers sees every member between the sample and its neighbours:
+        one left out of the index, or an index that points inside a member, is noticed."""
         shard = self.shard_of(index)
-        listed = self.listed_sizes[shard]
-        limit = (
-            self._index_sizes[shard] if listed is None else min(listed, self._index_sizes[shard])
-        )
-        return ByteRange(
-            int(self._header_offsets[members[0]]), max(self._end(index), min(end, limit))
-        )
+        first = index == int(self._shard_starts[shard])
+        start = 0 if first else int(self._header_offsets[self._members(index)[0]])
+        if index + 1 < int(self._shard_starts[shard + 1]):
+            end = int(self._header_offsets[self._members(index + 1)[0]])
+        else:
+            end = self._index_sizes[shard]
+        return ByteRange(start, end)
 
     def sample_ranges(self, shard: int) -> tuple[np.ndarray, np.ndarray]:
         """The byte ranges :meth:`reads` asks of shard ``shard``, one per sample in tar order:
@@ -149,19 +166,22 @@ class ShardSource:
 
     def reads(self, index: int) -> Sequence[Read]:
         span = self._span(index)
-        listed = self.listed_sizes[self.shard_of(index)]
-        if listed is not None and self._end(index) > listed:
+        shard = self.shard_of(index)
+        limit = self._limit(shard)
+        if span.end > limit:
             member = next(
-                j for j in self._members(index) if self._offsets[j] + self._sizes[j] > listed
+                (j for j in self._members(index) if self._offsets[j] + self._sizes[j] > limit),
+                self._members(index)[0],
             )
             raise ShardError(
                 f"{self.where(index, member)} ({int(self._sizes[member])} bytes) ends past the "
-                f"shard's end ({listed} bytes): the shard is truncated",
+                f"shard's end ({limit} bytes; the sample and the headers after it end at "
+                f"{span.end}): the shard is truncated",
                 url=self.url_for(index),
                 stage="fetch",
                 cause=Reason.TRUNCATED_SHARD,
             )
-        return (Read(self.shards[self.shard_of(index)], span, span.length),)
+        return (Read(self.shards[shard], span, span.length),)
 
     def decode(self, index: int, bodies: Sequence[bytes | bytearray]) -> Any:
         sample = self.sample(index, bodies[0])
@@ -198,11 +218,12 @@ class ShardSource:
         def read(offset: int, length: int) -> memoryview:
             return view[offset - span.start : offset - span.start + length]
 
+        walk = TarWalk(read, span.start, span.end, url)
         try:
-            found = list(read_members(read, span.start, span.end, url))
+            found = list(walk)
         except ShardError as exc:
             raise self._about(index, exc) from exc
-        self._check(index, found)
+        self._check(index, found, walk)
         sample: dict[str, Any] = {"__key__": self.sample_keys[index], "__url__": url}
         for j in members:
             split = split_name(self._names[j])
@@ -211,52 +232,72 @@ class ShardSource:
             sample[split[1]] = bytes(view[start : start + int(self._sizes[j])])
         return sample
 
-    def _check(self, index: int, found: list[Member]) -> None:
-        """The members walked in the sample's span are exactly those its index lists; the
-        span's last header, after the sample, may only start another sample."""
+    def _check(self, index: int, found: list[Member], walk: TarWalk) -> None:
+        """The sample members walked in the sample's span are exactly those its index lists,
+        at the offsets it gives, and the walk ends where the next sample's headers start
+        (at the end of the archive, for a shard's last sample)."""
         url = self.url_for(index)
-        key = self.sample_keys[index]
-        members = self._members(index)
-        expected = {
-            (self._names[j], int(self._offsets[j]), int(self._sizes[j])): j for j in members
-        }
-        last_end = self._end(index)
-        seen = set()
+        expected = [
+            Member(self._names[j], int(h), int(o), int(n))
+            for j, h, o, n in zip(
+                self._members(index),
+                self._header_offsets[self._members(index)],
+                self._offsets[self._members(index)],
+                self._sizes[self._members(index)],
+                strict=True,
+            )
+        ]
+        members = list(self._members(index))
+
+        def error(message: str, cause: Reason, j: int | None = None) -> ShardError:
+            return ShardError(
+                f"{self.where(index, j)}: {message}", url=url, stage="decode", cause=cause
+            )
+
+        matched = 0
         for member in found:
             if not is_sample_member(member.name):
                 continue
-            place = (member.name, member.offset, member.size)
-            if place in expected:
-                seen.add(place)
+            if matched < len(expected) and member == expected[matched]:
+                matched += 1
                 continue
-            split = split_name(member.name)
-            if split is not None and split[0] == key:
-                raise ShardError(
-                    f"sample {key!r}: member {member.name!r} at offset {member.header_offset} "
-                    "is in the shard but not in its index",
-                    url=url,
-                    stage="decode",
-                    cause=Reason.MISSING_MEMBER,
+            said = expected[matched] if matched < len(expected) else None
+            if said is None or member.header_offset < said.header_offset:
+                raise error(
+                    f"member {member.name!r} at offset {member.header_offset} is in the shard "
+                    "but not in its index",
+                    Reason.MISSING_MEMBER,
                 )
-            if member.header_offset >= last_end:
-                break  # the next sample
-            j = next(j for place, j in expected.items() if place not in seen)
-            raise ShardError(
-                f"{self.where(index, j)}: the index says {self._names[j]!r} "
-                f"({int(self._sizes[j])} bytes at {int(self._offsets[j])}), the shard has "
-                f"{member.name!r} ({member.size} bytes at {member.offset})",
-                url=url,
-                stage="decode",
-                cause=Reason.INDEX_MISMATCH,
+            raise error(
+                f"the index says {said.name!r} ({said.size} bytes at {said.offset}, headers at "
+                f"{said.header_offset}), the shard has {member.name!r} ({member.size} bytes "
+                f"at {member.offset}, headers at {member.header_offset})",
+                Reason.INDEX_MISMATCH,
+                members[matched],
             )
-        for place, j in expected.items():
-            if place not in seen:
-                raise ShardError(
-                    f"{self.where(index, j)}: not in the shard (the index does not match it)",
-                    url=url,
-                    stage="decode",
-                    cause=Reason.INDEX_MISMATCH,
-                )
+        if matched < len(expected):
+            said = expected[matched]
+            where = "the archive ends" if walk.at_eof else f"the headers end at {walk.offset}"
+            raise error(
+                f"not in the shard ({where} before it): the index does not match the shard",
+                Reason.INDEX_MISMATCH,
+                members[matched],
+            )
+        span_end = walk.end
+        last = index + 1 == int(self._shard_starts[self.shard_of(index) + 1])
+        if walk.at_eof and not last:
+            raise error(
+                f"the archive ends before the next sample the index lists (at offset {span_end})",
+                Reason.INDEX_MISMATCH,
+            )
+        if not walk.at_eof and walk.offset != span_end:
+            raise error(
+                f"the member before offset {span_end} runs to {walk.offset}, past where the "
+                "index puts the next sample's headers"
+                if not last
+                else f"the members run to {walk.offset}, past the shard's end ({span_end})",
+                Reason.INDEX_MISMATCH if not last else Reason.TRUNCATED_SHARD,
+            )
 
     # ------------------------------------------------------------------ CoalescingSource
 
