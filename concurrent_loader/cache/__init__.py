@@ -15,15 +15,18 @@ import logging
 import os
 
 from ..stores.base import StoreConfig
+from .admin import clear_cache, describe_cache, ledger_bytes
 from .cached import CachedStoreConfig
 from .config import POLICIES, CacheConfig, cache_config_for
-from .directory import CacheDirectory, clear_cache, describe_cache, ledger_bytes
+from .directory import CacheDirectory
+from .layout import CacheRefused, Handles
 from .store import CachedStore
 
 __all__ = [
     "POLICIES",
     "CacheConfig",
     "CacheDirectory",
+    "CacheRefused",
     "CachedStore",
     "CachedStoreConfig",
     "cache_config_for",
@@ -42,7 +45,8 @@ def with_cache(
     directory made and the budget fixed, here in the main process. ``store`` itself when
     ``cache`` is None, when the store is on local disk already, or when the directory
     cannot be made (one WARNING: training goes on uncached). A bad option is a
-    ``ConfigError``."""
+    ``ConfigError``; a directory that is not a cache and not empty (or whose own files are
+    links) is refused with ``CacheRefused`` (a ``ConfigError``) naming it."""
     if cache is None:
         return store
     config = cache_config_for(cache)
@@ -51,7 +55,7 @@ def with_cache(
         return store
     try:
         directory = os.path.abspath(os.path.expanduser(config.directory))
-        os.makedirs(directory, exist_ok=True)
+        Handles.open(directory, create=True).close()  # marks a new one; refuses a user's
         resolved = config.resolved(ledger_bytes(directory))
         CacheDirectory(resolved).close()  # lays the directory out; proves it writable
     except OSError as exc:

@@ -10,18 +10,18 @@ path, and which whole reads the cache wants in one piece
 from __future__ import annotations
 
 import dataclasses
-import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, Any
 
 from ..config import FetchConfig
 from ..errors import ConfigError, Reason
 from ..stores.base import Capabilities, StoreConfig
+from .admin import ledger_entries
 from .config import CacheConfig
-from .directory import entry_path, ledger_entries, name_for
+from .directory import name_for
+from .layout import CacheRefused, Handles, has_entry
 
 if TYPE_CHECKING:
     from .store import CachedStore
@@ -78,10 +78,19 @@ class CachedStoreConfig:
         if ledger_entries(directory) < self.object_count:
             return False
         prefix = source_prefix(self.inner)
-        found = all(
-            os.path.exists(entry_path(directory, name_for(prefix + self.inner.url_for(key))))
-            for key in self.sample_keys
-        )
+        try:
+            handles = Handles.open(directory, create=False)
+        except (OSError, CacheRefused):
+            return False
+        try:
+            found = all(
+                has_entry(handles.entries_fd, name_for(prefix + self.url_for(key)), directory)
+                for key in self.sample_keys
+            )
+        except (OSError, CacheRefused):
+            found = False
+        finally:
+            handles.close()
         if found:
             _FOUND_COMPLETE.add(self)
         return found
@@ -114,11 +123,17 @@ _FOUND_COMPLETE: set[CachedStoreConfig] = set()
 
 
 def source_prefix(inner: StoreConfig) -> str:
-    """What tells apart two stores whose URLs read alike: the endpoint (without any user
-    info), for a store that has one."""
-    endpoint = getattr(inner, "endpoint_url", None)
-    if not endpoint:
+    """Where ``inner``'s bytes come from, in front of every entry's source, so two stores
+    whose URLs read alike (one bucket on two endpoints) never share an entry: for an S3
+    store, the origin and path of the route botocore resolved in the main process (whatever
+    chose the endpoint: ``endpoint_url=``, ``AWS_ENDPOINT_URL``, a profile), which holds no
+    credential; a config not resolved yet is resolved here. A store whose URLs name their
+    host (plain HTTP) needs nothing more. A wrapping config (``inner``) is looked through."""
+    config: Any = inner
+    while hasattr(config, "inner"):
+        config = config.inner
+    if not hasattr(config, "route"):
         return ""
-    parts = urlsplit(endpoint)
-    port = f":{parts.port}" if parts.port else ""
-    return f"{parts.scheme}://{parts.hostname}{port}{parts.path.rstrip('/')} "
+    route = config.route or config.resolved().route
+    origin = route.origin
+    return f"{origin.scheme}://{origin.host_header}{route.path_prefix} "

@@ -16,6 +16,7 @@ out is returned.
 from __future__ import annotations
 
 import os
+import stat
 import struct
 import zlib
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ __all__ = [
     "data_checksum",
     "footer",
     "read_entry",
+    "read_entry_fd",
 ]
 
 MAGIC = b"CLC1"
@@ -70,25 +72,38 @@ class TooLarge(Exception):
 
 
 def read_entry(path: str, source: str, max_bytes: int | None = None) -> Entry | None:
-    """The entry at ``path`` for ``source``; None when there is no file. Raises
-    ``CorruptEntry`` for a file that does not check out, ``TooLarge`` (having read nothing)
-    for one over ``max_bytes``, ``OSError`` for a failing disk."""
+    """The entry at ``path`` for ``source`` (not through a link); None when there is no
+    file. Raises as :func:`read_entry_fd` does."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        f = open(path, "rb", buffering=0)  # noqa: SIM115 - closed below, on every path
+        fd = os.open(path, flags)
     except FileNotFoundError:
         return None
-    with f:
-        size = os.fstat(f.fileno()).st_size
-        if max_bytes is not None and size > max_bytes:
-            raise TooLarge(path)
-        buf = bytearray(size)
-        got = 0
-        with memoryview(buf) as view:
-            while got < size:
-                n = f.readinto(view[got:])
-                if not n:
-                    break
-                got += n
+    try:
+        return read_entry_fd(fd, path, source, max_bytes)
+    finally:
+        os.close(fd)
+
+
+def read_entry_fd(fd: int, path: str, source: str, max_bytes: int | None = None) -> Entry:
+    """The entry open at ``fd`` (named ``path`` in messages) for ``source``. Raises
+    ``CorruptEntry`` for a file that does not check out (or is not a regular file),
+    ``TooLarge`` (having read nothing) for one over ``max_bytes``, ``OSError`` for a
+    failing disk."""
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise CorruptEntry(f"{path}: not a regular file")
+    size = st.st_size
+    if max_bytes is not None and size > max_bytes:
+        raise TooLarge(path)
+    buf = bytearray(size)
+    got = 0
+    with memoryview(buf) as view:
+        while got < size:
+            n = os.readv(fd, [view[got:]])
+            if not n:
+                break
+            got += n
     if got != size or size < _TAIL.size:
         raise CorruptEntry(f"{path}: {got} of {size} bytes, shorter than an entry")
     data_len, etag_len, source_len, crc, magic = _TAIL.unpack_from(buf, size - _TAIL.size)

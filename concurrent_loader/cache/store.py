@@ -16,25 +16,27 @@ entry behind, on a writer thread. Guarantees:
   entry does not fit the budget, a waiter fetches the object itself.
 - A failing cache (a full disk, a permission, a deleted directory) never fails a read:
   it logs one WARNING per process and store, then reads go to the wrapped store (a failed
-  read stops the use of the cache, a failed write stops writing).
+  read stops the use of the cache; a failed write pauses writing, retried after a back-off:
+  :mod:`.writer`).
 - A miss is counted once per read: a GET and its hedge (:mod:`..fetch.hedge`) that both
   complete are one miss (the hedge is counted as a hedge).
-- Bounded: at most ``MAX_PENDING_BYTES`` wait for the writer; beyond that an object is
-  not cached. ``close()`` finishes the pending writes and joins the writer.
+- Entries are written behind reads, bounded (:mod:`.writer`). ``close()`` finishes the
+  pending writes and joins the writer.
 
 Once the cache holds the whole dataset (:meth:`CachedStoreConfig.complete`), the config
 reports ``remote=False`` and the store is read through ``get_blocking`` on the pipeline's
-decode threads (the local directories' path): hits skip the event loop altogether.
+decode threads (the local directories' path): hits skip the event loop altogether; a miss
+there is read through this config's remote twin (the same cache, on the loop), so it is
+fetched, locked and written (with its ETag) as on the remote path.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import multiprocessing.util
-import threading
 import weakref
 from collections.abc import AsyncIterator, Iterator
 
@@ -45,8 +47,10 @@ from ..metrics.cache import cache_tally
 from ..stores.base import Body, ByteRange, ObjectInfo, Store
 from .cached import MAX_PENDING_BYTES, CachedStoreConfig, source_prefix
 from .directory import CacheDirectory, name_for
-from .entry import CorruptEntry, Entry, TooLarge, data_checksum, footer, read_entry
+from .entry import CorruptEntry, Entry, TooLarge
+from .layout import CacheRefused
 from .leftovers import Leftovers
+from .writer import EntryWriter
 
 __all__ = ["MAX_PENDING_BYTES", "CachedStore", "CachedStoreConfig"]
 
@@ -82,16 +86,14 @@ class CachedStore:
         self._warned = False
         self._locking = True
         self._closed = False
-        self._pending = 0
-        self._pending_lock = threading.Lock()
         #: the directory while reads use it (None once it failed)
         self._dir: CacheDirectory | None = None
         try:
             self._dir = CacheDirectory(config.cache)
-        except OSError as exc:
+        except (OSError, CacheRefused) as exc:
             self._fail(exc, "opening it")
-        self._writes = self._dir is not None
         self._leftovers = Leftovers(self._dir)
+        self._writer = EntryWriter(self._leftovers.writer, self._write_failed)
         # Run at close, when the store is collected (the pipeline never closes a store on
         # the local path) or when the process exits: a DataLoader worker keeps its runtime,
         # so this store, open to the end, and multiprocessing's exit hook still runs this.
@@ -102,10 +104,6 @@ class CachedStore:
 
     def __repr__(self) -> str:
         return f"CachedStore({self.config.inner}, {self.config.cache.directory})"
-
-    @property
-    def _writer(self) -> concurrent.futures.ThreadPoolExecutor:
-        return self._leftovers.writer
 
     def _wrapped(self) -> Store:
         if self.inner is None:  # pragma: no cover - only the remote path calls this
@@ -138,16 +136,15 @@ class CachedStore:
         self, directory: CacheDirectory, name: str, source: str
     ) -> tuple[Entry | None, bool]:
         """(the intact entry or None, whether a bad one is in the way)."""
-        path = directory.path_for(name)
         try:
             try:
-                return read_entry(path, source, MAX_INLINE_READ_BYTES), False
+                return directory.read(name, source, MAX_INLINE_READ_BYTES), False
             except TooLarge:
-                return await asyncio.to_thread(read_entry, path, source), False
+                return await asyncio.to_thread(directory.read, name, source), False
         except CorruptEntry as exc:
             log.info("refetching %s: its cache entry is bad (%s)", source, exc)
             return None, True
-        except OSError as exc:
+        except (OSError, CacheRefused) as exc:
             self._fail(exc, "reading it")
             return None, False
 
@@ -259,75 +256,29 @@ class CachedStore:
         replace: bool,
     ) -> None:
         """Hand the entry to the writer; the fill lock (if held) goes when it is in place."""
-        data = body.data
-        size = len(data)
-        try:
-            skip = (
-                not self._writes
-                or self._closed
-                or (self._fill_policy and not replace and directory.looks_full(size))
-            )
-        except OSError as exc:
-            self._fail(exc, "reading its ledger", writes_only=True)
-            skip = True
-        with self._pending_lock:
-            if skip or self._pending + size > MAX_PENDING_BYTES:
-                skip = True
-            else:
-                self._pending += size
-        if skip:
-            if held:
-                self._release(directory, name)
-            return
-        # Checked now, before the caller holds the buffer: a later change to it fails the
-        # entry's check instead of being cached.
-        crc = data_checksum(data)
-        try:
-            self._writer.submit(
-                self._write, directory, name, source, data, crc, body.etag, held, replace
-            )
-        except RuntimeError:  # the writer is shut down: we are closing
-            with self._pending_lock:
-                self._pending -= size
+
+        def release() -> None:
             if held:
                 self._release(directory, name)
 
-    def _write(
-        self,
-        directory: CacheDirectory,
-        name: str,
-        source: str,
-        data: bytes | bytearray,
-        crc: int,
-        etag: str | None,
-        held: bool,
-        replace: bool,
-    ) -> None:
-        """On the writer thread."""
-        try:
-            if self._writes:
-                directory.put(name, data, footer(len(data), crc, etag, source), replace=replace)
-        except ValueError:  # an ETag or name too long to store: not cached
-            pass
-        except OSError as exc:
-            self._fail(exc, "writing an entry", writes_only=True)
-        finally:
-            if held:
-                self._release(directory, name)
-            with self._pending_lock:
-                self._pending -= len(data)
+        if self._closed:
+            release()
+            return
+        self._writer.submit(
+            directory, name, source, body, release, replace=replace, fill_policy=self._fill_policy
+        )
 
     # ------------------------------------------------------------------ failures, counts
 
-    def _fail(self, exc: OSError, doing: str, *, writes_only: bool = False) -> None:
-        """The cache failed: no more writes (and, unless only a write failed, no more
-        reads) through it in this process."""
-        self._writes = False
-        if not writes_only:
-            self._dir = None
-        self._warn(exc, doing, "writes to it stop" if writes_only else "reads bypass it")
+    def _fail(self, exc: Exception, doing: str) -> None:
+        """The cache failed: no more reads or writes through it in this process."""
+        self._dir = None
+        self._warn(exc, doing, "reads bypass it")
 
-    def _warn(self, exc: OSError, doing: str, consequence: str) -> None:
+    def _write_failed(self, exc: OSError) -> None:
+        self._warn(exc, "writing an entry", "writes to it pause (retried after a back-off)")
+
+    def _warn(self, exc: Exception, doing: str, consequence: str) -> None:
         """One warning per store, however many failures follow."""
         if not self._warned:
             self._warned = True
@@ -363,7 +314,7 @@ class CachedStore:
     async def flush(self) -> None:
         """Wait until the entries handed to the writer so far are written (or refused)."""
         with contextlib.suppress(RuntimeError):  # shut down: nothing is pending
-            await asyncio.wrap_future(self._writer.submit(lambda: None))
+            await asyncio.wrap_future(self._leftovers.writer.submit(lambda: None))
 
     async def close(self) -> None:
         """Finish pending writes, record this store's reads in the ledger, close. Idempotent."""
@@ -379,19 +330,17 @@ class CachedStore:
 
     def get_blocking(self, key: str, byte_range: ByteRange | None = None) -> bytes | bytearray:
         """On a decode thread: the entry when there is an intact one; otherwise the object
-        through this process's fetch client for the wrapped store (no fill lock: on this
-        path a miss is rare), its entry then written on this thread."""
+        read through this process's fetch client for the remote twin of this config (the
+        same cache on the loop: the fill lock, the GET, the entry written with its ETag)."""
         directory = self._dir
-        source = self._prefix + self.url_for(key)
-        name = name_for(source)
-        bad = False
         if directory is not None:
+            source = self._prefix + self.url_for(key)
+            name = name_for(source)
             try:
-                entry = read_entry(directory.path_for(name), source)
-            except CorruptEntry as exc:
-                log.info("refetching %s: its cache entry is bad (%s)", source, exc)
-                entry, bad = None, True
-            except OSError as exc:
+                entry = directory.read(name, source)
+            except CorruptEntry:  # the twin says so, and replaces it
+                entry = None
+            except (OSError, CacheRefused) as exc:
                 self._fail(exc, "reading it")
                 entry = None
             if entry is not None and (byte_range is None or byte_range.end <= len(entry.data)):
@@ -405,22 +354,17 @@ class CachedStore:
                 return data
         runtime = self._leftovers.runtime()
         fetch = self._fetch
+        # Never complete (no keys): its store reads on the loop, remote, and writes entries.
+        twin = dataclasses.replace(self.config, object_count=0, sample_keys=())
 
         async def fetch_one() -> bytes | bytearray:
-            client = await client_for(runtime, self.config.inner, fetch)
-            return await client.get(key, byte_range)
+            client = await client_for(runtime, twin, fetch)
+            data = await client.get(key, byte_range)
+            if isinstance(client.store, CachedStore):  # written on this thread, as it waits
+                await client.store.flush()
+            return data
 
-        fetched = runtime.run(fetch_one())
-        self._count_miss()
-        if directory is not None and byte_range is None and self._writes:
-            try:
-                tail = footer(len(fetched), data_checksum(fetched), None, source)
-                directory.put(name, fetched, tail, replace=bad)
-            except ValueError:
-                pass
-            except OSError as exc:
-                self._fail(exc, "writing an entry", writes_only=True)
-        return fetched
+        return runtime.run(fetch_one())
 
     def list_blocking(self) -> Iterator[ObjectInfo]:
         from ..listing import list_store

@@ -50,7 +50,7 @@ def write_and_hang(config: CachedStoreConfig, key: str, marker: str, where: str)
         directory._write_all = half_then_hang  # type: ignore[assignment]
     else:
 
-        def hang_instead(src: str, dst: str) -> None:
+        def hang_instead(*args: Any, **kwargs: Any) -> None:
             _hang(marker)
 
         directory.os.replace = hang_instead  # type: ignore[assignment]

@@ -110,13 +110,16 @@ def test_a_lost_ledger_is_rebuilt_from_the_entries(cache_dir):
 
 def test_stale_temporary_files_go_when_a_process_opens_the_cache(cache_dir):
     _open(cache_dir, budget=1000).close()
-    stale, fresh = cache_dir / "tmp" / "dead.1.1.1", cache_dir / "tmp" / "live.2.2.2"
-    stale.write_bytes(b"half")
-    fresh.write_bytes(b"half")
+    tmp = cache_dir / "tmp"
+    stale, fresh = tmp / f"{'a' * 32}.1.1.1", tmp / f"{'b' * 32}.2.2.2"
+    foreign = tmp / "notes.txt"  # not a name the cache writes: never removed
+    for path in (stale, fresh, foreign):
+        path.write_bytes(b"half")
     old = time.time() - STALE_TEMP_S - 1
     os.utime(stale, (old, old))
+    os.utime(foreign, (old, old))
     _open(cache_dir, budget=1000).close()
-    assert not stale.exists() and fresh.exists()
+    assert not stale.exists() and fresh.exists() and foreign.exists()
 
 
 def test_clear_removes_entries_and_temporary_files_only_in_a_cache(cache_dir, tmp_path):
@@ -126,7 +129,7 @@ def test_clear_removes_entries_and_temporary_files_only_in_a_cache(cache_dir, tm
         directory.record_reads(3, 1, 300)
     finally:
         directory.close()
-    (cache_dir / "tmp" / "x").write_bytes(b"1")
+    (cache_dir / "tmp" / f"{'c' * 32}.1.1.1").write_bytes(b"1")
     info = describe_cache(str(cache_dir))
     assert (info["hits"], info["misses"], info["hit_rate"]) == (3, 1, 0.75)
     assert clear_cache(str(cache_dir)) == 1

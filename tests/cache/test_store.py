@@ -203,8 +203,8 @@ def test_a_deleted_directory_warns_once_and_reads_go_on(cache_config, caplog):
 
 
 def test_a_full_disk_warns_once_then_caches_nothing(cache_config, caplog, monkeypatch):
-    def no_space(path: str, data: object, tail: object) -> None:
-        raise OSError(28, "No space left on device", path)
+    def no_space(dir_fd: int, name: str, data: object, tail: object) -> None:
+        raise OSError(28, "No space left on device", name)
 
     monkeypatch.setattr(directory_module, "_write_file", no_space)
     objects = numbered_objects(5)

@@ -1,0 +1,148 @@
+"""A cache directory from the command line and the main process: what it holds
+(:func:`describe_cache`, :func:`ledger_bytes`, :func:`ledger_entries`) and emptying it
+(:func:`clear_cache`).
+
+Only a marked cache directory (:mod:`.layout`) is described or cleared, and clearing
+removes only what the cache wrote: entry files and their shard directories, the cache's
+temporary files. A directory that is not a cache is refused with
+:class:`~.layout.CacheRefused`, naming it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from typing import Any
+
+from .directory import Ledger
+from .layout import (
+    SHARD_NAME,
+    CacheRefused,
+    Handles,
+    is_legacy,
+    mark_legacy,
+    scan_entries,
+    temp_files,
+    unlink_entry,
+)
+
+__all__ = ["clear_cache", "describe_cache", "ledger_bytes", "ledger_entries"]
+
+
+def _read_ledger(directory: str) -> Ledger | None:
+    """The ledger, read without its lock (None when there is none, or it cannot be read)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(os.path.join(directory, "ledger"), flags)
+    except OSError:
+        return None
+    try:
+        return Ledger.unpack(os.pread(fd, Ledger.SIZE, 0))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def ledger_bytes(directory: str) -> int:
+    """The bytes a cache directory's ledger says it holds (0 for none, or no cache)."""
+    ledger = _read_ledger(directory)
+    return ledger.used if ledger is not None else 0
+
+
+def ledger_entries(directory: str) -> int:
+    """The entries a cache directory's ledger counts (0 for none, or no cache)."""
+    ledger = _read_ledger(directory)
+    return ledger.entries if ledger is not None else 0
+
+
+def describe_cache(directory: str) -> dict[str, Any]:
+    """What a cache directory holds (a scan) and what its ledger says;
+    ``CacheRefused`` if it is not a cache directory."""
+    directory = os.path.abspath(directory)
+    handles = Handles.open(directory, create=False)
+    try:
+        ledger = Ledger.unpack(os.pread(handles.ledger_fd, Ledger.SIZE, 0))
+        scanned = list(scan_entries(handles.entries_fd, directory))
+        temps = sum(1 for _ in temp_files(handles.tmp_fd))
+    finally:
+        handles.close()
+    reads = (ledger.hits + ledger.misses) if ledger else 0
+    return {
+        "directory": directory,
+        "entries": len(scanned),
+        "bytes": sum(size for _, size, _ in scanned),
+        "ledger_bytes": ledger.used if ledger else None,
+        "temporary_files": temps,
+        "hits": ledger.hits if ledger else 0,
+        "misses": ledger.misses if ledger else 0,
+        "bytes_served": ledger.bytes_served if ledger else 0,
+        "hit_rate": ledger.hits / reads if ledger and reads else None,
+    }
+
+
+def clear_cache(directory: str) -> int:
+    """Remove every entry and temporary file the cache wrote and zero the ledger, under its
+    lock; returns the entries removed. Files the cache did not write stay. A cache of the
+    earlier format (before the marker) is cleared and marked. ``CacheRefused`` if it is not
+    a cache directory."""
+    directory = os.path.abspath(directory)
+    try:
+        handles = Handles.open(directory, create=False)
+    except CacheRefused:
+        return _clear_legacy(directory)
+    try:
+        return _clear(handles)
+    finally:
+        handles.close()
+
+
+def _clear(handles: Handles) -> int:
+    fcntl.flock(handles.ledger_fd, fcntl.LOCK_EX)
+    try:
+        removed = _remove_files(handles)
+        os.pwrite(handles.ledger_fd, Ledger().pack(), 0)
+        return removed
+    finally:
+        # Explicitly: a forked child may hold a copy of this file (and so of its lock).
+        fcntl.flock(handles.ledger_fd, fcntl.LOCK_UN)
+
+
+def _remove_files(handles: Handles) -> int:
+    root = handles.root
+    removed = sum(
+        unlink_entry(handles.entries_fd, name, root)
+        for name, _, _ in list(scan_entries(handles.entries_fd, root))
+    )
+    with os.scandir(handles.entries_fd) as shards:
+        for shard in [s.name for s in shards if SHARD_NAME.fullmatch(s.name)]:
+            with contextlib.suppress(OSError):  # not empty, or a link (never followed)
+                os.rmdir(shard, dir_fd=handles.entries_fd)
+    for name, _ in list(temp_files(handles.tmp_fd)):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=handles.tmp_fd)
+    return removed
+
+
+def _clear_legacy(directory: str) -> int:
+    """A cache of the earlier format: its files removed, then the directory marked."""
+    root_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        if not is_legacy(root_fd):
+            Handles.open(directory, create=False).close()  # raises, saying why
+        entries_fd = tmp_fd = -1
+        try:
+            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+            entries_fd = os.open("entries", flags, dir_fd=root_fd)
+            tmp_fd = os.open("tmp", flags, dir_fd=root_fd)
+            handles = Handles(directory, os.getpid(), root_fd, entries_fd, tmp_fd, -1, -1)
+            removed = _remove_files(handles)
+        finally:
+            for fd in (entries_fd, tmp_fd):
+                if fd >= 0:
+                    os.close(fd)
+        mark_legacy(root_fd, directory)
+        return removed
+    finally:
+        os.close(root_fd)

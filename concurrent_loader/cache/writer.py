@@ -1,0 +1,140 @@
+"""Writing entries behind reads: one thread per store, a bound on the bytes waiting for
+it, and a pause after a failure that ends.
+
+A miss's bytes go back to the reader at once and are handed here; the entry is written on
+the writer thread (:meth:`~.directory.CacheDirectory.put`), and the fill lock taken for the
+object is released once it is in place (or given up). Guarantees:
+
+- Bounded: at most ``MAX_PENDING_BYTES`` wait for the writer; beyond that an object is not
+  cached.
+- A failed write (a full disk, a race with ``clear``, a deleted directory) pauses writing,
+  not for good: writes are tried again once ``RETRY_FIRST_S`` has passed, the pause
+  doubling with each failure in a row up to ``RETRY_MAX_S`` (in time, not in counts, so a
+  slow trickle of misses retries as often as a flood). Before a retry, the directory is
+  opened again if it was removed or made again. The first write that succeeds ends the
+  pause.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from ..stores.base import Body
+from .cached import MAX_PENDING_BYTES
+from .directory import CacheDirectory
+from .entry import data_checksum, footer
+from .layout import CacheRefused
+
+__all__ = ["MAX_PENDING_BYTES", "RETRY_FIRST_S", "RETRY_MAX_S", "EntryWriter"]
+
+log = logging.getLogger(__name__)
+
+#: the pause of writes after a first failure, and the longest (each failure in a row
+#: doubles it)
+RETRY_FIRST_S = 1.0
+RETRY_MAX_S = 60.0
+
+
+class EntryWriter:
+    """Writes entries on ``executor`` (one thread); ``on_failure`` hears of each failure."""
+
+    def __init__(
+        self,
+        executor: concurrent.futures.ThreadPoolExecutor,
+        on_failure: Callable[[OSError], None],
+    ) -> None:
+        self._executor = executor
+        self._on_failure = on_failure
+        self._lock = threading.Lock()
+        self._pending = 0
+        #: the current pause (0: the last write succeeded) and when writes resume
+        self._pause_s = 0.0
+        self._resume_at = 0.0
+
+    def writing(self) -> bool:
+        """Whether entries are written now (not paused by a recent failure)."""
+        return time.monotonic() >= self._resume_at
+
+    def failed(self, exc: OSError) -> None:
+        """A write (or what it needed) failed: pause writing."""
+        with self._lock:
+            self._pause_s = min(max(RETRY_FIRST_S, 2 * self._pause_s), RETRY_MAX_S)
+            self._resume_at = time.monotonic() + self._pause_s
+        self._on_failure(exc)
+
+    def submit(
+        self,
+        directory: CacheDirectory,
+        name: str,
+        source: str,
+        body: Body,
+        release: Callable[[], None],
+        *,
+        replace: bool,
+        fill_policy: bool,
+    ) -> None:
+        """Write ``body`` as the entry ``name`` behind the caller; ``release`` (the fill
+        lock, if held) is called once it is in place or given up."""
+        data = body.data
+        size = len(data)
+        try:
+            skip = not self.writing() or (
+                fill_policy and not replace and directory.looks_full(size)
+            )
+        except OSError as exc:
+            self.failed(exc)
+            skip = True
+        with self._lock:
+            if skip or self._pending + size > MAX_PENDING_BYTES:
+                skip = True
+            else:
+                self._pending += size
+        if skip:
+            release()
+            return
+        # Checked now, before the caller holds the buffer: a later change to it fails the
+        # entry's check instead of being cached.
+        crc = data_checksum(data)
+        try:
+            self._executor.submit(
+                self._write, directory, name, source, data, crc, body.etag, release, replace
+            )
+        except RuntimeError:  # the writer is shut down: we are closing
+            with self._lock:
+                self._pending -= size
+            release()
+
+    def _write(
+        self,
+        directory: CacheDirectory,
+        name: str,
+        source: str,
+        data: bytes | bytearray,
+        crc: int,
+        etag: str | None,
+        release: Callable[[], None],
+        replace: bool,
+    ) -> None:
+        """On the writer thread."""
+        try:
+            if self.writing():
+                if self._pause_s:  # the first write after a failure
+                    directory.refresh()
+                directory.put(name, data, footer(len(data), crc, etag, source), replace=replace)
+                if self._pause_s:
+                    log.info("writes to the cache at %s resumed", directory.root)
+                    with self._lock:
+                        self._pause_s = 0.0
+        except ValueError as exc:  # an ETag or name too long to store: not cached
+            if isinstance(exc, CacheRefused):  # made again as something else meanwhile
+                self.failed(OSError(str(exc)))
+        except OSError as exc:
+            self.failed(exc)
+        finally:
+            release()
+            with self._lock:
+                self._pending -= len(data)
