@@ -2,7 +2,7 @@
 
 ``SRC`` is a prefix (``s3://bucket/prefix``) or a local directory; ``DEST`` a local
 directory or an ``s3://`` prefix. Store options (``endpoint_url``, ``region``, ``profile``,
-``anonymous``...) apply to whichever side is on S3, to both when both are. Shards are
+``anonymous``...) apply to whichever side is remote, to both when both are. Shards are
 ``shard-000000.tar``, ``shard-000001.tar``..., each with its index
 ``shard-000000.tar.idx`` (:mod:`.index`).
 
@@ -46,7 +46,7 @@ from ..errors import ConfigError, Reason
 from ..listing import list_store
 from ..stores import store_config_for
 from .index import ShardIndex
-from .packdest import Destination, open_destination
+from .packdest import Destination, on_s3, open_destination
 from .packplan import Sample, plan_image_folder, plan_objects, split_shards
 from .tar import Member, padded
 
@@ -110,16 +110,18 @@ def pack(
         raise ConfigError(
             f"shard_size must be >= 1, got {shard_size}", cause=Reason.INVALID_ARGUMENT
         )
+    # Store options belong to the remote side(s), not to a local directory.
+    src_remote = "://" in src and not src.lower().startswith("file://")
     given = sorted(name for name, value in store_options.items() if value not in (None, False))
-    if given and not (_on_s3(src) or _on_s3(dest)):
+    if given and not (src_remote or on_s3(dest)):
         raise ConfigError(
             f"{', '.join(given)} apply to an s3:// SRC or DEST; neither {src!r} nor {dest!r} is",
             cause=Reason.INVALID_ARGUMENT,
         )
     fetch_config = fetch_config or FetchConfig()
-    store = store_config_for(src, **(store_options if _on_s3(src) else {})).resolved()
+    store = store_config_for(src, **(store_options if src_remote else {})).resolved()
     destination, stale = open_destination(
-        dest, store, overwrite=overwrite, **(store_options if _on_s3(dest) else {})
+        dest, store, overwrite=overwrite, **(store_options if on_s3(dest) else {})
     )
     try:
         listed = list_store(store, fetch_config)
@@ -141,10 +143,6 @@ def pack(
     finally:
         destination.close()
     return PackResult(shards, len(plan.samples), total, plan.skipped, stale)
-
-
-def _on_s3(url: str) -> bool:
-    return url.startswith("s3://")
 
 
 def _bodies(

@@ -24,6 +24,11 @@ __all__ = ["add_pack_arguments", "run_pack"]
 
 def add_pack_arguments(parser: argparse.ArgumentParser) -> None:
     """``DEST`` and the options of ``pack`` (after the common ``SRC`` and store options)."""
+    parser.epilog = (
+        "--endpoint-url, --region, --profile and --anonymous apply to whichever of SRC and "
+        "DEST is on S3, to both when both are. Objects that no reader makes part of a "
+        "sample (dotfiles, names without an extension) are skipped and named."
+    )
     parser.add_argument("dest", help="a local directory or s3://bucket/prefix for the shards")
     parser.add_argument(
         "--shard-size",

@@ -24,12 +24,12 @@ from typing import Any, cast
 
 from ..errors import ConfigError, Reason
 from ..listing import list_store
-from ..stores import LocalConfig, S3Config, StoreConfig, store_config_for
+from ..stores import LocalConfig, ObjectInfo, S3Config, StoreConfig, store_config_for
 from ..stores.s3.errors import error_for_exception
 from .index import INDEX_SUFFIX
 from .packplan import first_few
 
-__all__ = ["Destination", "LocalDestination", "S3Destination", "open_destination"]
+__all__ = ["Destination", "LocalDestination", "S3Destination", "on_s3", "open_destination"]
 
 _PACK_FILE = re.compile(rf"shard-\d{{6}}\.tar({re.escape(INDEX_SUFFIX)})?")
 
@@ -147,13 +147,18 @@ class S3Destination:
 Destination = LocalDestination | S3Destination
 
 
+def on_s3(url: str) -> bool:
+    """Whether ``url`` names an S3 prefix (the side that store options apply to)."""
+    return url[:5].lower() == "s3://"
+
+
 def open_destination(
     dest: str, source: StoreConfig, *, overwrite: bool, **store_options: Any
 ) -> tuple[Destination, list[str]]:
     """``dest``, checked (see the module), and the files of an earlier pack there that
     ``overwrite`` allows to remove (``destination.remove``); nothing is written yet."""
     destination: Destination
-    if dest.startswith("s3://"):
+    if on_s3(dest):
         destination = S3Destination(cast(S3Config, store_config_for(dest, **store_options)))
     elif "://" in dest:
         raise ConfigError(
@@ -179,7 +184,7 @@ def _stale(destination: Destination, source: StoreConfig, overwrite: bool) -> li
         )
     listed = destination.listed()
     ours = [key for key in listed if _PACK_FILE.fullmatch(key)]
-    foreign = [key for key in listed if key.endswith(".tar") and key not in ours]
+    foreign = [key for key in listed if key.endswith(".tar") and not _PACK_FILE.fullmatch(key)]
     if foreign:
         raise ConfigError(
             f"DEST holds {len(foreign)} tar files the packer did not write "
@@ -198,7 +203,7 @@ def _stale(destination: Destination, source: StoreConfig, overwrite: bool) -> li
     return ours
 
 
-def _listed(store: StoreConfig) -> list[Any]:
+def _listed(store: StoreConfig) -> list[ObjectInfo]:
     try:
         return list_store(store)
     except ConfigError as exc:
