@@ -316,3 +316,18 @@ def test_store_options_apply_to_the_side_on_s3(
     assert main(["pack", str(tmp_path / "objects"), str(tmp_path / "out"), *options]) == 1
     assert "endpoint_url apply to an s3:// SRC or DEST; neither" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_pack_command_refuses_an_earlier_pack_in_one_line_and_overwrites_it(tmp_path, capsys):
+    write_samples(tmp_path / "big", n=29, seed=1)
+    small = write_samples(tmp_path / "small", n=20, seed=2)
+    out = str(tmp_path / "out")
+    assert main(["pack", str(tmp_path / "big"), out, "--shard-size", "20KB"]) == 0
+    capsys.readouterr()
+    assert main(["pack", str(tmp_path / "small"), out, "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "already holds a pack (12 files: " in err[0], err
+    assert main(["pack", str(tmp_path / "small"), out, "--overwrite", "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "removed the earlier pack's 12 files" in err and "wrote 20 samples in 1 shards" in err
+    assert read_back(tmp_path / "out") == small
