@@ -6,19 +6,24 @@ For environments that need aiohttp's features; it costs several times the CPU pe
 into ``bytes``, not written in place, and ``first_byte_s`` is ``None`` (aiohttp does not
 tell when the first byte arrived).
 
-One hazard it does not share with ``"http1"``: bytes a misbehaving server sends after a
-complete response, arriving while the connection sits idle in aiohttp's pool, are kept by
-aiohttp and read as the start of the next response on that connection. ``"http1"`` closes a
-connection that receives any byte while idle.
+aiohttp closes a connection whose response was followed by more bytes in the same read, but
+hands out a pooled connection without looking at what reached it while it was idle: bytes
+parsed there (a whole unasked-for response waits in its queue) or still unread in the
+socket would be read as the next request's response. :class:`_CleanConnector` closes such
+a connection instead of reusing it, as ``"http1"`` does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ssl
+import weakref
 from collections.abc import Sequence
 
 import aiohttp
+from aiohttp.client_proto import ResponseHandler
+from aiohttp.connector import Connection
+from aiohttp.tracing import Trace
 from yarl import URL
 
 from concurrent_loader.config import Timeouts
@@ -37,8 +42,43 @@ from .parser import (
 from .proxy import Proxy
 from .request import host_header_refused, range_value
 from .response import Response
+from .sockets import has_unread_bytes, socket_fd
 
 __all__ = ["AiohttpTransport"]
+
+
+class _CleanConnector(aiohttp.TCPConnector):
+    """aiohttp's connector, except that a pooled connection is handed out only if nothing
+    arrived on it since its last response: else it is closed and the next one tried (a new
+    connection is taken as it comes, so a server that speaks first cannot make it loop)."""
+
+    def __init__(self, *, limit: int, ssl_context: ssl.SSLContext | None) -> None:
+        super().__init__(limit=limit, ssl=ssl_context if ssl_context is not None else True)
+        self._served: weakref.WeakSet[ResponseHandler] = weakref.WeakSet()
+
+    async def connect(
+        self, req: aiohttp.ClientRequest, traces: list[Trace], timeout: aiohttp.ClientTimeout
+    ) -> Connection:
+        while True:
+            conn = await super().connect(req, traces, timeout)
+            protocol = conn.protocol
+            if protocol is None or protocol not in self._served or _clean(protocol):
+                if protocol is not None:
+                    self._served.add(protocol)
+                return conn
+            conn.close()
+
+
+def _clean(protocol: ResponseHandler) -> bool:
+    """Whether an idle aiohttp connection holds no byte past its last response: none parsed
+    (``should_close`` covers a queued message, a parse error, a pending tail) and none left
+    unread in its socket."""
+    transport = protocol.transport
+    return (
+        transport is not None
+        and not protocol.should_close
+        and not has_unread_bytes(socket_fd(transport))
+    )
 
 
 class AiohttpTransport:
@@ -65,9 +105,7 @@ class AiohttpTransport:
             sock_connect=timeouts.connect,
             sock_read=max(timeouts.read, timeouts.first_byte),
         )
-        connector = aiohttp.TCPConnector(
-            limit=max_connections, ssl=ssl_context if ssl_context is not None else True
-        )
+        connector = _CleanConnector(limit=max_connections, ssl_context=ssl_context)
         self._session = aiohttp.ClientSession(
             connector=connector, timeout=self._timeout, auto_decompress=False
         )

@@ -33,6 +33,7 @@ from .parser import (
     parse_head,
 )
 from .response import Response
+from .sockets import has_unread_bytes, socket_fd
 
 __all__ = ["Connection", "ConnectionOwner", "Key"]
 
@@ -75,6 +76,7 @@ class Connection(asyncio.BufferedProtocol):
         "byte_range",
         "decoder",
         "expected",
+        "fd",
         "first_byte_at",
         "got",
         "head",
@@ -112,6 +114,7 @@ class Connection(asyncio.BufferedProtocol):
         self.loop = loop
         self.timeouts = timeouts
         self.transport: asyncio.Transport | None = None
+        self.fd = -1
         self.lost = False
         self.lost_future: asyncio.Future[None] = loop.create_future()
         self.holds_slot = True  # every connection owns one of the pool's slots until released
@@ -146,6 +149,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
+        self.fd = socket_fd(transport)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         state = self.state
@@ -268,10 +272,17 @@ class Connection(asyncio.BufferedProtocol):
         self.fail(error)
 
     def reusable(self) -> bool:
-        """Whether this idle connection can take another request (the server may have
-        closed it while it sat in the pool)."""
+        """Whether this idle connection can take another request: the server may have
+        closed it while it sat in the pool, or sent bytes no request asked for that the
+        loop has not read yet (past the end of the last response, or later), which the
+        next request would read as its response."""
         transport = self.transport
-        return self.state == _IDLE and transport is not None and not transport.is_closing()
+        return (
+            self.state == _IDLE
+            and transport is not None
+            and not transport.is_closing()
+            and not has_unread_bytes(self.fd)
+        )
 
     def abandon(self) -> None:
         """Give up the request in flight (its caller was cancelled): close, free the slot."""
@@ -395,7 +406,15 @@ class Connection(asyncio.BufferedProtocol):
         waiter = self.waiter
         self.waiter = None
         self.served += 1
-        if self.keep_alive and not self.lost:
+        # A response that came before its request was all written (the rest still in the
+        # write buffer) leaves the server to read that rest as another request.
+        transport = self.transport
+        if (
+            self.keep_alive
+            and not self.lost
+            and transport is not None
+            and not transport.get_write_buffer_size()
+        ):
             self.state = _IDLE
             self.owner.connection_idle(self)
         else:

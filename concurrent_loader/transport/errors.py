@@ -134,6 +134,15 @@ def error_for_exception(exc: BaseException, url: str, *, stage: str = "fetch") -
                 cause=Reason.PROXY_REFUSED,
                 status=exc.status,
             )
+        if isinstance(exc, aiohttp.ClientResponseError):
+            # Raised by aiohttp itself only when it cannot parse the response (we never ask
+            # it to raise for a status): the bytes received are not a response.
+            return ConnectionFailed(
+                f"malformed response: {exc.message}",
+                url=url,
+                stage=stage,
+                cause=Reason.MALFORMED_RESPONSE,
+            )
         if isinstance(exc, aiohttp.ClientPayloadError):
             return ConnectionFailed(str(exc), url=url, stage=stage, cause=Reason.INCOMPLETE_BODY)
         if isinstance(exc, aiohttp.ServerTimeoutError):

@@ -67,7 +67,7 @@ class Server:
     ``/half-head``       part of the status line on a reused connection, then close
     ``/idle-close/N``    ``/len/N``, then close the connection 20 ms later
     ``/garbage``         a response that is not HTTP
-    ``/trailing/N``      ``/len/N`` followed at once by a second, unasked-for response
+    ``/trailing/N``      ``/len/N`` and a second, unasked-for response, in one write
     ``/trailing-late/N`` the same, the second response 20 ms later
     ``/te-gzip/N``       N bytes gzipped, ``Transfer-Encoding: gzip, chunked``
     ``/range/N``         an N-byte object that honours ``Range``: 206 with Content-Range
@@ -78,7 +78,8 @@ class Server:
     ``/range-bare/N``    206 without Content-Range, the right length
     ``/range-bare-chunked-long/N`` 206 chunked, no Content-Range, one byte more body
 
-    ``requests`` lists ``(path, headers)`` as received. ``wait_for_requests(n)`` and
+    ``requests`` lists ``(path, headers)`` as received; ``strays_sent`` counts the
+    unasked-for responses written. ``wait_for_requests(n)`` and
     ``wait_until(condition)`` return once the server saw it happen, so a test never
     sleeps to let a request reach us or a connection close.
     """
@@ -92,6 +93,7 @@ class Server:
         self.requests: list[tuple[str, dict[str, str]]] = []
         self.writers: set[asyncio.StreamWriter] = set()
         self.closed_connections = 0
+        self.strays_sent = 0
         self.port = 0
         self.handlers: set[asyncio.Task[Any]] = set()
         self._changed = asyncio.Event()
@@ -159,6 +161,9 @@ class Server:
     async def wait_for_requests(self, count: int) -> None:
         await self.wait_until(lambda: len(self.requests) >= count)
 
+    async def wait_for_strays(self, count: int) -> None:
+        await self.wait_until(lambda: self.strays_sent >= count)
+
     async def respond(self, path: str, writer: asyncio.StreamWriter, served: int) -> bool:
         route, _, arg = path[1:].partition("/")
         if route.startswith("range"):
@@ -167,15 +172,18 @@ class Server:
             return await self.send_length(writer, int(arg))
         if route == "trailing":
             # A whole response, then what looks like another one nobody asked for.
-            await self.send_length(writer, int(arg))
-            writer.write(FAKE_RESPONSE)
+            writer.write(length_response(int(arg)) + FAKE_RESPONSE)
             await writer.drain()
+            self.strays_sent += 1
+            self._notify()
             return True
         if route == "trailing-late":
             await self.send_length(writer, int(arg))
             await asyncio.sleep(0.02)
             writer.write(FAKE_RESPONSE)
             await writer.drain()
+            self.strays_sent += 1
+            self._notify()
             return True
         if route == "te-gzip":
             data = gzip.compress(payload(int(arg)))
@@ -313,10 +321,14 @@ class Server:
         return True
 
     async def send_length(self, writer: asyncio.StreamWriter, n: int) -> bool:
-        body = payload(n)
-        writer.write(b'HTTP/1.1 200 OK\r\nContent-Length: %d\r\nETag: "x"\r\n\r\n' % n + body)
+        writer.write(length_response(n))
         await writer.drain()
         return True
+
+
+def length_response(n: int) -> bytes:
+    """The keep-alive response of ``/len/N``: ``payload(n)`` with its Content-Length."""
+    return b'HTTP/1.1 200 OK\r\nContent-Length: %d\r\nETag: "x"\r\n\r\n' % n + payload(n)
 
 
 def origin_of(server: Server) -> Origin:

@@ -165,11 +165,14 @@ _ALLOWED_IMPORTS = {
     "collections",
     "contextvars",
     "dataclasses",
+    "fcntl",
     "socket",
     "ssl",
+    "termios",
     "typing",
     "urllib",
     "warnings",
+    "weakref",
     "yarl",
     "concurrent_loader.config",
     "concurrent_loader.errors",
@@ -191,35 +194,48 @@ def test_the_package_knows_http_only() -> None:
                 assert allowed, f"{path.name} imports {module}"
 
 
+@pytest.mark.parametrize("size", [1000, 100_000])
 @pytest.mark.parametrize("route", ["trailing", "trailing-late"])
 def test_bytes_after_a_complete_response_are_never_read_as_the_next_one(
-    run: Runner, name: str, route: str, request: pytest.FixtureRequest
+    run: Runner, name: str, route: str, size: int
 ) -> None:
-    if name == "aiohttp" and route == "trailing-late":
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="aiohttp keeps bytes that reach an idle pooled connection and parses "
-                "them as the next response (documented in transport/aiohttp.py); the default "
-                "http1 transport closes such a connection",
-            )
-        )
-
+    # A 1000-byte body arrives in one read with the bytes after it; a 100 kB one is read
+    # to its exact end, and the unasked-for response waits in the socket. "trailing-late"
+    # sends it while the connection sits idle. Either way the next GET goes out as soon
+    # as those bytes are on their way, before the event loop has read them.
     async def main() -> None:
         async with Server() as server:
             transport = make(name)
             try:
-                first = await get(transport, server, f"/{route}/1000")
-                assert bytes(first.body) == payload(1000)
-                if route == "trailing-late":
-                    # Let the unasked-for response reach the idle connection.
-                    await asyncio.sleep(0.1)
-                for n in (5, 7):
-                    response = await get(transport, server, f"/len/{n}")
-                    assert (response.status, bytes(response.body)) == (200, payload(n))
+                for sent, n in enumerate(range(size, size + 3), start=1):
+                    first = await get(transport, server, f"/{route}/{n}")
+                    assert bytes(first.body) == payload(n)
+                    await server.wait_for_strays(sent)
+                    other = n + 10
+                    response = await get(transport, server, f"/len/{other}")
+                    assert (response.status, bytes(response.body)) == (200, payload(other))
             finally:
                 await transport.close()
-            assert server.connections >= 2  # the polluted connection was not reused
+            assert server.connections >= 4  # no polluted connection was reused
+
+    run(main)
+
+
+def test_concurrent_gets_never_read_bytes_past_another_response(run: Runner, name: str) -> None:
+    # Every response is followed by an unasked-for one in the same write; 48 GETs of distinct
+    # objects share 8 connections, each reused as soon as it is released.
+    async def main() -> None:
+        async with Server() as server:
+            transport = make(name)
+            try:
+                sizes = [20_000 + i for i in range(48)]
+                responses = await asyncio.gather(
+                    *(get(transport, server, f"/trailing/{n}") for n in sizes)
+                )
+            finally:
+                await transport.close()
+            for n, response in zip(sizes, responses, strict=True):
+                assert bytes(response.body) == payload(n), f"/trailing/{n} got other bytes"
 
     run(main)
 
@@ -242,5 +258,26 @@ def test_a_transfer_coding_other_than_chunked_is_refused_not_retried(
             False,
         )
         assert "gzip, chunked" in str(error)
+
+    run(main)
+
+
+def test_a_response_that_is_not_http_is_malformed_on_every_transport(
+    run: Runner, name: str
+) -> None:
+    async def main() -> None:
+        async with Server() as server:
+            transport = make(name)
+            try:
+                with pytest.raises(ConnectionFailed) as caught:
+                    await get(transport, server, "/garbage")
+            finally:
+                await transport.close()
+        error = caught.value
+        assert (error.cause, error.url, error.retryable) == (
+            "MalformedResponse",
+            "test:///garbage",
+            True,
+        )
 
     run(main)
