@@ -3,8 +3,8 @@
 (:func:`clear_cache`).
 
 Only a marked cache directory (:mod:`.layout`) is described or cleared, and clearing
-removes only what the cache wrote: entry files and their shard directories, the cache's
-temporary files. A directory that is not a cache is refused with
+removes only what the cache wrote: entry files and their shard directories, the
+temporary files of writers that died (those older than ``STALE_TEMP_S``). A directory that is not a cache is refused with
 :class:`~.layout.CacheRefused`, naming it.
 """
 
@@ -13,9 +13,10 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import time
 from typing import Any
 
-from .directory import Ledger
+from .directory import STALE_TEMP_S, Ledger
 from .layout import (
     SHARD_NAME,
     CacheRefused,
@@ -83,8 +84,8 @@ def describe_cache(directory: str) -> dict[str, Any]:
 
 
 def clear_cache(directory: str) -> int:
-    """Remove every entry and temporary file the cache wrote and zero the ledger, under its
-    lock; returns the entries removed. Files the cache did not write stay. A cache of the
+    """Remove every entry and dead writer's temporary file the cache wrote and zero the
+    ledger, under its lock; returns the entries removed. Files the cache did not write stay. A cache of the
     earlier format (before the marker) is cleared and marked. ``CacheRefused`` if it is not
     a cache directory."""
     directory = os.path.abspath(directory)
@@ -119,9 +120,12 @@ def _remove_files(handles: Handles) -> int:
         for shard in [s.name for s in shards if SHARD_NAME.fullmatch(s.name)]:
             with contextlib.suppress(OSError):  # not empty, or a link (never followed)
                 os.rmdir(shard, dir_fd=handles.entries_fd)
-    for name, _ in list(temp_files(handles.tmp_fd)):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(name, dir_fd=handles.tmp_fd)
+    # A live writer's file is left to it (removing it would only fail its write).
+    cutoff = time.time() - STALE_TEMP_S
+    for name, mtime in list(temp_files(handles.tmp_fd)):
+        if mtime < cutoff:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=handles.tmp_fd)
     return removed
 
 

@@ -129,7 +129,9 @@ def test_clear_removes_entries_and_temporary_files_only_in_a_cache(cache_dir, tm
         directory.record_reads(3, 1, 300)
     finally:
         directory.close()
-    (cache_dir / "tmp" / f"{'c' * 32}.1.1.1").write_bytes(b"1")
+    dead = cache_dir / "tmp" / f"{'c' * 32}.1.1.1"
+    dead.write_bytes(b"1")
+    os.utime(dead, (time.time() - STALE_TEMP_S - 1,) * 2)
     info = describe_cache(str(cache_dir))
     assert (info["hits"], info["misses"], info["hit_rate"]) == (3, 1, 0.75)
     assert clear_cache(str(cache_dir)) == 1
