@@ -3,9 +3,9 @@
 (:func:`clear_cache`).
 
 Only a marked cache directory (:mod:`.layout`) is described or cleared, and clearing
-removes only what the cache wrote: entry files and their shard directories, the
-temporary files of writers that died (those older than ``STALE_TEMP_S``). A directory that is not a cache is refused with
-:class:`~.layout.CacheRefused`, naming it.
+removes only what the cache wrote: entry files and their shard directories, and the
+temporary files of writers that died (those older than ``STALE_TEMP_S``). A directory
+that is not a cache is refused with :class:`~.layout.CacheRefused`, naming it.
 """
 
 from __future__ import annotations
@@ -85,9 +85,9 @@ def describe_cache(directory: str) -> dict[str, Any]:
 
 def clear_cache(directory: str) -> int:
     """Remove every entry and dead writer's temporary file the cache wrote and zero the
-    ledger, under its lock; returns the entries removed. Files the cache did not write stay. A cache of the
-    earlier format (before the marker) is cleared and marked. ``CacheRefused`` if it is not
-    a cache directory."""
+    ledger, under its lock; returns the entries removed. Files the cache did not write
+    stay. A cache of the earlier format (before the marker) is cleared and marked.
+    ``CacheRefused`` if it is not a cache directory."""
     directory = os.path.abspath(directory)
     try:
         handles = Handles.open(directory, create=False)
