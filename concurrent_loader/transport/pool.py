@@ -33,6 +33,7 @@ from .origin import Origin
 from .proxy import Proxy
 from .request import build_request
 from .response import Response
+from .sockets import connect_socket
 
 __all__ = ["ConnectionPool", "request_sent"]
 
@@ -293,20 +294,20 @@ class ConnectionPool:
         loop: asyncio.AbstractEventLoop,
     ) -> None:
         """Connect ``conn`` to the origin: directly, or through the proxy (a plain
-        connection to it for http, a CONNECT tunnel with TLS inside for https)."""
+        connection to it for http, a CONNECT tunnel with TLS inside for https). The socket
+        is connected first (:func:`.sockets.connect_socket`), so a lookup cut short by the
+        connect timeout or a cancelled caller leaves no future behind."""
         proxy = self._proxy
         if proxy is None:
-            await loop.create_connection(
-                lambda: conn, host, port, ssl=ssl_context, server_hostname=host if tls else None
-            )
+            sock = await connect_socket(host, port)
         elif not tls:
-            await loop.create_connection(lambda: conn, proxy.origin.host, proxy.origin.port)
+            sock = await connect_socket(proxy.origin.host, proxy.origin.port)
         else:
             sock = await proxy.open_tunnel(Origin("https", host, port), url)
-            try:
-                await loop.create_connection(
-                    lambda: conn, sock=sock, ssl=ssl_context, server_hostname=host
-                )
-            except BaseException:
-                sock.close()
-                raise
+        try:
+            await loop.create_connection(
+                lambda: conn, sock=sock, ssl=ssl_context, server_hostname=host if tls else None
+            )
+        except BaseException:
+            sock.close()
+            raise

@@ -27,6 +27,7 @@ from urllib.parse import unquote, urlsplit
 from concurrent_loader.errors import AccessDenied, ConfigError, ConnectionFailed, Reason
 
 from .origin import Origin
+from .sockets import connect_socket
 
 __all__ = ["Proxy"]
 
@@ -85,20 +86,7 @@ class Proxy:
         The caller bounds the time this takes (the connect timeout).
         """
         loop = asyncio.get_running_loop()
-        infos = await loop.getaddrinfo(self.origin.host, self.origin.port, type=socket.SOCK_STREAM)
-        error: OSError | None = None
-        for family, kind, proto, _, address in infos:
-            sock = socket.socket(family, kind, proto)
-            sock.setblocking(False)
-            try:
-                await loop.sock_connect(sock, address)
-            except OSError as exc:
-                sock.close()
-                error = exc
-                continue
-            break
-        else:
-            raise error or OSError(f"cannot resolve proxy {self.origin.host_header}")
+        sock = await connect_socket(self.origin.host, self.origin.port)
         try:
             await loop.sock_sendall(sock, self.connect_request(origin))
             head = bytearray()

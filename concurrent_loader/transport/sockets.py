@@ -31,7 +31,10 @@ async def connect_socket(host: str, port: int) -> socket.socket:
     Raises the ``OSError`` of the lookup (``socket.gaierror``) or of the last address tried.
     """
     loop = asyncio.get_running_loop()
-    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    try:
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise socket.gaierror(exc.errno, f"cannot resolve {host}: {exc.strerror}") from exc
     error: OSError | None = None
     for family, kind, proto, _, address in infos:
         sock = socket.socket(family, kind, proto)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import gc
 import socket
 from pathlib import Path
 from typing import Any
@@ -279,5 +280,40 @@ def test_a_response_that_is_not_http_is_malformed_on_every_transport(
             "test:///garbage",
             True,
         )
+
+    run(main)
+
+
+# Longer than the 255 bytes a DNS name may have: the resolver refuses it without sending a
+# query, so the lookup fails at once and offline, as a name that does not exist would.
+UNRESOLVABLE = "a." * 127 + "invalid"
+
+
+def test_a_failed_lookup_leaves_no_exception_unretrieved(run: Runner, name: str) -> None:
+    # GETs to a host that does not resolve, cancelled while the lookup runs (a deadline, a
+    # hedge that lost) and cut short by the connect timeout; then one let fail.
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        unhandled: list[dict[str, Any]] = []
+        loop.set_exception_handler(lambda _, context: unhandled.append(context))
+        origin = Origin("http", UNRESOLVABLE, 9000)
+        for timeouts in (Timeouts(), Timeouts(connect=0.0001)):
+            transport = make_transport(name, max_connections=4, timeouts=timeouts, ssl_context=None)
+            try:
+                gets = [transport.get(origin, f"/{i}", [], url=f"s3://b/{i}") for i in range(8)]
+                await asyncio.gather(
+                    *(asyncio.wait_for(one, 0.0001) for one in gets), return_exceptions=True
+                )
+                with pytest.raises(FetchError) as failed:
+                    await transport.get(origin, "/k", [], url="s3://b/k")
+                assert (failed.value.url, failed.value.stage) == ("s3://b/k", "fetch")
+                assert UNRESOLVABLE in str(failed.value)
+            finally:
+                await transport.close()
+        # The lookups of the cancelled GETs end within milliseconds: give them the time,
+        # then collect what nobody holds, which reports any exception never retrieved.
+        await asyncio.sleep(0.2)
+        gc.collect()
+        assert unhandled == []
 
     run(main)
