@@ -2,16 +2,15 @@
 
 The response state lives on the protocol, not in a task: the event loop calls
 ``get_buffer`` and ``buffer_updated`` directly and the request's future is resolved from
-those callbacks, so a GET costs one future and no extra task switches. For a
-``Content-Length`` body, ``get_buffer`` hands the loop the unfilled tail of the one
-``bytearray`` that becomes :attr:`Response.body`, so the kernel copies the body straight
-into place. Framing is decided by :mod:`.parser`; this module owns the buffers, the timer
-and the socket.
+those callbacks, so a GET costs one future and no extra task switches. Reading and framing
+the response in flight is :class:`.reader.ResponseReader`'s; this module owns the socket,
+the timer and the pool's slot.
 
 A connection holds one slot of its :class:`ConnectionOwner` (the pool) from creation until
 it is closed; it hands itself back through ``connection_idle`` only after a response was
-read to the end on a connection the server keeps open, and every other ending closes it and
-calls ``connection_released`` exactly once.
+read to the end, its request all written, on a connection the server keeps open, and
+every other ending closes it and calls ``connection_released`` exactly once. Before it is
+reused, :meth:`Connection.reusable` asks its socket for bytes no request asked for.
 """
 
 from __future__ import annotations
@@ -22,15 +21,17 @@ from typing import Protocol, cast
 from concurrent_loader.config import Timeouts
 from concurrent_loader.errors import Reason
 
-from .errors import closed_early, framing_error, incomplete, timed_out, too_large
-from .parser import (
-    CHUNKED,
-    INTERIM,
-    ChunkedDecoder,
-    FramingError,
-    check_partial,
-    check_partial_length,
-    parse_head,
+from .errors import closed_early, incomplete, timed_out
+from .reader import (
+    CHUNKED_BODY,
+    DEAD,
+    HEAD,
+    IDLE,
+    LENGTH,
+    NO_BODY,
+    NO_VIEW,
+    UNTIL_CLOSE,
+    ResponseReader,
 )
 from .response import Response
 from .sockets import has_unread_bytes, socket_fd
@@ -39,22 +40,6 @@ __all__ = ["Connection", "ConnectionOwner", "Key"]
 
 #: what a connection can be reused for: ``(host, port, tls)``
 Key = tuple[str, int, bool]
-
-# Big enough for any S3 response head plus the first slice of the body; the rest of a
-# Content-Length body goes straight into its final buffer.
-_HEAD_BUFFER_BYTES = 16 * 1024
-_SCRATCH_BYTES = 64 * 1024
-
-# Connection states.
-_IDLE = 0  # no request in flight (pooled, or being handed out)
-_HEAD = 1  # waiting for / reading the status line and headers
-_LENGTH = 2  # reading a Content-Length body into its final buffer
-_CHUNKED = 3  # reading a Transfer-Encoding: chunked body
-_UNTIL_CLOSE = 4  # reading a body delimited by the end of the connection
-_DEAD = 5  # closed or failed; never reused
-
-_NO_BODY = bytearray()
-_NO_VIEW = memoryview(_NO_BODY)
 
 
 class ConnectionOwner(Protocol):
@@ -67,51 +52,31 @@ class ConnectionOwner(Protocol):
         """``conn`` is closed or closing: forget it and free its slot (called once)."""
 
 
-class Connection(asyncio.BufferedProtocol):
-    """One keep-alive connection to ``key`` and the parser of the response in flight."""
+class Connection(ResponseReader):
+    """One keep-alive connection to ``key`` and the response in flight on it."""
 
     __slots__ = (
-        "body",
-        "body_view",
-        "byte_range",
-        "decoder",
-        "expected",
         "fd",
-        "first_byte_at",
-        "got",
-        "head",
-        "head_len",
-        "head_view",
-        "headers",
         "holds_slot",
         "in_idle",
-        "keep_alive",
         "key",
-        "last_data",
-        "loop",
         "lost",
         "lost_future",
-        "max_bytes",
         "owner",
-        "scratch",
         "sent_at",
         "served",
-        "started",
-        "state",
-        "status",
         "timeouts",
         "timer",
         "transport",
-        "url",
         "waiter",
     )
 
     def __init__(
         self, owner: ConnectionOwner, key: Key, loop: asyncio.AbstractEventLoop, timeouts: Timeouts
     ) -> None:
+        super().__init__(loop)
         self.owner = owner
         self.key = key
-        self.loop = loop
         self.timeouts = timeouts
         self.transport: asyncio.Transport | None = None
         self.fd = -1
@@ -120,77 +85,15 @@ class Connection(asyncio.BufferedProtocol):
         self.holds_slot = True  # every connection owns one of the pool's slots until released
         self.in_idle = False
         self.served = 0  # responses completed on this connection
-        self.state = _IDLE
         self.waiter: asyncio.Future[Response] | None = None
         self.timer: asyncio.TimerHandle | None = None
-        self.url = ""
-        self.max_bytes: int | None = None
-        self.byte_range: tuple[int, int] | None = None
-        self.started = False
         self.sent_at = 0.0
-        self.last_data = 0.0
-        self.first_byte_at = 0.0
-        self.head = bytearray(_HEAD_BUFFER_BYTES)
-        self.head_view = memoryview(self.head)
-        self.head_len = 0
-        self.status = 0
-        self.headers: dict[str, str] = {}
-        self.keep_alive = False
-        self.body = _NO_BODY
-        self.body_view = _NO_VIEW
-        self.got = 0
-        self.expected = 0
-        # Reading chunked or until-close bodies needs a scratch buffer: made on first use,
-        # since most connections only ever see Content-Length bodies.
-        self.scratch = _NO_VIEW
-        self.decoder = ChunkedDecoder()
 
     # -- asyncio protocol callbacks -----------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
         self.fd = socket_fd(transport)
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        state = self.state
-        if state == _LENGTH:
-            # The kernel writes the body straight into its final buffer.
-            return self.body_view[self.got :]
-        if state == _HEAD:
-            if self.head_len == len(self.head):
-                bigger = bytearray(2 * len(self.head))
-                bigger[: self.head_len] = self.head
-                self.head = bigger
-                self.head_view = memoryview(bigger)
-            return self.head_view[self.head_len :]
-        if not self.scratch:
-            self.scratch = memoryview(bytearray(_SCRATCH_BYTES))
-        return self.scratch
-
-    def buffer_updated(self, nbytes: int) -> None:
-        state = self.state
-        self.last_data = self.loop.time()
-        if state == _LENGTH:
-            self.got += nbytes
-            if self.got >= self.expected:
-                self._complete()
-            return
-        if state == _HEAD:
-            if not self.started:
-                self.first_byte_at = self.last_data
-            self.started = True
-            search_from = self.head_len - 3 if self.head_len > 3 else 0
-            self.head_len += nbytes
-            self._read_head(search_from)
-            return
-        if state == _CHUNKED:
-            self._feed_chunks(self.scratch[:nbytes])
-        elif state == _UNTIL_CLOSE:
-            self.body += self.scratch[:nbytes]
-            self._check_body_limit()
-        else:
-            # Bytes nobody asked for (a response without a request): the framing is lost.
-            self.discard()
 
     def eof_received(self) -> bool:
         # Returning False lets the transport close; connection_lost decides what the EOF
@@ -202,30 +105,30 @@ class Connection(asyncio.BufferedProtocol):
         if not self.lost_future.done():
             self.lost_future.set_result(None)
         state = self.state
-        if state in (_IDLE, _DEAD):
-            self.state = _DEAD
+        if state in (IDLE, DEAD):
+            self.state = DEAD
             self.owner.connection_released(self)
             return
-        if state == _UNTIL_CLOSE and exc is None:
+        if state == UNTIL_CLOSE and exc is None:
             self._finish_unknown_length()
             return
         url = self.url
-        if exc is None and state == _LENGTH:
+        if exc is None and state == LENGTH:
             self.fail(incomplete(url, f"got {self.got} of {self.expected} bytes"))
-        elif exc is None and state == _CHUNKED:
+        elif exc is None and state == CHUNKED_BODY:
             got = len(self.decoder.body)
             self.fail(
                 incomplete(url, f"chunked body ended after {got} bytes, before its last chunk")
             )
         elif not self.started:
             self.fail(closed_early(url, exc, "before any response byte"))
-        elif state == _HEAD:
+        elif state == HEAD:
             self.fail(closed_early(url, exc, "inside the response headers"))
         else:
-            if state == _LENGTH:
+            if state == LENGTH:
                 progress = f"{self.got} of {self.expected}"
             else:
-                progress = str(len(self.decoder.body if state == _CHUNKED else self.body))
+                progress = str(len(self.decoder.body if state == CHUNKED_BODY else self.body))
             self.fail(closed_early(url, exc, f"after {progress} body bytes"))
 
     # -- requests ---------------------------------------------------------------------
@@ -244,7 +147,7 @@ class Connection(asyncio.BufferedProtocol):
         self.url = url
         self.max_bytes = max_bytes
         self.byte_range = byte_range
-        self.state = _HEAD
+        self.state = HEAD
         self.started = False
         self.head_len = 0
         transport = self.transport
@@ -278,7 +181,7 @@ class Connection(asyncio.BufferedProtocol):
         next request would read as its response."""
         transport = self.transport
         return (
-            self.state == _IDLE
+            self.state == IDLE
             and transport is not None
             and not transport.is_closing()
             and not has_unread_bytes(self.fd)
@@ -290,7 +193,7 @@ class Connection(asyncio.BufferedProtocol):
         self.discard()
 
     def _on_timer(self) -> None:
-        if self.waiter is None or self.state in (_IDLE, _DEAD):
+        if self.waiter is None or self.state in (IDLE, DEAD):
             return
         timeouts = self.timeouts
         now = self.loop.time()
@@ -310,89 +213,6 @@ class Connection(asyncio.BufferedProtocol):
 
     # -- framing ----------------------------------------------------------------------
 
-    def _read_head(self, search_from: int) -> None:
-        try:
-            head = parse_head(self.head, search_from, self.head_len)
-            while head is not None and head[3] == INTERIM:
-                # An interim response (100 Continue, 103 Early Hints): the real one follows.
-                leftover = bytes(self.head[head[4] : self.head_len])
-                self.head[: len(leftover)] = leftover
-                self.head_len = len(leftover)
-                head = parse_head(self.head, 0, self.head_len)
-            if head is None:
-                return
-            status, headers, keep_alive, framing, body_start = head
-            if self.byte_range is not None and 200 <= status < 300:
-                check_partial(status, headers, framing, self.byte_range)
-        except FramingError as exc:
-            self.fail(framing_error(self.url, exc))
-            return
-        self.status = status
-        self.headers = headers
-        self.keep_alive = keep_alive
-        extra = self.head_view[body_start : self.head_len]
-        if framing >= 0:
-            self._start_length_body(framing, extra)
-        elif framing == CHUNKED:
-            self.state = _CHUNKED
-            self.decoder = ChunkedDecoder(self.max_bytes)
-            self._feed_chunks(extra)
-        else:
-            self.state = _UNTIL_CLOSE
-            self.body = bytearray(extra)
-            self._check_body_limit()
-
-    def _start_length_body(self, length: int, extra: memoryview) -> None:
-        if self.max_bytes is not None and length > self.max_bytes:
-            detail = f"Content-Length {length} > max_bytes {self.max_bytes}"
-            self.fail(too_large(self.url, detail))
-            return
-        body = bytearray(length)
-        have = min(len(extra), length)
-        body[:have] = extra[:have]
-        if len(extra) > length:
-            # Bytes past the body (a misbehaving server): the next response's framing is
-            # unknown, so this connection is not reused.
-            self.keep_alive = False
-        self.body = body
-        if have == length:
-            self._complete()
-            return
-        self.body_view = memoryview(body)
-        self.got = have
-        self.expected = length
-        self.state = _LENGTH
-
-    def _feed_chunks(self, data: memoryview) -> None:
-        decoder = self.decoder
-        try:
-            done = decoder.feed(data)
-        except FramingError as exc:
-            self.fail(framing_error(self.url, exc))
-            return
-        if done:
-            if decoder.overrun:
-                self.keep_alive = False
-            self.body = decoder.body
-            self.decoder = ChunkedDecoder()  # the caller owns the body now
-            self._finish_unknown_length()
-
-    def _check_body_limit(self) -> None:
-        """Fail with ObjectTooLarge once an until-close body passes max_bytes."""
-        if self.max_bytes is not None and len(self.body) > self.max_bytes:
-            self.fail(too_large(self.url, f"body over max_bytes {self.max_bytes}"))
-
-    def _finish_unknown_length(self) -> None:
-        """Complete a chunked or until-close body, once its length is checked against the
-        range asked for (a Content-Length body was checked with its head)."""
-        if self.byte_range is not None and 200 <= self.status < 300:
-            try:
-                check_partial_length(len(self.body), self.byte_range)
-            except FramingError as exc:
-                self.fail(framing_error(self.url, exc))
-                return
-        self._complete()
-
     # -- endings ----------------------------------------------------------------------
 
     def _complete(self) -> None:
@@ -401,8 +221,8 @@ class Connection(asyncio.BufferedProtocol):
             self.timer = None
         response = Response(self.status, self.headers, self.body, self.first_byte_at - self.sent_at)
         # Drop our references so the caller owns the only one (and may resize it).
-        self.body = _NO_BODY
-        self.body_view = _NO_VIEW
+        self.body = NO_BODY
+        self.body_view = NO_VIEW
         waiter = self.waiter
         self.waiter = None
         self.served += 1
@@ -415,7 +235,7 @@ class Connection(asyncio.BufferedProtocol):
             and transport is not None
             and not transport.get_write_buffer_size()
         ):
-            self.state = _IDLE
+            self.state = IDLE
             self.owner.connection_idle(self)
         else:
             self.discard()
@@ -432,12 +252,12 @@ class Connection(asyncio.BufferedProtocol):
 
     def discard(self) -> None:
         """Close the connection (never to be reused) and release its pool slot."""
-        self.state = _DEAD
+        self.state = DEAD
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        self.body = _NO_BODY
-        self.body_view = _NO_VIEW
+        self.body = NO_BODY
+        self.body_view = NO_VIEW
         if self.transport is not None and not self.lost:
             self.transport.abort()
         self.owner.connection_released(self)

@@ -1,0 +1,240 @@
+"""The response in flight on one connection: its bytes framed into a head and a body.
+
+:class:`ResponseReader` is the ``asyncio.BufferedProtocol`` half of a connection that reads:
+``get_buffer`` hands the loop the unfilled tail of the buffer the next bytes belong in (for
+a ``Content-Length`` body, the one ``bytearray`` that becomes :attr:`Response.body`, so the
+kernel copies the body straight into place), and ``buffer_updated`` frames what arrived.
+Framing is decided by :mod:`.parser`; what a finished or failed response means for the
+socket, its timer and its pool is the subclass's (:class:`.connection.Connection`):
+``_complete``, ``fail`` and ``discard``.
+
+It reads no byte past the response in flight: a ``Content-Length`` body is read to its
+exact end, and bytes found past it (in the head's buffer, or after a last chunk) mark the
+connection not to be kept alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from .errors import framing_error, too_large
+from .parser import (
+    CHUNKED,
+    INTERIM,
+    ChunkedDecoder,
+    FramingError,
+    check_partial,
+    check_partial_length,
+    parse_head,
+)
+
+__all__ = ["ResponseReader"]
+
+# Big enough for any S3 response head plus the first slice of the body; the rest of a
+# Content-Length body goes straight into its final buffer.
+_HEAD_BUFFER_BYTES = 16 * 1024
+_SCRATCH_BYTES = 64 * 1024
+
+# Connection states.
+IDLE = 0  # no request in flight (pooled, or being handed out)
+HEAD = 1  # waiting for / reading the status line and headers
+LENGTH = 2  # reading a Content-Length body into its final buffer
+CHUNKED_BODY = 3  # reading a Transfer-Encoding: chunked body
+UNTIL_CLOSE = 4  # reading a body delimited by the end of the connection
+DEAD = 5  # closed or failed; never reused
+
+NO_BODY = bytearray()
+NO_VIEW = memoryview(NO_BODY)
+
+
+class ResponseReader(asyncio.BufferedProtocol):
+    """The state of the response in flight and the framing of its bytes."""
+
+    __slots__ = (
+        "body",
+        "body_view",
+        "byte_range",
+        "decoder",
+        "expected",
+        "first_byte_at",
+        "got",
+        "head",
+        "head_len",
+        "head_view",
+        "headers",
+        "keep_alive",
+        "last_data",
+        "loop",
+        "max_bytes",
+        "scratch",
+        "started",
+        "state",
+        "status",
+        "url",
+    )
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.state = IDLE
+        self.url = ""
+        self.max_bytes: int | None = None
+        self.byte_range: tuple[int, int] | None = None
+        self.started = False
+        self.last_data = 0.0
+        self.first_byte_at = 0.0
+        self.head = bytearray(_HEAD_BUFFER_BYTES)
+        self.head_view = memoryview(self.head)
+        self.head_len = 0
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.keep_alive = False
+        self.body = NO_BODY
+        self.body_view = NO_VIEW
+        self.got = 0
+        self.expected = 0
+        # Reading chunked or until-close bodies needs a scratch buffer: made on first use,
+        # since most connections only ever see Content-Length bodies.
+        self.scratch = NO_VIEW
+        self.decoder = ChunkedDecoder()
+
+    # -- what the connection does with a response's end ------------------------------
+
+    def _complete(self) -> None:
+        """The response was read to its end."""
+        raise NotImplementedError
+
+    def fail(self, error: BaseException) -> None:
+        """Close now, failing the request in flight with ``error``."""
+        raise NotImplementedError
+
+    def discard(self) -> None:
+        """Close the connection, never to be reused."""
+        raise NotImplementedError
+
+    # -- asyncio protocol callbacks -----------------------------------------------------
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        state = self.state
+        if state == LENGTH:
+            # The kernel writes the body straight into its final buffer.
+            return self.body_view[self.got :]
+        if state == HEAD:
+            if self.head_len == len(self.head):
+                bigger = bytearray(2 * len(self.head))
+                bigger[: self.head_len] = self.head
+                self.head = bigger
+                self.head_view = memoryview(bigger)
+            return self.head_view[self.head_len :]
+        if not self.scratch:
+            self.scratch = memoryview(bytearray(_SCRATCH_BYTES))
+        return self.scratch
+
+    def buffer_updated(self, nbytes: int) -> None:
+        state = self.state
+        self.last_data = self.loop.time()
+        if state == LENGTH:
+            self.got += nbytes
+            if self.got >= self.expected:
+                self._complete()
+            return
+        if state == HEAD:
+            if not self.started:
+                self.first_byte_at = self.last_data
+            self.started = True
+            search_from = self.head_len - 3 if self.head_len > 3 else 0
+            self.head_len += nbytes
+            self._read_head(search_from)
+            return
+        if state == CHUNKED_BODY:
+            self._feed_chunks(self.scratch[:nbytes])
+        elif state == UNTIL_CLOSE:
+            self.body += self.scratch[:nbytes]
+            self._check_body_limit()
+        else:
+            # Bytes nobody asked for (a response without a request): the framing is lost.
+            self.discard()
+
+    # -- framing ----------------------------------------------------------------------
+
+    def _read_head(self, search_from: int) -> None:
+        try:
+            head = parse_head(self.head, search_from, self.head_len)
+            while head is not None and head[3] == INTERIM:
+                # An interim response (100 Continue, 103 Early Hints): the real one follows.
+                leftover = bytes(self.head[head[4] : self.head_len])
+                self.head[: len(leftover)] = leftover
+                self.head_len = len(leftover)
+                head = parse_head(self.head, 0, self.head_len)
+            if head is None:
+                return
+            status, headers, keep_alive, framing, body_start = head
+            if self.byte_range is not None and 200 <= status < 300:
+                check_partial(status, headers, framing, self.byte_range)
+        except FramingError as exc:
+            self.fail(framing_error(self.url, exc))
+            return
+        self.status = status
+        self.headers = headers
+        self.keep_alive = keep_alive
+        extra = self.head_view[body_start : self.head_len]
+        if framing >= 0:
+            self._start_length_body(framing, extra)
+        elif framing == CHUNKED:
+            self.state = CHUNKED_BODY
+            self.decoder = ChunkedDecoder(self.max_bytes)
+            self._feed_chunks(extra)
+        else:
+            self.state = UNTIL_CLOSE
+            self.body = bytearray(extra)
+            self._check_body_limit()
+
+    def _start_length_body(self, length: int, extra: memoryview) -> None:
+        if self.max_bytes is not None and length > self.max_bytes:
+            detail = f"Content-Length {length} > max_bytes {self.max_bytes}"
+            self.fail(too_large(self.url, detail))
+            return
+        body = bytearray(length)
+        have = min(len(extra), length)
+        body[:have] = extra[:have]
+        if len(extra) > length:
+            # Bytes past the body (a misbehaving server): the next response's framing is
+            # unknown, so this connection is not reused.
+            self.keep_alive = False
+        self.body = body
+        if have == length:
+            self._complete()
+            return
+        self.body_view = memoryview(body)
+        self.got = have
+        self.expected = length
+        self.state = LENGTH
+
+    def _feed_chunks(self, data: memoryview) -> None:
+        decoder = self.decoder
+        try:
+            done = decoder.feed(data)
+        except FramingError as exc:
+            self.fail(framing_error(self.url, exc))
+            return
+        if done:
+            if decoder.overrun:
+                self.keep_alive = False
+            self.body = decoder.body
+            self.decoder = ChunkedDecoder()  # the caller owns the body now
+            self._finish_unknown_length()
+
+    def _check_body_limit(self) -> None:
+        """Fail with ObjectTooLarge once an until-close body passes max_bytes."""
+        if self.max_bytes is not None and len(self.body) > self.max_bytes:
+            self.fail(too_large(self.url, f"body over max_bytes {self.max_bytes}"))
+
+    def _finish_unknown_length(self) -> None:
+        """Complete a chunked or until-close body, once its length is checked against the
+        range asked for (a Content-Length body was checked with its head)."""
+        if self.byte_range is not None and 200 <= self.status < 300:
+            try:
+                check_partial_length(len(self.body), self.byte_range)
+            except FramingError as exc:
+                self.fail(framing_error(self.url, exc))
+                return
+        self._complete()
