@@ -28,7 +28,8 @@ refused unless ``--overwrite``; store options apply to the side(s) on S3
 ``cache warm`` reads every object under ``ROOT`` (or every key of ``--manifest``) once
 through the node-local cache in ``DIR`` (:mod:`concurrent_loader.cache`), with a progress
 bar, so that training starts with it full; ``cache info`` shows what a cache holds and the
-reads it served; ``cache clear`` empties it (only a directory holding a cache's ledger).
+reads it served; ``cache clear`` empties it: only a directory marked as a cache
+(``CACHEDIR.TAG``), and only the files the cache wrote.
 
 ``ROOT`` is ``s3://bucket/prefix`` or a local directory. Credentials and the endpoint
 follow the standard AWS chain (``AWS_ENDPOINT_URL`` included) unless given as options.
@@ -343,7 +344,9 @@ def _cache_commands(commands: Any) -> None:
     info.add_argument("directory")
     info.add_argument("--json", action="store_true", help="print a JSON object instead")
     info.set_defaults(run=cmd_cache_info)
-    clear = actions.add_parser("clear", help="remove every entry of a cache")
+    clear = actions.add_parser(
+        "clear", help="remove every entry of a cache (only the files the cache wrote)"
+    )
     clear.add_argument("directory")
     clear.set_defaults(run=cmd_cache_clear)
 
