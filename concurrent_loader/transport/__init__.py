@@ -10,13 +10,13 @@ transport guarantees:
   a target or header value that could break the request's framing;
 * at most ``max_connections`` connections open at once; callers beyond that wait, in FIFO
   order for ``"http1"``, woken when a connection is released, never by polling;
-* a connection is reused only after its response was read to the end, its request was
-  all written, and the server did not ask to close it; any other connection is closed, and
-  so is one that received bytes past the end of its response, in the same read or later
-  while idle, up to the moment the next request is written (bytes still in its socket are
-  looked for then), so they are never read as the next response. Bytes that reach a
-  connection only after the next request was written cannot be told from its response
-  by any HTTP/1.1 client (bytes that are not a response fail its framing);
+* a connection is reused only after its response was read to the end and the server did
+  not ask to close it; any other connection is closed, and so is one that received bytes
+  past the end of its response, in the same read or later while idle, up to the moment
+  the next request is written (its socket is asked for unread bytes then), so they are
+  never read as the next response. Bytes that reach a connection only after the next
+  request was written cannot be told from its response by any HTTP/1.1 client (bytes that
+  are not a response fail its framing);
 * only the ``chunked`` transfer coding is accepted: ``gzip, chunked`` and the like are
   refused (``FetchError``, ``Reason.UNSUPPORTED_ENCODING``, not retried) rather than hand
   over encoded bytes as the object;

@@ -8,9 +8,9 @@ the timer and the pool's slot.
 
 A connection holds one slot of its :class:`ConnectionOwner` (the pool) from creation until
 it is closed; it hands itself back through ``connection_idle`` only after a response was
-read to the end, its request all written, on a connection the server keeps open, and
-every other ending closes it and calls ``connection_released`` exactly once. Before it is
-reused, :meth:`Connection.reusable` asks its socket for bytes no request asked for.
+read to the end on a connection the server keeps open, and every other ending closes it and
+calls ``connection_released`` exactly once. Before it is reused,
+:meth:`Connection.reusable` asks its socket for bytes no request asked for.
 """
 
 from __future__ import annotations
@@ -226,15 +226,7 @@ class Connection(ResponseReader):
         waiter = self.waiter
         self.waiter = None
         self.served += 1
-        # A response that came before its request was all written (the rest still in the
-        # write buffer) leaves the server to read that rest as another request.
-        transport = self.transport
-        if (
-            self.keep_alive
-            and not self.lost
-            and transport is not None
-            and not transport.get_write_buffer_size()
-        ):
+        if self.keep_alive and not self.lost:
             self.state = IDLE
             self.owner.connection_idle(self)
         else:

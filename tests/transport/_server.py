@@ -68,7 +68,7 @@ class Server:
     ``/idle-close/N``    ``/len/N``, then close the connection 20 ms later
     ``/garbage``         a response that is not HTTP
     ``/trailing/N``      ``/len/N`` and a second, unasked-for response, in one write
-    ``/trailing-late/N`` the same, the second response 20 ms later
+    ``/stray-after/P``   the response of path ``P``, then 20 ms later an unasked-for one
     ``/te-gzip/N``       N bytes gzipped, ``Transfer-Encoding: gzip, chunked``
     ``/range/N``         an N-byte object that honours ``Range``: 206 with Content-Range
     ``/range-chunked/N`` the same 206, its body chunked
@@ -177,14 +177,16 @@ class Server:
             self.strays_sent += 1
             self._notify()
             return True
-        if route == "trailing-late":
-            await self.send_length(writer, int(arg))
+        if route == "stray-after":
+            # The response of the path that follows, then, 20 ms later (the connection idle
+            # by then), what looks like another response nobody asked for.
+            keep_open = await self.respond("/" + arg, writer, served)
             await asyncio.sleep(0.02)
             writer.write(FAKE_RESPONSE)
             await writer.drain()
             self.strays_sent += 1
             self._notify()
-            return True
+            return keep_open
         if route == "te-gzip":
             data = gzip.compress(payload(int(arg)))
             writer.write(
