@@ -31,6 +31,7 @@ from .http import (
     BrokenBody,
     Request,
     Response,
+    Sink,
     discard_body,
     error_body,
     relay_request_body,
@@ -287,7 +288,7 @@ class ProxyServer:
         cut_after = None
         if fault in ("reset_mid_body", "truncate"):
             cut_after = (response.length // 2) if response.length is not None else 1
-        sink = client.send
+        sink: Sink = client.send
         if fault == "corrupt" and 200 <= response.status < 300 and response.length:
             sink = corrupting(client.send, response.length // 2)
         try:
