@@ -125,7 +125,11 @@ class CacheDirectory:
         self._reopening = threading.Lock()
         self._closed = False
         _OPEN.add(self)
-        self._remove_stale_temps()
+        try:
+            self._remove_stale_temps()
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
         """Close the files (dropping this process's fill locks). Idempotent."""

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from ..errors import ConfigError, Reason
 
 __all__ = [
+    "CACHE_ERRORS",
     "ENTRY_NAME",
     "MARKER",
     "SHARD_NAME",
@@ -60,6 +61,11 @@ _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | _NO_FOLLOW
 class CacheRefused(ConfigError):
     """The directory is not a cache this version may use (not empty and not a cache, an
     older format, or a link where the cache keeps one of its own files)."""
+
+
+#: what a failing cache raises: its disk's errors, and a refusal (a link where the cache
+#: keeps its own files, the directory made again as something else)
+CACHE_ERRORS: tuple[type[Exception], ...] = (OSError, CacheRefused)
 
 
 def _refuse(path: str, why: str) -> CacheRefused:
@@ -119,7 +125,12 @@ class Handles:
             os.makedirs(root, exist_ok=True)
         fds: list[int] = []
         try:
-            fds.append(os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+            try:
+                fds.append(os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+            except (FileNotFoundError, NotADirectoryError):
+                if create:
+                    raise
+                raise _refuse(root, "is not a cache directory (not a directory)") from None
             check_marker(fds[0], root, create=create)
             for sub in ("entries", "tmp"):
                 with contextlib.suppress(FileExistsError):

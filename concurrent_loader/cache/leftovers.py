@@ -11,6 +11,7 @@ import threading
 
 from ..runtime import Runtime, acquire_runtime
 from .directory import CacheDirectory
+from .layout import CACHE_ERRORS
 
 __all__ = ["Leftovers"]
 
@@ -47,7 +48,7 @@ class Leftovers:
         directory = self.directory
         if directory is not None:
             if self.hits or self.misses:
-                with contextlib.suppress(OSError):
+                with contextlib.suppress(*CACHE_ERRORS):
                     directory.record_reads(self.hits, self.misses, self.bytes_served)
             directory.close()
         if runtime is not None:

@@ -48,7 +48,7 @@ from ..stores.base import Body, ByteRange, ObjectInfo, Store
 from .cached import MAX_PENDING_BYTES, CachedStoreConfig, source_prefix
 from .directory import CacheDirectory, name_for
 from .entry import CorruptEntry, Entry, TooLarge
-from .layout import CacheRefused
+from .layout import CACHE_ERRORS
 from .leftovers import Leftovers
 from .writer import EntryWriter
 
@@ -90,7 +90,7 @@ class CachedStore:
         self._dir: CacheDirectory | None = None
         try:
             self._dir = CacheDirectory(config.cache)
-        except (OSError, CacheRefused) as exc:
+        except CACHE_ERRORS as exc:
             self._fail(exc, "opening it")
         self._leftovers = Leftovers(self._dir)
         self._writer = EntryWriter(self._leftovers.writer, self._write_failed)
@@ -144,7 +144,7 @@ class CachedStore:
         except CorruptEntry as exc:
             log.info("refetching %s: its cache entry is bad (%s)", source, exc)
             return None, True
-        except (OSError, CacheRefused) as exc:
+        except CACHE_ERRORS as exc:
             self._fail(exc, "reading it")
             return None, False
 
@@ -173,7 +173,7 @@ class CachedStore:
         if self._lru:
             try:
                 directory.touch(name)
-            except OSError as exc:
+            except CACHE_ERRORS as exc:
                 self._fail(exc, "marking a read")
         return Body(data, None, entry.etag, from_cache=True)
 
@@ -185,7 +185,7 @@ class CachedStore:
         """Fetch the object, holding its fill lock (or wait for the process that does)."""
         try:
             held = self._locking and directory.try_fill_lock(name)
-        except OSError as exc:  # a filesystem without locks: go on, without them
+        except CACHE_ERRORS as exc:  # a filesystem without locks: go on, without them
             self._locking = held = False
             self._warn(exc, "locking an object", "objects missed together are fetched twice")
         if not held and self._locking:
@@ -230,7 +230,7 @@ class CachedStore:
                         self._release(directory, name)
                         return entry, False
                     return None, True
-            except OSError as exc:
+            except CACHE_ERRORS as exc:
                 self._locking = False
                 self._warn(exc, "locking an object", "objects missed together are fetched twice")
                 return None, False
@@ -242,7 +242,7 @@ class CachedStore:
     def _release(self, directory: CacheDirectory, name: str) -> None:
         try:
             directory.release_fill_lock(name)
-        except OSError as exc:
+        except CACHE_ERRORS as exc:
             self._fail(exc, "unlocking an object")
 
     def _write_later(
@@ -275,7 +275,7 @@ class CachedStore:
         self._dir = None
         self._warn(exc, doing, "reads bypass it")
 
-    def _write_failed(self, exc: OSError) -> None:
+    def _write_failed(self, exc: Exception) -> None:
         self._warn(exc, "writing an entry", "writes to it pause (retried after a back-off)")
 
     def _warn(self, exc: Exception, doing: str, consequence: str) -> None:
@@ -340,7 +340,7 @@ class CachedStore:
                 entry = directory.read(name, source)
             except CorruptEntry:  # the twin says so, and replaces it
                 entry = None
-            except (OSError, CacheRefused) as exc:
+            except CACHE_ERRORS as exc:
                 self._fail(exc, "reading it")
                 entry = None
             if entry is not None and (byte_range is None or byte_range.end <= len(entry.data)):
@@ -349,7 +349,7 @@ class CachedStore:
                     data = data[byte_range.start : byte_range.end]
                 self._count_hit(len(data))
                 if self._lru:
-                    with contextlib.suppress(OSError):
+                    with contextlib.suppress(*CACHE_ERRORS):
                         directory.touch(name)
                 return data
         runtime = self._leftovers.runtime()

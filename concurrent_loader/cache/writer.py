@@ -27,7 +27,7 @@ from ..stores.base import Body
 from .cached import MAX_PENDING_BYTES
 from .directory import CacheDirectory
 from .entry import data_checksum, footer
-from .layout import CacheRefused
+from .layout import CACHE_ERRORS
 
 __all__ = ["MAX_PENDING_BYTES", "RETRY_FIRST_S", "RETRY_MAX_S", "EntryWriter"]
 
@@ -45,7 +45,7 @@ class EntryWriter:
     def __init__(
         self,
         executor: concurrent.futures.ThreadPoolExecutor,
-        on_failure: Callable[[OSError], None],
+        on_failure: Callable[[Exception], None],
     ) -> None:
         self._executor = executor
         self._on_failure = on_failure
@@ -59,7 +59,7 @@ class EntryWriter:
         """Whether entries are written now (not paused by a recent failure)."""
         return time.monotonic() >= self._resume_at
 
-    def failed(self, exc: OSError) -> None:
+    def failed(self, exc: Exception) -> None:
         """A write (or what it needed) failed: pause writing."""
         with self._lock:
             self._pause_s = min(max(RETRY_FIRST_S, 2 * self._pause_s), RETRY_MAX_S)
@@ -85,7 +85,7 @@ class EntryWriter:
             skip = not self.writing() or (
                 fill_policy and not replace and directory.looks_full(size)
             )
-        except OSError as exc:
+        except CACHE_ERRORS as exc:
             self.failed(exc)
             skip = True
         with self._lock:
@@ -129,11 +129,10 @@ class EntryWriter:
                     log.info("writes to the cache at %s resumed", directory.root)
                     with self._lock:
                         self._pause_s = 0.0
-        except ValueError as exc:  # an ETag or name too long to store: not cached
-            if isinstance(exc, CacheRefused):  # made again as something else meanwhile
-                self.failed(OSError(str(exc)))
-        except OSError as exc:
+        except CACHE_ERRORS as exc:  # a link in the cache's place is refused too
             self.failed(exc)
+        except ValueError:  # an ETag or name too long to store: not cached
+            pass
         finally:
             release()
             with self._lock:

@@ -19,9 +19,13 @@ from typing import Any
 
 import pytest
 
+from concurrent_loader import ConcurrentDataLoader, ObjectDataset
 from concurrent_loader.cache import CacheConfig, clear_cache
 from concurrent_loader.cache.directory import CacheDirectory, name_for
 from concurrent_loader.cache.entry import data_checksum, footer, read_entry
+from concurrent_loader.stores import MemoryConfig
+
+from .conftest import index_of, numbered_objects
 
 WAIT_S = 30
 
@@ -127,3 +131,22 @@ def test_a_child_using_its_parents_directory_while_a_parent_thread_holds_the_led
     for source in [*sources, "s3://b/parent"]:
         path = Path(config.directory) / "entries" / name_for(source)[:2] / name_for(source)
         assert read_entry(str(path), source) is not None
+
+
+@pytest.mark.timeout(90)
+def test_a_loader_forking_workers_while_a_thread_clears_the_cache_ends_its_epochs(
+    config, hold_in_thread
+):
+    objects = numbered_objects(32)
+    dataset = ObjectDataset(MemoryConfig(objects), decode=index_of, cache=config)
+    loader = ConcurrentDataLoader(
+        dataset, batch_size=8, num_workers=2, multiprocessing_context="fork"
+    )
+    release = hold_in_thread(clear_cache, config.directory)
+    batches = iter(loader)  # the workers fork now, the clear holding the ledger's lock
+    got = next(batches).tolist()
+    release.set()
+    got += [i for batch in batches for i in batch.tolist()]
+    assert sorted(got) == list(range(32))
+    assert sorted(i for batch in loader for i in batch.tolist()) == list(range(32))
+    assert loader.stats()["cache_hits"] == 32
