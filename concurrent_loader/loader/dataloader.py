@@ -47,7 +47,7 @@ from torch.utils.data import (
     Sampler,
 )
 
-from ..errors import ConfigError, Reason, SkipBudgetExceeded, WorkerError
+from ..errors import ConfigError, Reason, SkipBudgetExceeded
 from ..fetch.parts import PartsConfig
 from ..metrics import SharedStats, StallLedger, loader_stats
 from ..pipeline import Partial, PipelineOptions, SkippedSample, source_of
@@ -58,6 +58,7 @@ from .headstart import HeadStart, Ready, reads_of, within
 from .iterator import EpochIterator, _drop_tracebacks
 from .lookahead import predict_next_epoch
 from .plan import EpochPlan, Lock
+from .processes import WorkerProcesses, worker_error
 from .relay import Relay
 from .starting import fresh_credentials, frozen_heap
 from .worker import PlannedBatches
@@ -254,6 +255,8 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         self._inner_generator = torch.Generator()
         self._persistent: tuple[DataLoader[Any], PlannedBatches] | None = None
         self._persistent_started = False
+        # The worker processes of the latest inner loader (the persistent one's, if any).
+        self._workers = WorkerProcesses()
         self._head_start: HeadStart | None = None
 
     # ------------------------------------------------------------------ epochs
@@ -294,6 +297,24 @@ class ConcurrentDataLoader(DataLoader[T_co]):
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         if self._iterable:
             return super().__iter__()
+        failure: BaseException
+        if self._persistent is not None and (deaths := self._workers.dead()):
+            # A persistent worker died between epochs (torch's SIGCHLD handler may have said
+            # so already, in whatever the main process ran): this epoch says it, the next
+            # starts new workers.
+            self._let_workers_go(self._workers)
+            failure = worker_error(deaths)
+        else:
+            try:
+                return self._start_epoch()
+            except RuntimeError as exc:
+                failure = self._worker_failure(exc, self._workers)
+                if failure is exc:
+                    raise
+        del self  # the traceback keeps this frame: not the loader (and its next workers)
+        raise failure
+
+    def _start_epoch(self) -> EpochIterator:
         # A new inner iterator draws its workers' base seed; persistent workers keep theirs.
         new_iterator = not (self.persistent_workers and self._persistent_started)
         if self.num_workers > 0 and new_iterator:
@@ -407,6 +428,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             self,
             inner_batches,
             self._progress,
+            self._workers,
             head_start=self._head_start,
             head_start_lead=self._head_start_batches(),
             relay=relay,
@@ -497,6 +519,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
                 except ConfigError:  # larger than the first epoch: not fetched ahead
                     planned._cl_next.write([], may_grow=False)
             return inner
+        self._workers = WorkerProcesses()
         claims: Lock | None = None
         if self.num_workers > 0 and not self.in_order:
             context = self.multiprocessing_context or torch.multiprocessing
@@ -520,7 +543,11 @@ class ConcurrentDataLoader(DataLoader[T_co]):
                 pin_memory=self.pin_memory,
                 timeout=self.timeout,
                 worker_init_fn=self.worker_init_fn,
-                multiprocessing_context=self.multiprocessing_context,
+                multiprocessing_context=self._workers.context(
+                    self.multiprocessing_context or torch.multiprocessing.get_context()
+                )
+                if self.num_workers > 0
+                else None,
                 generator=self._inner_generator,
                 prefetch_factor=self.prefetch_factor,
                 persistent_workers=self.persistent_workers,
@@ -531,22 +558,32 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             self._persistent = (inner, planned)
         return inner
 
-    def _worker_failure(self, exc: Exception) -> BaseException:
-        """The error to raise for ``exc``, raised inside torch's iterator."""
-        # The tracebacks of the error and of its causes hold the iterator (and so the
-        # worker processes) alive for as long as the caller keeps the error.
+    def _worker_failure(self, exc: BaseException, workers: WorkerProcesses) -> BaseException:
+        """The error to raise for ``exc``, raised while ``workers`` ran: a ``WorkerError``
+        naming each that died without raising (torch says so with a ``RuntimeError``, from
+        its iterator or from its SIGCHLD handler, wherever the main process is), else
+        ``exc`` itself.
+
+        Their inner iterator is then let go, persistent or not: once the caller drops its
+        own reference, torch's shutdown of it joins the other workers. The next epoch starts
+        new ones, as a stock DataLoader's next epoch does.
+        """
+        deaths = workers.dead() if isinstance(exc, RuntimeError) else []
+        if not deaths:
+            return exc
+        # The frames in the tracebacks of the error and of its causes hold torch's iterator.
         _drop_tracebacks(exc)
-        dead = self._shared_stats.dead_workers()
-        if isinstance(exc, RuntimeError) and dead:
-            failure = WorkerError(
-                f"loader worker process(es) {dead} died without raising (killed by "
-                "the OS, e.g. out of memory?)",
-                stage="worker",
-                cause=Reason.WORKER_DIED,
-            )
-            failure.__cause__ = exc
-            return failure
-        return exc
+        self._let_workers_go(workers)
+        failure = worker_error(deaths)
+        failure.__cause__ = exc
+        return failure
+
+    def _let_workers_go(self, workers: WorkerProcesses) -> None:
+        """Drop the persistent inner loader, if ``workers`` are its: its iterator, and so its
+        workers, end once nothing else refers to them; the next epoch starts new ones."""
+        if self._persistent is not None and workers is self._workers:
+            self._persistent = None
+            self._persistent_started = False
 
     def _note_skipped(self, batch: Partial, budget: float) -> BaseException | None:
         """Log and list what ``batch`` lost; the error to raise if over the budget."""

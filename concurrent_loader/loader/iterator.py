@@ -8,6 +8,11 @@ batch after the failed one, as a stock DataLoader does. A batch that lost sample
 ``SkipBudgetExceeded``. It also counts the batches the consumer received (the resume point)
 and how long it waited for each.
 
+A worker process that dies without raising (killed by the OS) ends the epoch with a
+``WorkerError`` naming it: the batches it held are lost, and the others go with their
+workers, which are reaped before the error is raised. A later ``iter(loader)`` starts new
+workers.
+
 Errors are raised from a frame that does not hold the iterator, so a caller that keeps the
 error (a logging handler, ``pytest.raises``) does not keep the worker processes alive.
 """
@@ -30,6 +35,7 @@ from .partial import mark, pin
 if TYPE_CHECKING:
     from .dataloader import ConcurrentDataLoader
     from .headstart import HeadStart
+    from .processes import WorkerProcesses
 
 __all__ = ["EpochIterator"]
 
@@ -51,6 +57,7 @@ class EpochIterator(Iterator[Any]):
         loader: ConcurrentDataLoader[Any],
         batches: Iterator[Any],
         progress: resume.EpochProgress,
+        workers: WorkerProcesses,
         *,
         head_start: HeadStart | None = None,
         head_start_lead: int = 0,
@@ -59,6 +66,7 @@ class EpochIterator(Iterator[Any]):
         self._loader = loader
         self._batches: Iterator[Any] | None = batches
         self._progress = progress
+        self._workers = workers
         self._budget = loader._skip_budget(progress.samples)
         self._first_batch = progress.batches_taken
         self._returned: float | None = None  # when the last batch was handed to the loop
@@ -85,11 +93,16 @@ class EpochIterator(Iterator[Any]):
         return self._progress.num_batches
 
     def __next__(self) -> Any:
-        outcome = self._advance()
+        try:
+            outcome = self._advance()
+        except RuntimeError as raised:  # torch's SIGCHLD handler raises wherever we are
+            outcome = _Raise(raised)
         if isinstance(outcome, _Raise):
-            exc = outcome.exc
+            failure = self._loader._worker_failure(outcome.exc, self._workers)
+            if failure is not outcome.exc:  # a worker died: the others go before it is said
+                self._finish(done=False)
             del self, outcome  # the traceback keeps this frame: not the workers with it
-            raise exc
+            raise failure
         return outcome
 
     def close(self) -> None:
@@ -121,7 +134,9 @@ class EpochIterator(Iterator[Any]):
                 self._finish(done=True)
                 raise
             except Exception as exc:
-                return _Raise(loader._worker_failure(exc))
+                # The frames in its traceback (and its causes') hold torch's iterator.
+                _drop_tracebacks(exc)
+                return _Raise(exc)
             got = time.perf_counter()
             # The first batch of an epoch waits for the pipeline to fill: the verdict judges
             # the steady state.
