@@ -2,10 +2,10 @@
 
 Global index ``i`` enumerates samples shard by shard in the order of ``shards`` (shard 0's
 samples first, in tar order): ``shard_lengths[s]`` samples in shard ``s``. A sample is read
-as one byte range, from its first member's first header to the next sample's first header
-(from the shard's start, for its first sample; to the shard's end, for its last), so the
-spans of a shard's samples tile it and every header of the shard lies in exactly one span:
-:meth:`ShardSource.decode` walks the span's headers and refuses
+as one byte range, from where the previous sample's last member ends to the next sample's
+first header (from the shard's start, for its first sample; to the shard's end, for its
+last), so the spans of a shard's samples cover it, neighbours sharing the members between
+them: :meth:`ShardSource.decode` walks the span's headers and refuses
 (:class:`~concurrent_loader.errors.ShardError`, naming shard, member and offset) a sample
 whose span is not exactly the members its index lists (``IndexMismatch``) or holds a sample
 member the index leaves out (``MissingMember``). A sample that ends past the shard's
@@ -38,6 +38,7 @@ from ..shards.tar import (
     TarWalk,
     group_samples,
     is_sample_member,
+    padded,
     split_name,
 )
 from ..stores.base import ByteRange, StoreConfig
@@ -128,14 +129,18 @@ class ShardSource:
         return self._index_sizes[shard] if listed is None else listed
 
     def _span(self, index: int) -> ByteRange:
-        """What is read of sample ``index``: from its first member's first header (the
-        shard's start, for its first sample) to the next sample's first header (the shard's
-        end, in the index, for its last sample). The spans of a shard's samples tile it, so
-        walking a span's headers sees every member between the sample and its neighbours:
-        one left out of the index, or an index that points inside a member, is noticed."""
+        """What is read of sample ``index``: from where the previous sample's last member
+        ends (the shard's start, for its first sample) to the next sample's first header
+        (the shard's end, in the index, for its last sample). The spans of a shard's
+        samples cover it, neighbours sharing the members between them, so walking a span's
+        headers sees every member the sample could be missing, and an index that points
+        inside a member is noticed."""
         shard = self.shard_of(index)
-        first = index == int(self._shard_starts[shard])
-        start = 0 if first else int(self._header_offsets[self._members(index)[0]])
+        if index == int(self._shard_starts[shard]):
+            start = 0
+        else:
+            last = self._members(index - 1)[-1]
+            start = padded(int(self._offsets[last] + self._sizes[last]))
         if index + 1 < int(self._shard_starts[shard + 1]):
             end = int(self._header_offsets[self._members(index + 1)[0]])
         else:
@@ -144,7 +149,8 @@ class ShardSource:
 
     def sample_ranges(self, shard: int) -> tuple[np.ndarray, np.ndarray]:
         """The byte ranges :meth:`reads` asks of shard ``shard``, one per sample in tar order:
-        (starts, ends), both ascending (neighbours overlap by at most a header block)."""
+                (starts, ends), both ascending (neighbours overlap only by the members between them,
+        which the index leaves out: none in a shard as ``concurrent-loader pack`` writes it)."""
         first = int(self._shard_starts[shard])
         spans = [self._span(i) for i in range(first, first + self.shard_lengths[shard])]
         starts = np.fromiter((s.start for s in spans), dtype=np.int64, count=len(spans))
@@ -254,6 +260,9 @@ class ShardSource:
                 f"{self.where(index, j)}: {message}", url=url, stage="decode", cause=cause
             )
 
+        key = self.sample_keys[index]
+        first = index == int(self._shard_starts[self.shard_of(index)])
+        previous_key = None if first else self.sample_keys[index - 1]
         matched = 0
         for member in found:
             if not is_sample_member(member.name):
@@ -262,19 +271,30 @@ class ShardSource:
                 matched += 1
                 continue
             said = expected[matched] if matched < len(expected) else None
-            if said is None or member.header_offset < said.header_offset:
+            if said is not None and member.header_offset >= said.header_offset:
+                raise error(
+                    f"the index says {said.name!r} ({said.size} bytes at {said.offset}, "
+                    f"headers at {said.header_offset}), the shard has {member.name!r} "
+                    f"({member.size} bytes at {member.offset}, headers at "
+                    f"{member.header_offset})",
+                    Reason.INDEX_MISMATCH,
+                    members[matched],
+                )
+            # A sample member the index leaves out. Grouped as webdataset groups, it is
+            # this sample's when it comes between its members, has its key, or (before its
+            # members) is not the previous sample's: the neighbour's walk judges the rest.
+            other = split_name(member.name)
+            assert other is not None
+            if matched == 0:
+                ours = other[0] == key or other[0] != previous_key
+            else:
+                ours = matched < len(expected) or other[0] == key
+            if ours:
                 raise error(
                     f"member {member.name!r} at offset {member.header_offset} is in the shard "
                     "but not in its index",
                     Reason.MISSING_MEMBER,
                 )
-            raise error(
-                f"the index says {said.name!r} ({said.size} bytes at {said.offset}, headers at "
-                f"{said.header_offset}), the shard has {member.name!r} ({member.size} bytes "
-                f"at {member.offset}, headers at {member.header_offset})",
-                Reason.INDEX_MISMATCH,
-                members[matched],
-            )
         if matched < len(expected):
             said = expected[matched]
             where = "the archive ends" if walk.at_eof else f"the headers end at {walk.offset}"

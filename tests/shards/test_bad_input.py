@@ -178,3 +178,97 @@ def test_failed_merged_read_fails_exactly_its_samples(packed, s3_server, s3_env)
         assert isinstance(skipped.error, ObjectNotFound)
         assert_names_member(skipped.error, url + gone, index)
         assert ds.source.sample_keys[skipped.index] in str(skipped.error)
+
+
+def test_member_missing_from_the_index_before_its_indexed_members(packed, s3_server, s3_env):
+    name, data, index = shard_files(packed, 0)
+    # Drop sample 3's .bin, which the packer writes before its .txt: the sample's span
+    # starts where the sample before it ends, so the walk meets the member.
+    dropped = index["members"].pop(6)
+    assert dropped[0] == "s0003.bin" and index["members"][6][0] == "s0003.txt"
+    url = upload(
+        s3_server,
+        packed.bucket,
+        "bad/missing-first-member/",
+        {name: data, name + ".idx": index_bytes(index)},
+    )
+    ds = ShardDataset(url)
+    assert ds[2]["bin"] == packed.expected["s0002"]["bin"]
+    with pytest.raises(ShardError, match="is in the shard but not in its index") as raised:
+        ds[3]
+    assert raised.value.cause == Reason.MISSING_MEMBER
+    assert f"member '{dropped[0]}' at offset {dropped[1]}" in str(raised.value)
+    assert raised.value.url == url + name
+    keys, loader = skipped_run(ds)
+    assert keys == [k for k in packed.order[: len(ds)] if k != "s0003"]
+    assert [s.index for s in loader.skipped] == [3]
+
+
+def test_member_listed_twice_is_refused_not_an_extra_sample(packed, s3_server, s3_env):
+    name, data, index = shard_files(packed, 0)
+    twice = index["members"][7]  # s0003.txt, listed again after s0004's members
+    index["members"].insert(10, twice)
+    url = upload(
+        s3_server, packed.bucket, "bad/twice/", {name: data, name + ".idx": index_bytes(index)}
+    )
+    with pytest.raises(ShardError, match="listed twice, or out of tar order") as raised:
+        ShardDataset(url)
+    assert raised.value.cause == Reason.INDEX_MISMATCH
+    assert f"member '{twice[0]}' at offset {twice[1]}" in str(raised.value)
+    assert raised.value.url == url + name + ".idx"
+
+
+def test_an_index_written_for_a_smaller_shard_is_refused(packed, s3_server, s3_env, tmp_path):
+    """The shard grew after its index was written (a member appended, as a re-pack that
+    died before uploading its index leaves it): its old index would count the old samples
+    only."""
+    import io
+    import tarfile
+
+    name, data, index = shard_files(packed, 0)
+    grown = tmp_path / name
+    grown.write_bytes(data)
+    with tarfile.open(grown, mode="a") as tar:
+        info = tarfile.TarInfo("s9999.bin")
+        info.size = 20_000  # past the padding of the last record: the shard grows
+        tar.addfile(info, io.BytesIO(bytes(info.size)))
+    url = upload(
+        s3_server,
+        packed.bucket,
+        "bad/grown/",
+        {name: grown.read_bytes(), name + ".idx": index_bytes(index)},
+    )
+    with pytest.raises(ShardError, match=f"its index \\({name}.idx\\) was written for") as e:
+        ShardDataset(url)
+    assert e.value.cause == Reason.INDEX_MISMATCH
+    assert e.value.url == url + name
+    assert str(len(data)) in str(e.value) and str(grown.stat().st_size) in str(e.value)
+
+
+@pytest.mark.timeout(60)
+def test_a_zero_length_pax_record_fails_its_sample_at_once(packed, s3_server, s3_env):
+    """The decode thread walking the sample's headers must not loop on it (CVE-2019-20907's
+    pattern): the loader skips exactly that sample, with the shard, member and offset."""
+    from ._tars import end, index_of, member, pax_member
+
+    shard = (
+        member("s0000.bin", b"1")
+        + pax_member(b"0 path=s0001.bin\n", "s0001.bin", b"22")
+        + member("s0002.bin", b"333")
+        + end()
+    )
+    entries = [["s0000.bin", 0, 512, 1], ["s0001.bin", 1024, 2560, 2], ["s0002.bin", 3072, 3584, 3]]
+    url = upload(
+        s3_server,
+        packed.bucket,
+        "bad/pax-zero/",
+        {"a.tar": shard, "a.tar.idx": index_of(shard, entries)},
+    )
+    ds = ShardDataset(url)
+    keys, loader = skipped_run(ds)
+    assert keys == ["s0000", "s0002"]
+    [skipped] = loader.skipped
+    assert skipped.index == 1 and isinstance(skipped.error, ShardError)
+    assert skipped.error.url == url + "a.tar"
+    assert "member 's0001.bin' at offset 1024" in str(skipped.error)
+    assert "no tar header at offset 1024 (a pax record at byte 0" in str(skipped.error)
