@@ -42,7 +42,7 @@ from .parser import (
 from .proxy import Proxy
 from .request import host_header_refused, range_value
 from .response import Response
-from .sockets import has_unread_bytes, socket_fd
+from .sockets import SocketProbe, socket_fd
 
 __all__ = ["AiohttpTransport"]
 
@@ -77,7 +77,7 @@ def _clean(protocol: ResponseHandler) -> bool:
     return (
         transport is not None
         and not protocol.should_close
-        and not has_unread_bytes(socket_fd(transport))
+        and not SocketProbe(socket_fd(transport)).pending()
     )
 
 

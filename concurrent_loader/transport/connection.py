@@ -34,7 +34,7 @@ from .reader import (
     ResponseReader,
 )
 from .response import Response
-from .sockets import has_unread_bytes, socket_fd
+from .sockets import SocketProbe, socket_fd
 
 __all__ = ["Connection", "ConnectionOwner", "Key"]
 
@@ -56,13 +56,13 @@ class Connection(ResponseReader):
     """One keep-alive connection to ``key`` and the response in flight on it."""
 
     __slots__ = (
-        "fd",
         "holds_slot",
         "in_idle",
         "key",
         "lost",
         "lost_future",
         "owner",
+        "probe",
         "sent_at",
         "served",
         "timeouts",
@@ -79,7 +79,7 @@ class Connection(ResponseReader):
         self.key = key
         self.timeouts = timeouts
         self.transport: asyncio.Transport | None = None
-        self.fd = -1
+        self.probe = SocketProbe(-1)  # the socket's, once connected
         self.lost = False
         self.lost_future: asyncio.Future[None] = loop.create_future()
         self.holds_slot = True  # every connection owns one of the pool's slots until released
@@ -93,7 +93,7 @@ class Connection(ResponseReader):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
-        self.fd = socket_fd(transport)
+        self.probe = SocketProbe(socket_fd(transport))
 
     def eof_received(self) -> bool:
         # Returning False lets the transport close; connection_lost decides what the EOF
@@ -184,7 +184,7 @@ class Connection(ResponseReader):
             self.state == IDLE
             and transport is not None
             and not transport.is_closing()
-            and not has_unread_bytes(self.fd)
+            and not self.probe.pending()
         )
 
     def abandon(self) -> None:

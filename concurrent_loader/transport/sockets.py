@@ -7,8 +7,8 @@ whether bytes wait in a connection that no request asked for.
   uvloop's ``create_connection(host, port)`` does leave one: it waits for its own lookup
   with ``asyncio.wait``, so a ``gaierror`` after the caller left is reported at exit as
   "Future exception was never retrieved".
-* :func:`has_unread_bytes` tells whether the kernel holds bytes of a socket that the event
-  loop has not read yet. A connection about to be reused must have none: HTTP/1.1 has no
+* :class:`SocketProbe` tells whether the kernel holds bytes of a socket that the event loop
+  has not read yet. A connection about to be reused must have none: HTTP/1.1 has no
   request ids, so any byte that is there before the next request is written would be read
   as the start of that request's response.
 """
@@ -16,13 +16,10 @@ whether bytes wait in a connection that no request asked for.
 from __future__ import annotations
 
 import asyncio
-import fcntl
+import select
 import socket
-import termios
 
-__all__ = ["connect_socket", "has_unread_bytes", "socket_fd"]
-
-_NONE_UNREAD = bytes(4)  # FIONREAD's answer (a C int) when the receive queue is empty
+__all__ = ["SocketProbe", "connect_socket", "socket_fd"]
 
 
 async def connect_socket(host: str, port: int) -> socket.socket:
@@ -60,15 +57,23 @@ def socket_fd(transport: asyncio.BaseTransport) -> int:
     return -1 if sock is None else int(sock.fileno())
 
 
-def has_unread_bytes(fd: int) -> bool:
-    """Whether the receive queue of the socket ``fd`` holds bytes the loop has not read.
-
-    ``fd`` must be open (its transport not closed). A socket that cannot be asked counts as
-    holding some, so that its connection is not reused.
+class SocketProbe:
+    """Asks one connected socket, without reading from it, whether anything waits in it
+    that the event loop has not read yet: bytes, or the socket's end (the peer closed it,
+    or it failed). One ``poll`` with a zero timeout, about 1 µs: asking for the count of
+    bytes queued (``FIONREAD``) takes the socket's lock and costs twice that.
     """
-    if fd < 0:
-        return True
-    try:
-        return fcntl.ioctl(fd, termios.FIONREAD, _NONE_UNREAD) != _NONE_UNREAD
-    except OSError:
-        return True
+
+    __slots__ = ("_poll",)
+
+    def __init__(self, fd: int) -> None:
+        """``fd`` is the socket's descriptor, -1 for none (then something always waits)."""
+        self._poll: select.poll | None = None
+        if fd >= 0:
+            self._poll = select.poll()
+            self._poll.register(fd, select.POLLIN)
+
+    def pending(self) -> bool:
+        """Whether bytes or the socket's end wait unread. Ask only while the socket's
+        transport is open: a closed descriptor's number may be another socket's by then."""
+        return self._poll is None or bool(self._poll.poll(0))

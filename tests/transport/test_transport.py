@@ -7,6 +7,7 @@ import ast
 import asyncio
 import gc
 import socket
+import ssl
 from pathlib import Path
 from typing import Any
 
@@ -166,10 +167,9 @@ _ALLOWED_IMPORTS = {
     "collections",
     "contextvars",
     "dataclasses",
-    "fcntl",
+    "select",
     "socket",
     "ssl",
-    "termios",
     "typing",
     "urllib",
     "warnings",
@@ -229,6 +229,37 @@ def test_bytes_after_a_complete_response_are_never_read_as_the_next_one(
             finally:
                 await transport.close()
             assert server.connections >= 4  # no polluted connection was reused
+
+    run(main)
+
+
+@pytest.mark.parametrize("tls", [False, True])
+def test_a_clean_server_keeps_one_connection(
+    run: Runner, name: str, tls: bool, request: pytest.FixtureRequest
+) -> None:
+    # The look for unread bytes before each reuse finds none on a server that sends none,
+    # over TLS too (where the socket carries records besides the responses).
+    server_context = client_context = None
+    if tls:
+        cert, key = request.getfixturevalue("certificate")
+        server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server_context.load_cert_chain(cert, key)
+        client_context = ssl.create_default_context(cafile=str(cert))
+
+    async def main() -> None:
+        async with Server(server_context) as server:
+            transport = make_transport(
+                name, max_connections=8, timeouts=Timeouts(), ssl_context=client_context
+            )
+            try:
+                for n in [*range(20), 100_000, 1_000_000]:
+                    response = await get(transport, server, f"/len/{n}")
+                    assert bytes(response.body) == payload(n)
+                response = await get(transport, server, "/chunked/50000")
+                assert bytes(response.body) == payload(50000)
+            finally:
+                await transport.close()
+            assert server.connections == 1
 
     run(main)
 
