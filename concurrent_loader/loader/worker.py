@@ -228,7 +228,6 @@ class PlannedBatches(IterableDataset[Any]):
         try:
             if in_worker and source is not None and source.store.capabilities.remote:
                 _hold_runtime_for_this_process()
-            self._cl_stats.register(row)
             if predicted is not None:
                 assert isinstance(share, list)
                 # Only our sources' batches are fetched ahead: a foreign ``__getitem__`` may

@@ -111,6 +111,7 @@ def _loader(
         persistent_workers=persistent,
         in_order=in_order,
         worker_init_fn=worker_init_fn,
+        decode_threads=2,  # a dying decode holds up no other
     )
 
 
