@@ -5,8 +5,10 @@ root's objects through a cache on local disk: the first epoch fills it, later ep
 from it. It is a store wrapping the root's store (:class:`CachedStoreConfig`, on the seam of
 :mod:`concurrent_loader.stores.base`), so retries, limits, the pipeline and the loader do
 not change. What it guarantees is stated in :mod:`.store` (reads), :mod:`.directory`
-(sharing, the budget, crashes) and :mod:`.entry` (integrity); :mod:`.config` holds the
-options and :mod:`.warm` fills a cache ahead of training.
+(sharing, the budget, crashes, fork), :mod:`.layout` (a directory of its own, no link
+followed), :mod:`.writer` (writes behind reads, resumed after a failure) and :mod:`.entry`
+(integrity); :mod:`.config` holds the options, :mod:`.admin` describes and clears a cache,
+and :mod:`.warm` fills a cache ahead of training.
 """
 
 from __future__ import annotations

@@ -54,6 +54,10 @@ _MARKER_TEMP = re.compile(r"\.CACHEDIR\.TAG\.\d+")
 #: what a cache made before the marker holds (its ledger tells it apart)
 _LEGACY_NAMES = {"ledger", "locks", "entries", "tmp"}
 _LEGACY_MAGIC = b"CLL1"
+_EARLIER_FORMAT = (
+    "is a concurrent-loader cache of an earlier format: run "
+    "`concurrent-loader cache clear {root}` or name another directory"
+)
 _NO_FOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | _NO_FOLLOW
 
@@ -181,6 +185,8 @@ def check_marker(root_fd: int, root: str, *, create: bool) -> None:
         fd = _open_in(root_fd, MARKER, os.O_RDONLY | os.O_NONBLOCK, root)
     except FileNotFoundError:
         if not create:
+            if is_legacy(root_fd):
+                raise _refuse(root, _EARLIER_FORMAT.format(root=root)) from None
             raise _refuse(root, f"is not a cache directory (no {MARKER})") from None
         _mark(root_fd, root)
         return
@@ -205,11 +211,7 @@ def _mark(root_fd: int, root: str) -> None:
     others = [n for n in os.listdir(root_fd) if n != MARKER and not _MARKER_TEMP.fullmatch(n)]
     if others:
         if is_legacy(root_fd):
-            raise _refuse(
-                root,
-                "is a concurrent-loader cache of an earlier format: run "
-                f"`concurrent-loader cache clear {root}` or name another directory",
-            )
+            raise _refuse(root, _EARLIER_FORMAT.format(root=root))
         raise _refuse(
             root,
             f"is not empty and not a cache directory (no {MARKER}): a cache needs a "
