@@ -111,7 +111,7 @@ def _from_base64(algorithm: str, value: str, source: str) -> Checksum | None:
     """The checksum in a base64 header value; None for a composite (``...-N``) or malformed
     value, which cannot be checked against the body."""
     try:
-        digest = base64.b64decode(value.strip(), validate=True)
+        digest = binascii.a2b_base64(value.strip(), strict_mode=True)
     except (binascii.Error, ValueError):
         return None
     if len(digest) != _SIZES[algorithm]:
