@@ -12,7 +12,8 @@ from concurrent_loader.config import Timeouts
 from concurrent_loader.errors import AccessDenied, ConfigError
 from concurrent_loader.transport import TRANSPORTS, Proxy, Transport, make_transport
 
-from ._server import ForwardProxy, Server, origin_of, payload
+from ._proxy import ForwardProxy
+from ._server import Server, origin_of, payload
 from .conftest import Runner
 
 SECRET = "s3cret"
