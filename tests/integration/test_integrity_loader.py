@@ -135,9 +135,9 @@ def test_bodies_corrupted_every_time_end_in_integrity_error_never_in_a_sample(
 def test_stray_bytes_after_a_response_never_become_a_sample(
     objects: Objects, env: None, proxy_factory: Callable[..., Any], transport: str
 ) -> None:
-    # A stray response that reaches a connection after it was handed to the next GET (and
-    # so pass the transport's check of idle connections) is the race to lose: several
-    # epochs of GETs waiting for connections give it many chances.
+    # Every body ends with a stray response in the same write; several epochs of GETs
+    # waiting for connections give a transport that reuses such a connection many chances
+    # to read one as a sample.
     proxy = proxy_factory(faults=FaultPlan(seed=5, stray_bytes=1.0))
     got = load(objects, proxy, transport, None, epochs=4)
     stray = sha256_hex(b"stray")

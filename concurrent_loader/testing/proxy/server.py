@@ -41,7 +41,7 @@ from .http import (
 )
 from .latency import LatencyModel
 from .stats import Stats
-from .tamper import STRAY_RESPONSE, corrupting
+from .tamper import STRAY_RESPONSE, corrupting, trailing
 
 __all__ = ["RESET_PATH", "STATS_PATH", "ProxyServer", "parse_upstream"]
 
@@ -291,6 +291,9 @@ class ProxyServer:
         sink: Sink = client.send
         if fault == "corrupt" and 200 <= response.status < 300 and response.length:
             sink = corrupting(client.send, response.length // 2)
+        stray = STRAY_RESPONSE if fault == "stray_bytes" else b""
+        if stray and response.length:
+            sink, stray = trailing(client.send, response.length, stray), b""
         try:
             complete = await relay_response_body(response, upstream.reader, sink, cut_after)
         except BrokenBody as exc:
@@ -309,8 +312,8 @@ class ProxyServer:
             return False
         if not response.upstream_reusable:
             upstream.close()
-        if fault == "stray_bytes":
-            await client.send(STRAY_RESPONSE, counted=False)
+        if stray:  # a body of no length, or chunked: after it
+            await client.send(stray, counted=False)
         if close:
             await client.close()
         return not close
