@@ -2,20 +2,22 @@
 
 Global index ``i`` enumerates samples shard by shard in the order of ``shards`` (shard 0's
 samples first, in tar order): ``shard_lengths[s]`` samples in shard ``s``. A sample is read
-as one byte range, from where the previous sample's last member ends to the next sample's
-first header (from the shard's start, for its first sample; to the shard's end, for its
-last), so the spans of a shard's samples cover it, neighbours sharing the members between
-them: :meth:`ShardSource.decode` walks the span's headers and refuses
+as one byte range, from where the previous sample's last member ends through the headers
+of the next sample's first member (from the shard's start, for its first sample; to the
+shard's end, for its last), so the spans of a shard's samples cover it, neighbours sharing
+the members between them: :meth:`ShardSource.decode` walks the span's headers and refuses
 (:class:`~concurrent_loader.errors.ShardError`, naming shard, member and offset) a sample
 whose span is not exactly the members its index lists (``IndexMismatch``) or holds a sample
-member the index leaves out (``MissingMember``). A sample that ends past the shard's
-listed size is refused before any GET (``TruncatedShard``); an index written for a smaller
-shard than the one listed is refused when the source is made.
+member the index leaves out that belongs to it (``MissingMember``). A sample that ends past
+the shard's listed size is refused before any GET (``TruncatedShard``); an index written
+for a smaller shard than the one listed is refused when the source is made.
 
-What the walk proves: the sample's members are where real headers of the shard say, as
-far as the span shows. A hostile index could still place a whole chain of members inside
-another member's data (a tar stored in a tar) where its headers look right; it then has
-to misplace an earlier member of the same shard, whose own sample fails when read.
+What the walks prove: when the samples before it in its shard read without error, a
+sample is exactly the one ``webdataset`` reads there (the first walk starts at the shard's
+start, and each ends where the next starts, having checked the next sample's first
+header). A hostile index can do no more than make a sample fail, or make a wrong sample
+follow one that fails: an index that puts a member inside another's data (a tar stored
+in a tar) must misplace an earlier member of the same shard.
 
 Samples are dicts as ``webdataset`` makes them: ``{"__key__": key, "__url__": shard URL,
 extension: bytes, ...}``, passed to ``decode`` when one is given. The source merges a
@@ -128,11 +130,15 @@ class ShardSource:
         listed = self.listed_sizes[shard]
         return self._index_sizes[shard] if listed is None else listed
 
+    def _last_of_shard(self, index: int) -> bool:
+        return index + 1 == int(self._shard_starts[self.shard_of(index) + 1])
+
     def _span(self, index: int) -> ByteRange:
         """What is read of sample ``index``: from where the previous sample's last member
-        ends (the shard's start, for its first sample) to the next sample's first header
-        (the shard's end, in the index, for its last sample). The spans of a shard's
-        samples cover it, neighbours sharing the members between them, so walking a span's
+        ends (the shard's start, for its first sample) to the data of the next sample's
+        first member, its headers included (to the shard's end, in the index, for the
+        shard's last sample). The spans of a shard's samples cover it, neighbours sharing
+        the members between them and the next sample's first headers, so walking a span's
         headers sees every member the sample could be missing, and an index that points
         inside a member is noticed."""
         shard = self.shard_of(index)
@@ -141,11 +147,9 @@ class ShardSource:
         else:
             last = self._members(index - 1)[-1]
             start = padded(int(self._offsets[last] + self._sizes[last]))
-        if index + 1 < int(self._shard_starts[shard + 1]):
-            end = int(self._header_offsets[self._members(index + 1)[0]])
-        else:
-            end = self._index_sizes[shard]
-        return ByteRange(start, end)
+        if self._last_of_shard(index):
+            return ByteRange(start, self._index_sizes[shard])
+        return ByteRange(start, int(self._offsets[self._members(index + 1)[0]]))
 
     def sample_ranges(self, shard: int) -> tuple[np.ndarray, np.ndarray]:
         """The byte ranges :meth:`reads` asks of shard ``shard``, one per sample in tar order:
@@ -238,22 +242,29 @@ class ShardSource:
             sample[split[1]] = bytes(view[start : start + int(self._sizes[j])])
         return sample
 
+    def _indexed(self, j: int) -> Member:
+        return Member(
+            self._names[j],
+            int(self._header_offsets[j]),
+            int(self._offsets[j]),
+            int(self._sizes[j]),
+        )
+
     def _check(self, index: int, found: list[Member], walk: TarWalk) -> None:
         """The sample members walked in the sample's span are exactly those its index lists,
-        at the offsets it gives, and the walk ends where the next sample's headers start
-        (at the end of the archive, for a shard's last sample)."""
+        at the offsets it gives, then the next sample's first member (whose headers end the
+        span), or the end of the archive for a shard's last sample; a sample member the
+        index leaves out that webdataset would group into this sample is ``MissingMember``.
+
+        With the walks of the samples before it in the shard, this proves the sample is the
+        one webdataset reads: the first sample's walk starts at the shard's start, and each
+        walk ends where the next starts, having seen the next sample's first header."""
         url = self.url_for(index)
-        expected = [
-            Member(self._names[j], int(h), int(o), int(n))
-            for j, h, o, n in zip(
-                self._members(index),
-                self._header_offsets[self._members(index)],
-                self._offsets[self._members(index)],
-                self._sizes[self._members(index)],
-                strict=True,
-            )
-        ]
+        last = self._last_of_shard(index)
         members = list(self._members(index))
+        if not last:
+            members.append(self._members(index + 1)[0])
+        expected = [self._indexed(j) for j in members]
 
         def error(message: str, cause: Reason, j: int | None = None) -> ShardError:
             return ShardError(
@@ -263,6 +274,7 @@ class ShardSource:
         key = self.sample_keys[index]
         first = index == int(self._shard_starts[self.shard_of(index)])
         previous_key = None if first else self.sample_keys[index - 1]
+        own = len(self._members(index))
         matched = 0
         for member in found:
             if not is_sample_member(member.name):
@@ -288,7 +300,7 @@ class ShardSource:
             if matched == 0:
                 ours = other[0] == key or other[0] != previous_key
             else:
-                ours = matched < len(expected) or other[0] == key
+                ours = matched < own or other[0] == key
             if ours:
                 raise error(
                     f"member {member.name!r} at offset {member.header_offset} is in the shard "
@@ -299,24 +311,15 @@ class ShardSource:
             said = expected[matched]
             where = "the archive ends" if walk.at_eof else f"the headers end at {walk.offset}"
             raise error(
-                f"not in the shard ({where} before it): the index does not match the shard",
+                f"{said.name!r} at offset {said.header_offset} is not in the shard ({where} "
+                "before it): the index does not match the shard",
                 Reason.INDEX_MISMATCH,
                 members[matched],
             )
-        span_end = walk.end
-        last = index + 1 == int(self._shard_starts[self.shard_of(index) + 1])
-        if walk.at_eof and not last:
+        if last and not walk.at_eof and walk.offset != walk.end:
             raise error(
-                f"the archive ends before the next sample the index lists (at offset {span_end})",
-                Reason.INDEX_MISMATCH,
-            )
-        if not walk.at_eof and walk.offset != span_end:
-            raise error(
-                f"the member before offset {span_end} runs to {walk.offset}, past where the "
-                "index puts the next sample's headers"
-                if not last
-                else f"the members run to {walk.offset}, past the shard's end ({span_end})",
-                Reason.INDEX_MISMATCH if not last else Reason.TRUNCATED_SHARD,
+                f"the members run to {walk.offset}, past the shard's end ({walk.end})",
+                Reason.TRUNCATED_SHARD,
             )
 
     # ------------------------------------------------------------------ CoalescingSource

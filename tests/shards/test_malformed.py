@@ -65,12 +65,17 @@ def test_a_malformed_pax_header_is_refused_when_scanned(where, records, tmp_path
 def test_a_malformed_pax_header_fails_its_sample_when_indexed(where, records, tmp_path):
     shard = with_pax(records)
     entries = [["a.bin", 0, 512, 1], ["b.bin", B_PAX, B_PAX + 3 * 512, 2]]
-    ds = dataset(where, tmp_path, {"a.tar": shard, "a.tar.idx": index_of(shard, entries)})
-    assert ds[0]["bin"] == b"1"
-    with pytest.raises(ShardError, match=f"no tar header at offset {B_PAX} \\(a pax record") as e:
-        ds[1]
-    assert e.value.url == url_of(where, tmp_path)
-    assert f"sample 'b', member 'b.bin' at offset {B_PAX}" in str(e.value)
+    objects = {"a.tar": shard, "a.tar.idx": index_of(shard, entries), "c.tar": with_pax(b"")}
+    ds = dataset(where, tmp_path, objects)
+    # a's span ends with b's headers, which it checks: both samples fail, c's read
+    for i, where_in_shard in enumerate(
+        ["'a', member 'a.bin' at offset 0", "'b', member 'b.bin' at offset 1024"]
+    ):
+        with pytest.raises(ShardError, match=f"no tar header at offset {B_PAX} \\(a pax rec") as e:
+            ds[i]
+        assert e.value.url == url_of(where, tmp_path)
+        assert f"sample {where_in_shard}" in str(e.value)
+    assert [ds[i]["bin"] for i in (2, 3)] == [b"1", b"22"]
 
 
 BAD_HEADERS = {
