@@ -50,6 +50,12 @@ class Origin:
         host = self.host.strip("[]")
         if any(c in host for c in "/?#@ \t\r\n") or ("[" in host or "]" in host):
             raise _invalid(f"invalid host {self.host!r}")
+        if ":" not in host:
+            try:
+                host.encode("idna")
+            except UnicodeError as exc:
+                # The resolver would raise this bare UnicodeError on every GET instead.
+                raise _invalid(f"invalid host name {self.host!r}: {exc}") from exc
         name = f"[{host}]" if ":" in host else host
         object.__setattr__(self, "host", host)
         object.__setattr__(self, "tls", self.scheme == "https")

@@ -111,6 +111,8 @@ def test_credentials_in_a_url_are_refused_without_echoing_them() -> None:
         ("http", "example.com/path", 80),
         ("http", "user@example.com", 80),
         ("http", "example.com\r\nX-Injected: 1", 80),
+        ("http", "a" * 64 + ".example.com", 80),  # a label over 63 characters
+        ("http", "example..com", 80),  # an empty label
         ("http", "example.com", 0),
         ("http", "example.com", 65536),
         ("http", "example.com", True),
