@@ -58,6 +58,7 @@ def test_tree():
         errors.AccessDenied,
         errors.Throttled,
         errors.IncompleteBody,
+        errors.IntegrityError,
     ):
         assert issubclass(cls, errors.FetchError) and issubclass(cls, errors.LoaderError)
     retryable = {c for c in _all_error_classes() if c.retryable}
@@ -66,5 +67,6 @@ def test_tree():
         errors.ServerError,
         errors.ConnectionFailed,
         errors.IncompleteBody,
+        errors.IntegrityError,
         errors.FetchTimeout,
     }
