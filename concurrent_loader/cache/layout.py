@@ -208,8 +208,11 @@ def check_marker(root_fd: int, root: str, *, create: bool) -> None:
 
 
 def _mark(root_fd: int, root: str) -> None:
-    others = [n for n in os.listdir(root_fd) if n != MARKER and not _MARKER_TEMP.fullmatch(n)]
-    if others:
+    names = os.listdir(root_fd)
+    if MARKER in names:  # another process marked it (and made its files) since we looked
+        check_marker(root_fd, root, create=False)
+        return
+    if any(not _MARKER_TEMP.fullmatch(n) for n in names):
         if is_legacy(root_fd):
             raise _refuse(root, _EARLIER_FORMAT.format(root=root))
         raise _refuse(

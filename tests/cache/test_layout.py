@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from concurrent_loader.cache import CacheConfig, CacheRefused, clear_cache, with_cache
+from concurrent_loader.cache import CacheConfig, CacheRefused, clear_cache, layout, with_cache
 from concurrent_loader.cache.directory import STALE_TEMP_S, CacheDirectory, Ledger, name_for
 from concurrent_loader.cache.entry import CorruptEntry, data_checksum, footer
 from concurrent_loader.stores import MemoryConfig
@@ -46,6 +46,23 @@ def test_a_new_or_empty_directory_is_marked_and_used(tmp_path):
         assert with_cache(memory, str(path)) is not memory
         assert (path / "CACHEDIR.TAG").read_bytes().startswith(b"Signature: 8a477f597d28d17")
         _open(path).close()  # marked: opened again without complaint
+
+
+def test_a_directory_another_process_made_a_cache_meanwhile_is_used(tmp_path, monkeypatch):
+    # This process found no marker; another one marks the directory and makes the cache's
+    # files in it before this one looks at what the directory holds (processes of a node
+    # starting at once on a new directory).
+    cache = tmp_path / "cache"
+    real_mark = layout._mark
+
+    def another_process_first(root_fd: int, root: str) -> None:
+        monkeypatch.setattr(layout, "_mark", real_mark)
+        _open(cache).close()
+        real_mark(root_fd, root)
+
+    monkeypatch.setattr(layout, "_mark", another_process_first)
+    _open(cache).close()
+    assert layout._mark is real_mark  # the other process did come first
 
 
 def test_a_users_directory_is_refused_and_left_as_it_was(tmp_path):
