@@ -156,7 +156,8 @@ def parse_header(block: bytes | bytearray | memoryview, offset: int, url: str) -
         return None
     stored = _number(block[148:156])
     unsigned = sum(block[:148]) + 8 * 32 + sum(block[156:])
-    if stored not in (unsigned, sum(_SIGNED.unpack(block)) + 8 * 32):
+    # some old tars sum signed bytes; tarfile takes either
+    if stored != unsigned and stored != sum(_SIGNED.unpack(block)) + 8 * 32:
         raise _bad("bad checksum", offset, url)
     fields = [_number(block[a : a + n]) for a, n in ((100, 8), (108, 8), (116, 8), (136, 12))]
     fields += [_number(block[329:337]), _number(block[337:345])]
