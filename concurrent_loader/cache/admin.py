@@ -92,7 +92,10 @@ def clear_cache(directory: str) -> int:
     try:
         handles = Handles.open(directory, create=False)
     except CacheRefused:
-        return _clear_legacy(directory)
+        removed = _clear_legacy(directory)
+        if removed is None:
+            raise
+        return removed
     try:
         return _clear(handles)
     finally:
@@ -129,12 +132,16 @@ def _remove_files(handles: Handles) -> int:
     return removed
 
 
-def _clear_legacy(directory: str) -> int:
-    """A cache of the earlier format: its files removed, then the directory marked."""
-    root_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+def _clear_legacy(directory: str) -> int | None:
+    """A cache of the earlier format: its files removed, then the directory marked (None
+    when the directory is not one)."""
+    try:
+        root_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
     try:
         if not is_legacy(root_fd):
-            Handles.open(directory, create=False).close()  # raises, saying why
+            return None
         entries_fd = tmp_fd = -1
         try:
             flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

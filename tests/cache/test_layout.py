@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from concurrent_loader.cache import CacheConfig, CacheRefused, clear_cache, layout, with_cache
+from concurrent_loader.cache import (
+    CacheConfig,
+    CacheRefused,
+    clear_cache,
+    describe_cache,
+    layout,
+    with_cache,
+)
 from concurrent_loader.cache.directory import STALE_TEMP_S, CacheDirectory, Ledger, name_for
 from concurrent_loader.cache.entry import CorruptEntry, data_checksum, footer
 from concurrent_loader.stores import MemoryConfig
@@ -78,6 +85,15 @@ def test_a_users_directory_is_refused_and_left_as_it_was(tmp_path):
         clear_cache(str(home))
     assert all(path.read_bytes() == b"mine" for path in mine)
     assert sorted(p.name for p in home.iterdir()) == ["entries", "notes.txt", "tmp"]
+
+
+def test_info_and_clear_of_a_missing_directory_or_a_file_say_it_is_not_a_cache(tmp_path):
+    (tmp_path / "file").write_bytes(b"mine")
+    for path in (tmp_path / "missing", tmp_path / "file"):
+        for call in (describe_cache, clear_cache):
+            with pytest.raises(CacheRefused, match=f"{path} is not a cache directory"):
+                call(str(path))
+    assert (tmp_path / "file").read_bytes() == b"mine"
 
 
 def test_a_directory_holding_only_a_tmp_of_the_users_is_refused(tmp_path):
