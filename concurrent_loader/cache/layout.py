@@ -77,15 +77,15 @@ def _refuse(path: str, why: str) -> CacheRefused:
 
 
 def _open_in(dir_fd: int, name: str, flags: int, where: str, mode: int = 0o644) -> int:
-    """``name`` under ``dir_fd``, never through a link (``CacheRefused`` names a link)."""
+    """``name`` under ``dir_fd``, never through a link (``CacheRefused`` names a link); an
+    ``OSError`` names the file by its whole path."""
     try:
         return os.open(name, flags | _NO_FOLLOW, mode, dir_fd=dir_fd)
     except OSError as exc:
+        path = os.path.join(where, name)
         if exc.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(dir_fd, name):
-            raise _refuse(
-                os.path.join(where, name), "is a symbolic link: a cache's files are its own"
-            ) from None
-        raise
+            raise _refuse(path, "is a symbolic link: a cache's files are its own") from None
+        raise OSError(exc.errno, exc.strerror, path) from None
 
 
 def _is_link(dir_fd: int, name: str) -> bool:

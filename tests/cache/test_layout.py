@@ -96,6 +96,19 @@ def test_info_and_clear_of_a_missing_directory_or_a_file_say_it_is_not_a_cache(t
     assert (tmp_path / "file").read_bytes() == b"mine"
 
 
+def test_a_cache_file_that_cannot_be_opened_is_named_by_its_whole_path(tmp_path):
+    cache = tmp_path / "cache"
+    _open(cache).close()
+    (cache / "ledger").unlink()
+    (cache / "ledger").mkdir()
+    with pytest.raises(IsADirectoryError, match=f"{cache}/ledger"):
+        describe_cache(str(cache))
+    (cache / "tmp").rmdir()
+    (cache / "tmp").write_bytes(b"")
+    with pytest.raises(NotADirectoryError, match=f"{cache}/tmp"):
+        clear_cache(str(cache))
+
+
 def test_a_directory_holding_only_a_tmp_of_the_users_is_refused(tmp_path):
     # The cache's own subdirectory names are no proof that a directory is a cache.
     home = tmp_path / "home"
