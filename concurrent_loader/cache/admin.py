@@ -13,10 +13,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import time
 from typing import Any
 
-from .directory import STALE_TEMP_S, Ledger
+from .directory import Ledger, remove_dead_temps
 from .layout import (
     SHARD_NAME,
     CacheRefused,
@@ -123,12 +122,7 @@ def _remove_files(handles: Handles) -> int:
         for shard in [s.name for s in shards if SHARD_NAME.fullmatch(s.name)]:
             with contextlib.suppress(OSError):  # not empty, or a link (never followed)
                 os.rmdir(shard, dir_fd=handles.entries_fd)
-    # A live writer's file is left to it (removing it would only fail its write).
-    cutoff = time.time() - STALE_TEMP_S
-    for name, mtime in list(temp_files(handles.tmp_fd)):
-        if mtime < cutoff:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(name, dir_fd=handles.tmp_fd)
+    remove_dead_temps(handles.tmp_fd)
     return removed
 
 

@@ -52,7 +52,7 @@ from .config import CacheConfig
 from .entry import CorruptEntry, Entry, read_entry_fd
 from .layout import Handles, open_shard, scan_entries, temp_files, unlink_entry
 
-__all__ = ["CacheDirectory", "Ledger", "entry_path", "name_for"]
+__all__ = ["CacheDirectory", "Ledger", "entry_path", "name_for", "remove_dead_temps"]
 
 _LEDGER = struct.Struct("<4sqqqqq")
 _LEDGER_MAGIC = b"CLL2"
@@ -126,7 +126,7 @@ class CacheDirectory:
         self._closed = False
         _OPEN.add(self)
         try:
-            self._remove_stale_temps()
+            remove_dead_temps(self._handles.tmp_fd)
         except BaseException:
             self.close()
             raise
@@ -321,13 +321,15 @@ class CacheDirectory:
                 ledger.misses += misses
                 ledger.bytes_served += bytes_served
 
-    def _remove_stale_temps(self) -> None:
-        tmp_fd = self._h().tmp_fd
-        cutoff = time.time() - STALE_TEMP_S
-        for name, mtime in list(temp_files(tmp_fd)):
-            if mtime < cutoff:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(name, dir_fd=tmp_fd)
+
+def remove_dead_temps(tmp_fd: int) -> None:
+    """Remove the temporary files of writers that died (older than ``STALE_TEMP_S``; a
+    live writer's would only fail its write)."""
+    cutoff = time.time() - STALE_TEMP_S
+    for name, mtime in list(temp_files(tmp_fd)):
+        if mtime < cutoff:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=tmp_fd)
 
 
 def _after_fork_in_child() -> None:
