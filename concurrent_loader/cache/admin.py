@@ -139,6 +139,9 @@ def _clear_legacy(directory: str) -> int | None:
         entries_fd = tmp_fd = -1
         try:
             flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+            for sub in ("entries", "tmp"):  # one may be gone: a clear that was refused
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(sub, 0o755, dir_fd=root_fd)
             entries_fd = os.open("entries", flags, dir_fd=root_fd)
             tmp_fd = os.open("tmp", flags, dir_fd=root_fd)
             handles = Handles(directory, os.getpid(), root_fd, entries_fd, tmp_fd, -1, -1)

@@ -252,14 +252,23 @@ def is_legacy(root_fd: int) -> bool:
 
 
 def mark_legacy(root_fd: int, root: str) -> None:
-    """Mark a cache of the first format once its entries and temporary files are gone
-    (refused while it holds anything else)."""
+    """Mark a cache of the first format once its entries and temporary files are gone;
+    refused, the ledger kept (so a later clear still knows it), while it holds anything
+    else."""
+    for sub in ("entries", "tmp"):
+        try:
+            os.rmdir(sub, dir_fd=root_fd)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            raise _refuse(
+                os.path.join(root, sub),
+                "still holds files that are not the cache's, or that a writer may still "
+                "be writing: the earlier cache is left as it is (clear it again later)",
+            ) from None
     for name in ("ledger", "locks"):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(name, dir_fd=root_fd)
-    for sub in ("entries", "tmp"):
-        with contextlib.suppress(OSError):  # kept when it holds what the cache did not write
-            os.rmdir(sub, dir_fd=root_fd)
     _mark(root_fd, root)
 
 
