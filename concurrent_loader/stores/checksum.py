@@ -16,7 +16,9 @@ What is checked:
   like ``base64-N``) is a checksum of the parts' checksums, not of the body, and is
   skipped. Opt-in, a single-part ETag (32 hex digits, no ``-N``) as the body's MD5: it is
   not one for SSE-KMS or SSE-C objects, whose ETags are opaque.
-* Plain HTTP(S): GCS's ``x-goog-hash: crc32c=...,md5=...`` and ``Content-MD5``.
+* Plain HTTP(S): GCS's ``x-goog-hash: crc32c=...,md5=...`` and ``Content-MD5``; neither
+  when GCS sent the object decoded (``x-goog-stored-content-encoding: gzip`` without the
+  same ``Content-Encoding``): its hashes are of the stored, compressed bytes.
 * A ranged response's checksum headers are the whole object's: a range is checked by its
   length against ``Content-Range`` (the transports do that), and the whole object once
   its parts are assembled (:mod:`concurrent_loader.fetch.parts`); a range that is the
@@ -151,6 +153,8 @@ def http_checksum(headers: Mapping[str, str], *, whole: bool) -> Checksum | None
     GCS's ``x-goog-hash`` (``crc32c=...,md5=...``; the whole object's, also on a range),
     crc32c first; else, for a whole body (``whole``), ``Content-MD5``.
     """
+    if _transcoded(headers):
+        return None
     found: dict[str, Checksum] = {}
     for item in headers.get("x-goog-hash", "").split(","):
         algorithm, _, value = item.strip().partition("=")
@@ -167,6 +171,15 @@ def http_checksum(headers: Mapping[str, str], *, whole: bool) -> Checksum | None
     if whole and content_md5 is not None:
         return _from_base64("md5", content_md5, "content-md5")
     return None
+
+
+def _transcoded(headers: Mapping[str, str]) -> bool:
+    """Whether GCS decoded the object on its way (decompressive transcoding: an object
+    stored with ``Content-Encoding: gzip`` is sent decompressed to a client that does not
+    accept gzip), so that its hashes, of the stored bytes, are not the body's."""
+    stored = headers.get("x-goog-stored-content-encoding", "identity").strip().lower()
+    sent = headers.get("content-encoding", "identity").strip().lower()
+    return stored != "identity" and stored != sent
 
 
 def covers_whole_object(headers: Mapping[str, str]) -> bool:

@@ -121,3 +121,18 @@ def test_a_range_is_the_whole_object_only_from_zero_to_its_end() -> None:
     assert not covers_whole_object({"content-range": "bytes 1-99/100"})
     assert not covers_whole_object({"content-range": "bytes 0-99/*"})
     assert not covers_whole_object({})
+
+
+def test_http_a_body_gcs_decompressed_on_its_way_is_not_checked_against_its_stored_hashes() -> None:
+    # An object stored gzip-encoded is sent decompressed to a client that does not accept
+    # gzip (GCS's decompressive transcoding); its x-goog-hash is still the stored bytes'.
+    stored = zlib.compress(DATA)
+    goog = f"crc32c={b64(ALGORITHMS['crc32c'](stored))},md5={b64(hashlib.md5(stored).digest())}"
+    transcoded = {"x-goog-hash": goog, "x-goog-stored-content-encoding": "gzip"}
+    assert http_checksum(transcoded, whole=True) is None
+    as_stored = {**transcoded, "content-encoding": "gzip"}  # sent as stored: its bytes
+    checksum = http_checksum(as_stored, whole=True)
+    assert checksum is not None
+    checksum.check(stored, "https://h/k")
+    identity = {"x-goog-hash": goog, "x-goog-stored-content-encoding": "identity"}
+    assert http_checksum(identity, whole=True) is not None
