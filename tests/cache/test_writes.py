@@ -1,5 +1,6 @@
 """A failed write pauses the cache's writes, never for good: once the back-off has passed,
-entries are written again (a directory removed under a running job, a full disk)."""
+entries are written again (a directory removed under a running job, a full disk). The
+writer's clock is the test's: the back-off passes when the test says so."""
 
 from __future__ import annotations
 
@@ -22,8 +23,25 @@ from concurrent_loader.stores import MemoryConfig
 
 from .conftest import numbered_objects
 
-#: the first pause after a failure, in these tests
-PAUSE_S = 0.05
+
+class Clock:
+    """The writer's ``time`` module in these tests: it moves only when told to."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def pass_the_pause(self) -> None:
+        self.now += writer.RETRY_FIRST_S
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    clock = Clock()
+    monkeypatch.setattr(writer, "time", clock)
+    return clock
 
 
 def _entry(config: CachedStoreConfig, key: str) -> Path:
@@ -35,11 +53,10 @@ def _cached(config: CachedStoreConfig, key: str) -> bool:
     return read_entry(str(_entry(config, key)), config.url_for(key)) is not None
 
 
-def test_writes_resume_after_the_directory_was_removed(cache_config, monkeypatch, caplog):
-    monkeypatch.setattr(writer, "RETRY_FIRST_S", PAUSE_S, raising=False)
-    objects = numbered_objects(3)
+def test_writes_resume_after_the_directory_was_removed(cache_config, clock, caplog):
+    objects = numbered_objects(4)
     config = CachedStoreConfig(MemoryConfig(objects), cache_config)
-    first, second, third = sorted(objects)
+    first, second, paused, third = sorted(objects)
 
     async def run() -> None:
         store = config.open(FetchConfig())
@@ -50,7 +67,10 @@ def test_writes_resume_after_the_directory_was_removed(cache_config, monkeypatch
             shutil.rmtree(cache_config.directory)  # `rm -rf` of a running job's cache
             await store.get(second)
             await store.flush()  # the write failed: writes pause
-            await asyncio.sleep(2 * PAUSE_S)
+            await store.get(paused)
+            await store.flush()
+            assert not os.path.exists(cache_config.directory)  # nothing tried meanwhile
+            clock.pass_the_pause()
             await store.get(third)
             await store.flush()
         finally:
@@ -59,7 +79,8 @@ def test_writes_resume_after_the_directory_was_removed(cache_config, monkeypatch
     with caplog.at_level(logging.WARNING, logger="concurrent_loader.cache"):
         asyncio.run(run())
     assert "failed while writing an entry" in caplog.text
-    assert _cached(config, third) and not _cached(config, second)
+    assert _cached(config, third)
+    assert not _cached(config, second) and not _cached(config, paused)
 
 
 @pytest.fixture
@@ -90,8 +111,7 @@ def _fill(path: Path) -> None:
         os.close(fd)
 
 
-def test_writes_resume_once_a_full_disk_has_room_again(small_disk, monkeypatch, caplog):
-    monkeypatch.setattr(writer, "RETRY_FIRST_S", PAUSE_S, raising=False)
+def test_writes_resume_once_a_full_disk_has_room_again(small_disk, clock, caplog):
     cache = CacheConfig(str(small_disk / "cache"), max_bytes=10**9).resolved()
     objects = numbered_objects(3, size=20_000)
     config = CachedStoreConfig(MemoryConfig(objects), cache)
@@ -107,7 +127,7 @@ def test_writes_resume_once_a_full_disk_has_room_again(small_disk, monkeypatch, 
             await store.get(second)
             await store.flush()  # no space left: writes pause
             filler.unlink()
-            await asyncio.sleep(2 * PAUSE_S)
+            clock.pass_the_pause()
             await store.get(third)
             await store.flush()
         finally:
