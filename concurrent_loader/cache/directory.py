@@ -284,22 +284,6 @@ class CacheDirectory:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp, dir_fd=handles.tmp_fd)
 
-    def remove(self, name: str) -> None:
-        """Remove an entry found bad (it will not be read again)."""
-        handles = self._h()
-        with self._locked_ledger(handles) as ledger:
-            shard_fd = open_shard(handles.entries_fd, name, self.root, create=False)
-            if shard_fd is None:
-                return
-            try:
-                old = _size_or_none(shard_fd, name)
-                if old is not None:
-                    os.unlink(name, dir_fd=shard_fd)
-                    ledger.used -= old
-                    ledger.entries -= 1
-            finally:
-                os.close(shard_fd)
-
     def _evict(self, handles: Handles, ledger: Ledger, used: int, size: int, *, keep: str) -> int:
         """Unlink the least recently read entries until ``size`` more bytes fit with
         ``EVICT_SLACK`` of the budget to spare; returns the bytes left in use."""

@@ -262,10 +262,8 @@ def test_a_shard_that_is_a_link_is_neither_read_nor_written(tmp_path):
         shard.symlink_to(outside, target_is_directory=True)
         with pytest.raises(CacheRefused, match="symbolic link"):
             directory.read(name, "s3://b/k")
-        with pytest.raises(CacheRefused, match=f"{shard} is a symbolic link"):
-            directory.remove(name)
         data = b"n" * 100
-        with pytest.raises(CacheRefused, match="symbolic link"):
+        with pytest.raises(CacheRefused, match=f"{shard} is a symbolic link"):
             directory.put(
                 name, data, footer(100, data_checksum(data), None, "s3://b/k"), replace=True
             )
