@@ -21,8 +21,8 @@ Guarantees:
   has, the object is read again with one plain GET. (One that shrank fails its last part.)
 - the parts are of one version of the object: parts whose ETags differ fail the read with
   ``IntegrityError`` (``Reason.OBJECT_CHANGED``); a whole object whose parts carried its
-  checksum (:attr:`~concurrent_loader.stores.base.Body.object_checksum`: a full-object
-  checksum header, or an ETag taken as MD5) is checked once assembled, on a thread
+  checksum (:attr:`~concurrent_loader.stores.base.Body.object_checksum`: GCS's
+  ``x-goog-hash``, or an S3 ETag taken as MD5) is checked once assembled, on a thread
   (``Reason.CHECKSUM_MISMATCH``). Either is read again, whole, up to
   ``RetryConfig.max_attempts`` reads in all, then raised.
 

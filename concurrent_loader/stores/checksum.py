@@ -19,9 +19,12 @@ What is checked:
 * Plain HTTP(S): GCS's ``x-goog-hash: crc32c=...,md5=...`` and ``Content-MD5``; neither
   when GCS sent the object decoded (``x-goog-stored-content-encoding: gzip`` without the
   same ``Content-Encoding``): its hashes are of the stored, compressed bytes.
-* A ranged response's checksum headers are the whole object's: a range is checked by its
-  length against ``Content-Range`` (the transports do that), and the whole object once
-  its parts are assembled (:mod:`concurrent_loader.fetch.parts`); a range that is the
+* A range is checked by its length against ``Content-Range`` (the transports do that),
+  and the whole object once its parts are assembled (:mod:`concurrent_loader.fetch.parts`),
+  against the whole object's checksum that came with a part: GCS's ``x-goog-hash`` or an
+  S3 ETag taken as MD5. S3's ``x-amz-checksum-*`` on a range is not the object's: S3
+  sends one only for a range that is exactly one part of a multipart upload, that part's,
+  so it is checked against the range's body (as botocore does). A range that is the
   whole object (``bytes 0-(n-1)/n``) is checked as a whole body. ``Content-MD5`` on a
   ``206`` may be the range's or the object's (servers differ), so it is only checked on a
   ``200``.

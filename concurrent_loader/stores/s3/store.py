@@ -16,8 +16,8 @@ A bucket in another region answers ``301 PermanentRedirect`` naming its region i
 and retries; any other wrong-region answer is a ``BadRequest`` with ``Reason.WRONG_REGION``
 naming the region when the store told it.
 
-Every GET asks for the object's checksum (``x-amz-checksum-mode: ENABLED``) and a whole body
-is checked against the one the response carries before it is returned (``verify_checksums``,
+Every GET asks for the object's checksum (``x-amz-checksum-mode: ENABLED``) and a body is
+checked against the one its response carries before it is returned (``verify_checksums``,
 on by default; ``verify_etag_md5`` also checks a single-part ETag as the MD5, off by
 default: SSE-KMS and SSE-C ETags are not MD5s); see :mod:`..checksum`. A mismatch is an
 ``IntegrityError``, retried by the fetch client.
@@ -265,16 +265,26 @@ class S3Store:
         raise error
 
     def _verify(self, body: Body, headers: dict[str, str], ranged: bool, url: str) -> None:
-        """Check a whole body against the object's checksum; keep it on a range's body."""
-        if not self.config.verify_checksums:  # the ETag alone, no checksum asked for
-            headers = {"etag": headers.get("etag", "")}
-        checksum = s3_checksum(headers, etag_md5=self.config.verify_etag_md5)
-        if checksum is None:
-            return
-        if ranged and not covers_whole_object(headers):
-            body.object_checksum = checksum
-        else:
-            checksum.check(body.data, url)
+        """Check a body against the checksum S3 sent with it, and a whole body against its
+        ETag taken as MD5 (kept on a range's body for the assembled object instead).
+
+        S3 sends ``x-amz-checksum-*`` with a range only when the range is exactly one part
+        of a multipart upload, and then it is that part's: the body's, as for a whole body
+        (botocore checks it the same way), never the whole object's."""
+        config = self.config
+        whole = not ranged or covers_whole_object(headers)
+        if config.verify_checksums:
+            checksum = s3_checksum(headers, etag_md5=False)
+            if checksum is not None:
+                checksum.check(body.data, url)
+                if whole:
+                    return
+        if config.verify_etag_md5:
+            etag = s3_checksum({"etag": headers.get("etag", "")}, etag_md5=True)
+            if etag is not None and whole:
+                etag.check(body.data, url)
+            elif etag is not None:
+                body.object_checksum = etag
 
     async def _follow_region(self, region: str) -> None:
         """Switch to ``region``'s route, once per store: GETs redirected together share one
