@@ -12,7 +12,6 @@ wide; we report the bucket's upper edge).
 from __future__ import annotations
 
 import math
-import os
 import threading
 from typing import Any
 
@@ -158,19 +157,6 @@ class SharedStats:
 
     def __init__(self, num_workers: int) -> None:
         self.rows = torch.zeros((num_workers + 1, WIDTH), dtype=torch.float64).share_memory_()
-        #: pid of the process writing each row, so the main process can tell a dead worker
-        self.pids = torch.zeros(num_workers + 1, dtype=torch.int64).share_memory_()
-
-    def register(self, row: int) -> None:
-        self.pids[row] = os.getpid()
-
-    def dead_workers(self) -> list[int]:
-        """pids of worker processes that have registered and no longer run."""
-        dead = []
-        for pid in self.pids[1:].tolist():
-            if pid and not _running(pid):
-                dead.append(pid)
-        return dead
 
     def write(self, row: int, stats: StageStats) -> None:
         self.rows[row] = torch.tensor(stats.vector(), dtype=torch.float64)
@@ -187,17 +173,3 @@ class SharedStats:
         for name in HISTOGRAMS:
             out[name] = summed.histogram(name)
         return out
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc: ask the kernel whether the pid exists
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
