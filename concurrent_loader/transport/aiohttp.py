@@ -19,11 +19,9 @@ import asyncio
 import ssl
 import weakref
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import aiohttp
-from aiohttp.client_proto import ResponseHandler
-from aiohttp.connector import Connection
-from aiohttp.tracing import Trace
 from yarl import URL
 
 from concurrent_loader.config import Timeouts
@@ -44,6 +42,11 @@ from .request import host_header_refused, range_value
 from .response import Response
 from .sockets import SocketProbe, socket_fd
 
+if TYPE_CHECKING:  # aiohttp's own modules, for the connector's signature only
+    from aiohttp.client_proto import ResponseHandler
+    from aiohttp.connector import Connection
+    from aiohttp.tracing import Trace
+
 __all__ = ["AiohttpTransport"]
 
 
@@ -62,18 +65,18 @@ class _CleanConnector(aiohttp.TCPConnector):
         while True:
             conn = await super().connect(req, traces, timeout)
             protocol = conn.protocol
-            if protocol is None or protocol not in self._served or _clean(protocol):
+            if protocol is None or protocol not in self._served or _clean(conn, protocol):
                 if protocol is not None:
                     self._served.add(protocol)
                 return conn
             conn.close()
 
 
-def _clean(protocol: ResponseHandler) -> bool:
+def _clean(conn: Connection, protocol: ResponseHandler) -> bool:
     """Whether an idle aiohttp connection holds no byte past its last response: none parsed
-    (``should_close`` covers a queued message, a parse error, a pending tail) and none left
-    unread in its socket."""
-    transport = protocol.transport
+    (``should_close``, the one attribute used that aiohttp does not document, covers a
+    queued message, a parse error, a pending tail) and none left unread in its socket."""
+    transport = conn.transport
     return (
         transport is not None
         and not protocol.should_close

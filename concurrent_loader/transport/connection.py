@@ -211,8 +211,6 @@ class Connection(ResponseReader):
                 return
         self.timer = self.loop.call_at(now + remaining, self._on_timer)
 
-    # -- framing ----------------------------------------------------------------------
-
     # -- endings ----------------------------------------------------------------------
 
     def _complete(self) -> None:
