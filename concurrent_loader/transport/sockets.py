@@ -34,7 +34,12 @@ async def connect_socket(host: str, port: int) -> socket.socket:
         raise socket.gaierror(exc.errno, f"cannot resolve {host}: {exc.strerror}") from exc
     error: OSError | None = None
     for family, kind, proto, _, address in infos:
-        sock = socket.socket(family, kind, proto)
+        try:
+            # A host without IPv6 refuses the socket itself: the next address may do.
+            sock = socket.socket(family, kind, proto)
+        except OSError as exc:
+            error = exc
+            continue
         try:
             sock.setblocking(False)
             if family in (socket.AF_INET, socket.AF_INET6):
