@@ -19,7 +19,8 @@ transport guarantees:
   are not a response fail its framing);
 * only the ``chunked`` transfer coding is accepted: ``gzip, chunked`` and the like are
   refused (``FetchError``, ``Reason.UNSUPPORTED_ENCODING``, not retried) rather than hand
-  over encoded bytes as the object;
+  over encoded bytes as the object; no content coding is asked for (no
+  ``Accept-Encoding``), and a body is never decoded;
 * ``max_bytes`` bounds the body: checked against ``Content-Length`` before any body byte
   is read; ``"http1"`` also stops a body of unknown length as soon as it passes the bound;
 * ``byte_range=(start, end)`` (``end`` exclusive) sends ``Range: bytes=start-(end-1)``, and

@@ -109,8 +109,13 @@ class AiohttpTransport:
             sock_read=max(timeouts.read, timeouts.first_byte),
         )
         connector = _CleanConnector(limit=max_connections, ssl_context=ssl_context)
+        # Bodies are the object's bytes, never decoded, so no content coding is asked for
+        # (aiohttp's default Accept-Encoding would have servers send gzip), as in "http1".
         self._session = aiohttp.ClientSession(
-            connector=connector, timeout=self._timeout, auto_decompress=False
+            connector=connector,
+            timeout=self._timeout,
+            auto_decompress=False,
+            skip_auto_headers=("Accept-Encoding",),
         )
 
     async def get(

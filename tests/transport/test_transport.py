@@ -305,6 +305,23 @@ def test_a_transfer_coding_other_than_chunked_is_refused_not_retried(
     run(main)
 
 
+def test_no_transport_asks_for_an_encoded_body(run: Runner, name: str) -> None:
+    # The body is handed over as the object's bytes, never decoded: a server asked for gzip
+    # (nginx's gzip, a CDN, GCS for an object stored gzipped) would send bytes other than
+    # the object's, and other bytes from each transport.
+    async def main() -> None:
+        async with Server() as server:
+            transport = make(name)
+            try:
+                await get(transport, server, "/len/100")
+            finally:
+                await transport.close()
+        [(_, headers)] = server.requests
+        assert headers.get("accept-encoding", "identity") == "identity"
+
+    run(main)
+
+
 def test_a_response_that_is_not_http_is_malformed_on_every_transport(
     run: Runner, name: str
 ) -> None:
