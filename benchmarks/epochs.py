@@ -113,7 +113,6 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         num_workers=spec["workers"],
         persistent_workers=spec["persistent"],
         max_inflight_requests=spec["max_inflight_requests"],
-        head_start=True,  # without persistent workers: the next epoch's first batches ahead
     )
     epochs = []
     for epoch in range(spec["epochs"]):

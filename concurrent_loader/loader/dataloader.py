@@ -51,15 +51,11 @@ from ..errors import ConfigError, Reason, SkipBudgetExceeded
 from ..fetch.parts import PartsConfig
 from ..metrics import SharedStats, StallLedger, loader_stats
 from ..pipeline import Partial, PipelineOptions, SkippedSample, source_of
-from ..sources import SampleSource
-from ..sources.base import CoalescingSource
 from . import state as resume
-from .headstart import HeadStart, Ready, reads_of, within
 from .iterator import EpochIterator, _drop_tracebacks
 from .lookahead import predict_next_epoch
 from .plan import EpochPlan, Lock
 from .processes import WorkerProcesses, worker_error
-from .relay import Relay
 from .starting import fresh_credentials, frozen_heap
 from .worker import PlannedBatches
 
@@ -68,11 +64,6 @@ __all__ = ["ConcurrentDataLoader"]
 log = logging.getLogger(__name__)
 
 T_co = TypeVar("T_co", covariant=True)
-
-#: seconds at most ``iter()`` waits for the GETs of a relay to be written before it forks the
-#: workers: the new processes would hold back requests that wait only for CPU (a few ms);
-#: ones that wait for the network (a new connection's round trip) go on during the fork.
-RELAY_SEND_WAIT_S = 0.02
 
 
 def _draws_from_global(sampler: object) -> bool:
@@ -131,14 +122,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
     - ``prefetch_next_epoch``: persistent workers fetch the next epoch's first batches while an
       epoch ends, when its plan can be predicted (default True; :mod:`.lookahead`). What a
       changed plan leaves unused is dropped, never delivered; after the last epoch, that
-      costs one prefetch window of GETs;
-    - ``head_start``: the main process fetches the bodies of the first batches for the new
-      workers an epoch starts (:mod:`.headstart`): without persistent workers, the next
-      epoch's, while an epoch ends (``fork`` workers or ``num_workers=0``); on the first
-      epoch (and whenever nothing was fetched ahead), each ``fork`` worker's first batch,
-      from ``iter()`` on, relayed to the workers as the bodies arrive (:mod:`.relay`).
-      Default False: it moves those GETs into the main process, and ``stats()`` does not
-      count them.
+      costs one prefetch window of GETs.
 
     ``len(loader)`` is the number of batches. An ``IterableDataset`` is loaded as a stock
     DataLoader loads it (none of the options above apply to it).
@@ -176,7 +160,6 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         stall_timeout_s: float | None = 300.0,
         parts: PartsConfig | None = None,
         prefetch_next_epoch: bool = True,
-        head_start: bool = False,
     ) -> None:
         if isinstance(max_skipped, float) and not 0 <= max_skipped < 1:
             raise ConfigError(
@@ -235,7 +218,6 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         self.log_every_s = log_every_s
         self.stall_timeout_s = stall_timeout_s
         self.prefetch_next_epoch = prefetch_next_epoch
-        self.head_start = head_start
         self.options = options
         self.skipped: list[SkippedSample] = []
 
@@ -257,7 +239,6 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         self._persistent_started = False
         # The worker processes of the latest inner loader (the persistent one's, if any).
         self._workers = WorkerProcesses()
-        self._head_start: HeadStart | None = None
 
     # ------------------------------------------------------------------ epochs
 
@@ -350,67 +331,15 @@ class ConcurrentDataLoader(DataLoader[T_co]):
                 f"the state resumes after batch {skip}, but this epoch has {len(batches)} batches",
                 cause=Reason.INVALID_ARGUMENT,
             )
-        ready: Ready | None = None
-        if self._head_start is not None:  # bodies fetched ahead for this epoch's first batches
-            head, self._head_start = self._head_start, None
-            ready = head.take(batches[skip : skip + self._head_start_batches()])
         predicted = self._predict_next_epoch()
         starts_workers = self.num_workers > 0 and new_iterator
         if starts_workers:
             fresh_credentials(self.dataset)
-        # No epoch before fetched this one's first batches: the main process fetches each
-        # worker's first while the workers start, and relays the bodies (see .relay).
-        cold: HeadStart | None = None
-        relay: Relay | None = None
-        if starts_workers and not ready:
-            relayed = self._relayed(batches[skip : skip + self.num_workers])
-            if relayed is not None:
-                cold, relay = relayed
-                ready = dict(relay.slots())
-        try:
-            inner = self._inner_loader(batches, skip, collate, predicted, ready)
-            if cold is not None:
-                cold.wait_sent(RELAY_SEND_WAIT_S)
-            with warnings.catch_warnings(), frozen_heap() if starts_workers else nullcontext():
-                # Said once above, as torch says it once per iterator.
-                warnings.filterwarnings("ignore", message="This DataLoader will create")
-                inner_batches = iter(inner)
-            if relay is not None:
-                relay.forked()
-            if ready and starts_workers:
-                ready.clear()  # the forked workers have their copy
-            return self._epoch_iterator(
-                epoch, batches, skip, start_state, base_seed_drawn, predicted, inner_batches, cold
-            )
-        except BaseException:
-            if cold is not None:
-                cold.stop()  # its fetch ends, and every state it left pending is settled
-            if relay is not None:
-                relay.forked()  # the workers that could take its read ends have them, or none
-            raise
-
-    def _epoch_iterator(
-        self,
-        epoch: int,
-        batches: list[list[Any]],
-        skip: int,
-        start_state: Any,
-        base_seed_drawn: bool,
-        predicted: list[list[Any]],
-        inner_batches: Iterator[Any],
-        relay: HeadStart | None,
-    ) -> EpochIterator:
-        """The epoch's iterator over its started inner iterator, with the head start on the
-        next epoch set up."""
-        source = source_of(self.dataset)
-        if predicted and source is not None and not self.persistent_workers:
-            config = self.options.fetch_config(source.fetch_config)
-            self._head_start = HeadStart(
-                source,
-                config,
-                predicted[: self._head_start_batches()],
-                self.options.max_inflight_bytes or config.max_inflight_bytes,
-            )
+        inner = self._inner_loader(batches, skip, collate, predicted)
+        with warnings.catch_warnings(), frozen_heap() if starts_workers else nullcontext():
+            # Said once above, as torch says it once per iterator.
+            warnings.filterwarnings("ignore", message="This DataLoader will create")
+            inner_batches = iter(inner)
         if self.persistent_workers:
             self._persistent_started = True
         self.skipped = []
@@ -424,27 +353,14 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             base_seed_drawn=base_seed_drawn,
             done=skip == len(batches),
         )
-        return EpochIterator(
-            self,
-            inner_batches,
-            self._progress,
-            self._workers,
-            head_start=self._head_start,
-            head_start_lead=self._head_start_batches(),
-            relay=relay,
-        )
+        return EpochIterator(self, inner_batches, self._progress, self._workers)
 
     def _predict_next_epoch(self) -> list[list[Any]]:
         """The next epoch's batches, for persistent workers to fetch ahead (see
-        :mod:`.lookahead`) or for the main process's head start on the next epoch's new
-        workers (:mod:`.headstart`); empty when neither applies or it cannot be predicted."""
-        source = source_of(self.dataset)
-        if source is None:
+        :mod:`.lookahead`); empty when that does not apply or they cannot be predicted."""
+        if source_of(self.dataset) is None:
             return []
-        if self.persistent_workers:
-            if not (self.prefetch_next_epoch and self.in_order):
-                return []
-        elif not (self.head_start and self._head_starts(source)):
+        if not (self.persistent_workers and self.prefetch_next_epoch and self.in_order):
             return []
         sampler = self._epoch_sampler()  # the next epoch's: the epoch number is counted
         predicted = predict_next_epoch(
@@ -452,52 +368,8 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             batched=self.batch_sampler is not None,
             users=sampler is self.sampler or sampler is self.batch_sampler,
             generators=self._generators,
-            draws_base_seed=not self.persistent_workers,
-            seed_generator=self.generator,
         )
         return predicted or []
-
-    def _relayed(self, batches: list[list[Any]]) -> tuple[HeadStart, Relay] | None:
-        """The main process's fetch of ``batches`` (the first of each worker this epoch
-        forks, with nothing fetched ahead for them), started, with the relay that hands the
-        bodies to the workers (:mod:`.relay`); None where it does not apply."""
-        source = source_of(self.dataset)
-        if not (self.head_start and batches and source is not None):
-            return None
-        if not self._head_starts(source):
-            return None
-        config = self.options.fetch_config(source.fetch_config)
-        max_bytes = self.options.max_inflight_bytes or config.max_inflight_bytes
-        reads = within(reads_of(source, batches), max_bytes)
-        if not reads:
-            return None
-        if all(read.size is not None for read in reads):  # room for exactly those
-            max_bytes = sum(read.size for read in reads if read.size is not None)
-        relay = Relay(reads, self.num_workers, max_bytes)
-        head = HeadStart(source, config, batches, max_bytes, relay=relay)
-        try:
-            head.start()
-        except BaseException:
-            relay.end()
-            relay.forked()
-            raise
-        return head, relay
-
-    def _head_starts(self, source: SampleSource) -> bool:
-        """Whether the main process fetches the next epoch's first batches ahead (see
-        :mod:`.headstart`): whole-object reads from a remote store, for the main process's
-        own pipeline or for workers that inherit them (``fork``)."""
-        if not source.store.capabilities.remote or isinstance(source, CoalescingSource):
-            return False
-        if self.num_workers == 0:
-            return True
-        context = self.multiprocessing_context or torch.multiprocessing
-        return bool(context.get_start_method() == "fork")
-
-    def _head_start_batches(self) -> int:
-        """How many of an epoch's first batches the head start fetches: each process's
-        ``prefetch_batches``, the batches it has in progress once it runs."""
-        return self.prefetch_batches * max(1, self.num_workers)
 
     def _inner_loader(
         self,
@@ -505,7 +377,6 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         skip: int,
         collate: Callable[[list[Any]], Any],
         predicted: list[list[Any]],
-        ready: Ready | None,
     ) -> DataLoader[Any]:
         """The plain DataLoader over this epoch's plan: a new one each epoch, except with
         persistent workers, which keep the one (and the shared plans: this epoch's and the
@@ -531,7 +402,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             next_plan = EpochPlan()
             next_plan.write(predicted, may_grow=True, room=batches)
         planned = PlannedBatches(
-            self.dataset, plan, collate, self.options, self._shared_stats, claims, next_plan, ready
+            self.dataset, plan, collate, self.options, self._shared_stats, claims, next_plan
         )
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="This DataLoader will create")

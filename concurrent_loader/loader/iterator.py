@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import time
-import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +33,6 @@ from .partial import mark, pin
 
 if TYPE_CHECKING:
     from .dataloader import ConcurrentDataLoader
-    from .headstart import HeadStart
     from .processes import WorkerProcesses
 
 __all__ = ["EpochIterator"]
@@ -58,10 +56,6 @@ class EpochIterator(Iterator[Any]):
         batches: Iterator[Any],
         progress: resume.EpochProgress,
         workers: WorkerProcesses,
-        *,
-        head_start: HeadStart | None = None,
-        head_start_lead: int = 0,
-        relay: HeadStart | None = None,
     ) -> None:
         self._loader = loader
         self._batches: Iterator[Any] | None = batches
@@ -71,18 +65,6 @@ class EpochIterator(Iterator[Any]):
         self._first_batch = progress.batches_taken
         self._returned: float | None = None  # when the last batch was handed to the loop
         self._last_log = time.monotonic()
-        # The next epoch's head start runs while this epoch's last batches arrive, and stops
-        # with this epoch (its end, close(), or this iterator's collection).
-        self._head_start = head_start
-        self._head_start_at = max(
-            progress.batches_taken + 1, progress.num_batches - head_start_lead
-        )
-        self._stop_head_start = weakref.finalize(self, head_start.stop) if head_start else None
-        # The main process's fetch of this epoch's first batches for its workers (.relay)
-        # ends by itself within seconds; its runtime lease is given back once a batch finds
-        # it ended, or with this epoch at the latest.
-        self._relay = relay
-        self._stop_relay = weakref.finalize(self, relay.stop) if relay else None
         if progress.done:
             self._finish(done=True)
 
@@ -108,18 +90,10 @@ class EpochIterator(Iterator[Any]):
     def close(self) -> None:
         """End the epoch here: the inner iterator (and its workers, unless persistent) go."""
         self._batches = None
-        self._end_head_start()
 
     def _finish(self, *, done: bool) -> None:
         self._progress.done = done
         self._batches = None
-        self._end_head_start()
-
-    def _end_head_start(self) -> None:
-        if self._stop_head_start is not None:
-            self._stop_head_start()  # once: a finalizer runs at most once
-        if self._stop_relay is not None:
-            self._stop_relay()
 
     def _advance(self) -> Any:
         loader, progress = self._loader, self._progress
@@ -146,11 +120,6 @@ class EpochIterator(Iterator[Any]):
                 warmup=progress.batches_taken == self._first_batch,
             )
             progress.batches_taken += 1
-            if self._head_start is not None and progress.batches_taken >= self._head_start_at:
-                self._head_start.start()
-            if self._relay is not None and self._relay.finished and self._stop_relay is not None:
-                self._relay = None
-                self._stop_relay()
             if isinstance(item, Failure):
                 _drop_tracebacks(item.exc)
                 return _Raise(item.exc)

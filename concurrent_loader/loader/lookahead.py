@@ -95,17 +95,12 @@ def predict_next_epoch(
     batched: bool,
     users: bool,
     generators: resume.GeneratorStates,
-    draws_base_seed: bool = False,
-    seed_generator: torch.Generator | None = None,
 ) -> Batches | None:
     """The batches ``sampler`` will yield next epoch, or None when that cannot be predicted.
 
     ``sampler`` is what the next epoch's batches (``batched``) or indices come from;
     ``users``: it is the user's own (a ``DistributedSampler`` of it is then predicted at its
-    next epoch). ``draws_base_seed``: the next epoch makes a new iterator, which draws its
-    workers' base seed from ``seed_generator`` (None: torch's global one) between making the
-    sampler's iterator and its first index, as torch does. Every random state drawn from is
-    restored.
+    next epoch). Every random state drawn from is restored.
     """
     if not _predictable(sampler):
         return None
@@ -114,12 +109,9 @@ def predict_next_epoch(
     states = generators.get()
     global_state = torch.get_rng_state()
     try:
-        indices = iter(sampler)
-        if draws_base_seed:
-            torch.empty((), dtype=torch.int64).random_(generator=seed_generator)
         if batched:
-            return [list(batch) for batch in indices]
-        return [[index] for index in indices]
+            return [list(batch) for batch in sampler]
+        return [[index] for index in sampler]
     finally:
         generators.set(states)
         torch.set_rng_state(global_state)

@@ -32,10 +32,8 @@ from ..errors import LoaderError
 from ..metrics import SharedStats
 from ..pipeline import BatchPipeline, Failure, PipelineOptions, source_of
 from ..runtime import Runtime, acquire_runtime
-from .headstart import Ready
 from .lookahead import Lookahead
 from .plan import EpochPlan, Lock
-from .relay import RelaySlot, expire_relays
 
 __all__ = ["Failure", "PlannedBatches"]
 
@@ -76,7 +74,6 @@ _OWN = frozenset(
         "_cl_stats",
         "_cl_claims",
         "_cl_next",
-        "_cl_ready",
     }
 )
 
@@ -97,8 +94,7 @@ def _lookahead() -> Lookahead:
 class PlannedBatches(IterableDataset[Any]):
     """Worker ``w`` of ``W`` yields its batches of the plan, collated, in order: batches
     ``w, w+W, ...`` (a fixed share), or, given ``claims`` (a lock), the batches it claims.
-    In the main process (no workers) it yields every batch. Given ``ready`` (bodies the main
-    process fetched ahead, :mod:`.headstart`), its pipeline reads those reads from memory."""
+    In the main process (no workers) it yields every batch."""
 
     def __init__(
         self,
@@ -109,7 +105,6 @@ class PlannedBatches(IterableDataset[Any]):
         shared_stats: SharedStats,
         claims: Lock | None = None,
         next_plan: EpochPlan | None = None,
-        ready: Ready | None = None,
     ) -> None:
         object.__setattr__(self, "_cl_dataset", dataset)
         object.__setattr__(self, "_cl_plan", plan)
@@ -118,7 +113,6 @@ class PlannedBatches(IterableDataset[Any]):
         object.__setattr__(self, "_cl_stats", shared_stats)
         object.__setattr__(self, "_cl_claims", claims)
         object.__setattr__(self, "_cl_next", next_plan)
-        object.__setattr__(self, "_cl_ready", ready)
 
     # ------------------------------------------------------------------ the user's dataset
 
@@ -164,7 +158,6 @@ class PlannedBatches(IterableDataset[Any]):
                 self._cl_stats,
                 self._cl_claims,
                 self._cl_next,
-                self._cl_ready,
             ),
         )
 
@@ -178,28 +171,19 @@ class PlannedBatches(IterableDataset[Any]):
         # Read now, not when the generator first runs: the main process may write the next
         # epoch's plan meanwhile.
         batches = plan.batches()
-        ready = self._cl_ready
         if in_worker:
             _leave_ctrl_c_to_the_main_process()
-            # Bodies from the main process are for the epoch this worker starts with only (a
-            # persistent worker's copy is dropped); a relay's ends not its own close now.
-            object.__setattr__(self, "_cl_ready", None)
-            expire_relays()
-            for body in (ready or {}).values():
-                if isinstance(body, RelaySlot):
-                    body.relay.attach()
-                    break
         if claims is not None:
             claimed = _claimed(batches, plan, claims, plan.generation)
-            return self._produce(claimed, None, in_worker, row, ready)
+            return self._produce(claimed, None, in_worker, row)
         share = batches[worker::num_workers]
         predicted: list[list[Any]] = []
         if in_worker and self._cl_next is not None:
             # Written with this epoch's plan, before the epoch started: read it now too.
             predicted = self._cl_next.batches()[worker::num_workers]
-        return self._produce(share, predicted, in_worker, row, ready)
+        return self._produce(share, predicted, in_worker, row)
 
-    def _start(self, feed: Iterable[list[Any]], row: int, ready: Ready | None) -> BatchPipeline:
+    def _start(self, feed: Iterable[list[Any]], row: int) -> BatchPipeline:
         shared = self._cl_stats
         return BatchPipeline(
             self._cl_dataset,
@@ -209,7 +193,6 @@ class PlannedBatches(IterableDataset[Any]):
             # Counting goes on from what earlier epochs (or processes) left in the row.
             stats=shared.read(row),
             publish=lambda stats: shared.write(row, stats),
-            ready=ready,
         )
 
     def _produce(
@@ -218,7 +201,6 @@ class PlannedBatches(IterableDataset[Any]):
         predicted: list[list[Any]] | None,
         in_worker: bool,
         row: int,
-        ready: Ready | None,
     ) -> Iterator[Any]:
         """The outcomes of ``share``: a list (a fixed share, with the ``predicted`` share of the
         next epoch to fetch ahead) or the batches claimed one by one (``predicted`` None)."""
@@ -237,12 +219,12 @@ class PlannedBatches(IterableDataset[Any]):
                     ahead = _lookahead()
                 else:
                     predicted = []
-                for outcome in ahead.epoch(share, predicted, lambda f: self._start(f, row, ready)):
+                for outcome in ahead.epoch(share, predicted, lambda f: self._start(f, row)):
                     if isinstance(outcome, Failure):
                         _note_traceback(outcome.exc, row)
                     yield outcome
                 return
-            pipeline = self._start(share, row, ready)
+            pipeline = self._start(share, row)
             for outcome in pipeline.outcomes():
                 if isinstance(outcome, Failure):
                     _note_traceback(outcome.exc, row)

@@ -46,7 +46,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from torch.utils.data import Dataset, get_worker_info
 
@@ -63,7 +63,7 @@ from .options import PipelineOptions
 from .slot import DecodeQueue, Failure, SkippedSample, Slot
 from .stall import StallWatch
 
-__all__ = ["BatchPipeline", "PendingBody", "source_of"]
+__all__ = ["BatchPipeline", "source_of"]
 
 log = logging.getLogger(__name__)
 
@@ -82,14 +82,6 @@ def source_of(dataset: Dataset[Any]) -> SampleSource | None:
     return source if isinstance(source, SampleSource) else None
 
 
-class PendingBody(Protocol):
-    """A body on its way from another process (see ``loader.relay``)."""
-
-    async def body(self) -> bytes | None:
-        """The body once it is here; None if this process must fetch it itself."""
-        ...
-
-
 class BatchPipeline:
     """Yields ``collate([dataset[i] for i in batch])`` for each batch of ``batches``, in order."""
 
@@ -102,12 +94,8 @@ class BatchPipeline:
         options: PipelineOptions,
         stats: StageStats | None = None,
         publish: Callable[[StageStats], None] | None = None,
-        ready: dict[Read, bytes | bytearray | PendingBody] | None = None,
     ) -> None:
         self._skip = options.on_error == "skip"
-        # Bodies the main process fetched ahead (see loader.headstart), or is fetching for
-        # this process (loader.relay): each used once.
-        self._ready = ready if ready is not None else {}
         self._publish = publish
         self._dataset = dataset
         self._source = source_of(dataset)
@@ -328,15 +316,6 @@ class BatchPipeline:
         """One read within the byte budget; its bytes stay held until released."""
         budget, client = self._budget, self._client
         assert budget is not None and client is not None
-        if self._ready:
-            found = self._ready.pop(read, None)
-            if found is None or isinstance(found, bytes | bytearray):
-                body = found
-            else:  # relayed by the main process, maybe still on its way (None: it missed)
-                body = await found.body()
-            if body is not None:
-                budget.settle(await budget.reserve(len(body)), len(body))
-                return body
         # A large read goes as ranged GETs in flight, so one object can fill the link; the
         # parts in flight hold their bytes until copied into place, so they are reserved too.
         # (Except a whole object a cache wants in one read: it fills its entry from that.)

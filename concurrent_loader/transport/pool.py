@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextvars
 import ssl
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from concurrent_loader.config import Timeouts
 from concurrent_loader.errors import ConfigError, ConnectionFailed, Reason
@@ -35,14 +34,7 @@ from .request import build_request
 from .response import Response
 from .sockets import connect_socket
 
-__all__ = ["ConnectionPool", "request_sent"]
-
-#: Called (in the task that sends it) once a request is written to its connection: set by a
-#: caller that must know its GETs are on the wire (the main process's relay, which forks its
-#: workers once they are).
-request_sent: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
-    "request_sent", default=None
-)
+__all__ = ["ConnectionPool"]
 
 _DEFAULT_TIMEOUTS = Timeouts()
 
@@ -140,8 +132,6 @@ class ConnectionPool:
             conn = await self._acquire(key, url)
         while True:
             waiter = conn.start(request, url, max_bytes, byte_range)
-            if (sent := request_sent.get()) is not None:
-                sent()
             try:
                 return await waiter
             except ConnectionFailed:

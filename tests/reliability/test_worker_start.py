@@ -12,8 +12,6 @@ on it for good.
 - A hang fails within seconds, with stacks: a worker that waits ``STALL_S`` for its client
   or a batch raises ``LoaderStalled`` with every thread's stack, and torch's ``timeout``
   bounds the main process's wait (the stacks of the workers then come from py-spy).
-- Half of the sequences turn on the head start: forked workers then start while the main
-  process's event loop sends the GETs of their first batches (``loader/relay.py``).
 - The cause is checked at every fork, whether or not the race is lost this time: no thread
   of the loader's runtime may have ended in Python and still be running at the OS level
   (its thread-local destructors, where OpenSSL holds its locks while it frees the thread's
@@ -145,9 +143,6 @@ class _Sequences:
         self.context = context
         self.keys = objects.keys
         self.iterators = 0
-        # Half the sequences with the main process's head start: with fork workers its
-        # runtime is busy with the first batches' GETs (the relay's) while it forks.
-        self.head_start = False
         self.validation = [list(range(i, i + BATCH)) for i in range(0, COUNT, BATCH)]
         # Made once: only the patterns that are about a new dataset make one.
         self.train_ds, self.val_ds = self.dataset(), self.dataset()
@@ -167,7 +162,6 @@ class _Sequences:
             multiprocessing_context=self.context,
             stall_timeout_s=STALL_S,
             timeout=MAIN_TIMEOUT_S,
-            head_start=self.head_start,
             **shuffle,
         )
 
@@ -196,7 +190,6 @@ class _Sequences:
 
     def run(self, number: int) -> None:
         kind = number % 4
-        self.head_start = number % 8 >= 4
         seed = 1000 + number
         expected = expected_batches(COUNT, BATCH, seed)
         val = self.validation

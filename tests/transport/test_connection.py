@@ -4,7 +4,6 @@ into its typed error."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -271,25 +270,5 @@ def test_host_header_comes_from_the_origin(run: Runner) -> None:
                 origin = Origin("http", host, server.port)
                 await pool.get(origin, "/len/1", [("x-a", "1")], url="x")
                 assert server.requests[-1][1]["host"] == f"{host}:{server.port}"
-
-    run(main)
-
-
-def test_a_caller_is_told_when_each_request_is_written(run: Runner) -> None:
-    # The hook the main process's relay waits on before it forks its workers.
-    from concurrent_loader.transport.pool import request_sent
-
-    async def main() -> None:
-        written: list[int] = []
-        async with Server() as server, ConnectionPool() as pool:
-            token = request_sent.set(lambda: written.append(len(server.requests)))
-            try:
-                tasks = [asyncio.ensure_future(get(pool, server, f"/len/{n}")) for n in range(4)]
-            finally:
-                request_sent.reset(token)
-            await asyncio.gather(*tasks)
-            assert len(written) == 4  # once per request, in the task that sent it
-            await get(pool, server, "/len/1")
-            assert len(written) == 4  # not for a caller that did not ask
 
     run(main)

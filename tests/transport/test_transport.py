@@ -165,7 +165,6 @@ _ALLOWED_IMPORTS = {
     "asyncio",
     "base64",
     "collections",
-    "contextvars",
     "dataclasses",
     "select",
     "socket",

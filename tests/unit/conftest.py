@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import random
 import threading
-from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -67,20 +66,6 @@ def no_backoff(**retry: Any) -> FetchConfig:
     return FetchConfig(retry=RetryConfig(base_delay=0.0, **retry), hedge=HedgeConfig(enabled=False))
 
 
-def fetched_once_and_ahead(
-    gets: Counter[str], batches: list[list[int]], ahead: list[list[int]]
-) -> None:
-    """Assert ``gets`` holds one GET per sample of ``batches`` and, beyond those, at most one
-    per sample of ``ahead``: the next epoch's first batches, which the loader may have
-    fetched while the epoch ended (``prefetch_next_epoch``)."""
-    planned = Counter(key_for(i) for batch in batches for i in batch)
-    extra = gets - planned
-    assert not planned - gets, f"samples not fetched: {sorted(planned - gets)}"
-    allowed = Counter(key_for(i) for batch in ahead for i in batch)
-    beyond = extra - allowed
-    assert not beyond, f"GETs beyond the plan and the next epoch's first batches: {beyond}"
-
-
 def shuffled_loader(store: Any, batch_size: int, seed: int, **kwargs: Any) -> Any:
     """A ``ConcurrentDataLoader`` over ``store``'s numbered objects, unhedged, shuffled by a
     generator seeded with ``seed``; each batch is the list of its samples' indices."""
@@ -113,7 +98,6 @@ class Helpers:
     no_backoff = staticmethod(no_backoff)
     unhedged = staticmethod(unhedged)
     loader_threads = staticmethod(loader_threads)
-    fetched_once_and_ahead = staticmethod(fetched_once_and_ahead)
     shuffled_loader = staticmethod(shuffled_loader)
 
 

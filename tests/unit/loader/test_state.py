@@ -144,10 +144,8 @@ def test_resume_mid_epoch_yields_exactly_the_remaining_batches(helpers, uninterr
     resumed.load_state_dict(state)
     rest = list(resumed)
     assert rest == uninterrupted[0][taken:]
-    # only what the consumer had not received is fetched again (and, ahead, at most the
-    # next epoch's first batches, which must then be the right ones)
-    ahead = uninterrupted[1][: resumed.prefetch_batches]
-    helpers.fetched_once_and_ahead(store.stats.gets, rest, ahead)
+    # only what the consumer had not received is fetched again
+    assert store.stats.total == sum(len(b) for b in rest)
     assert list(resumed) == uninterrupted[1]
 
 
