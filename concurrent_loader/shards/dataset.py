@@ -36,7 +36,8 @@ from .index import index_shards
 
 __all__ = ["ImageSample", "ShardDataset"]
 
-IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "ppm", "bmp", "tif", "tiff")
+#: the extensions ImageFolder reads (``dataset.IMG_EXTENSIONS``, without the dot)
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "ppm", "pgm", "bmp", "tif", "tiff")
 
 
 class ShardDataset(ObjectDataset):
