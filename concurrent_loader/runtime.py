@@ -11,6 +11,15 @@ back (:meth:`Runtime.release`); when the last lease is returned the loop's resou
 leaves no thread, loop or socket behind. Objects that belong to the loop (readers) are
 cached on the runtime and closed with it.
 
+Connections. The loop knows every connection made on it (``create_connection``,
+``start_tls``) until the connection is lost, and a closing runtime closes the loop only
+after the last one: a connection closed gracefully may still be closing when its client
+has closed (aiohttp closes a ``Connection: close`` HTTPS connection with a TLS shutdown,
+which waits for the server's ``close_notify``), and a loop closed under it leaks its socket
+(uvloop's ``loop.close()`` then fails with EBUSY). Connections still closing after
+``CONNECTIONS_CLOSE_TIMEOUT_S``, and those nobody closes (their owner is gone), are
+aborted.
+
 Fork safety. A process that forks (DataLoader workers under the ``fork`` start method)
 copies every lock in its C libraries in the state it is in at that instant, and a lock
 held by another thread stays held in the child forever. OpenSSL 3 takes global locks
@@ -43,13 +52,14 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import functools
 import logging
 import os
 import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Hashable, Iterable
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 __all__ = ["AsyncCloseable", "GatedThreadPool", "Runtime", "acquire_runtime"]
 
@@ -63,19 +73,160 @@ QUIESCE_TIMEOUT_S = 5.0
 #: seconds a runtime closing at interpreter exit waits for its threads to end in Python: no
 #: fork follows, and they are daemon threads, which end with the process anyway
 EXIT_JOIN_TIMEOUT_S = 0.5
+#: seconds a closing runtime waits for connections still closing (a TLS shutdown waits for
+#: the server's ``close_notify``) before it aborts them; ``EXIT_JOIN_TIMEOUT_S`` at exit
+CONNECTIONS_CLOSE_TIMEOUT_S = 2.0
 T = TypeVar("T")
+ProtocolT = TypeVar("ProtocolT", bound=asyncio.BaseProtocol)
 
 
 class AsyncCloseable(Protocol):
     async def close(self) -> None: ...
 
 
-def _new_loop() -> asyncio.AbstractEventLoop:
+class _Connections:
+    """The connections of one loop that are made and not lost yet."""
+
+    def __init__(self) -> None:
+        self._open: dict[_Watch, None] = {}  # a dict, for the order they were made in
+        self._all_lost: asyncio.Future[None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def made(self, watch: _Watch) -> None:
+        self._open[watch] = None
+
+    def lost(self, watch: _Watch) -> None:
+        self._open.pop(watch, None)
+        if not self._open and self._all_lost is not None and not self._all_lost.done():
+            self._all_lost.set_result(None)
+
+    async def close(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for the connections being closed to be lost, then abort
+        them; abort at once those nobody is closing."""
+        for watch in list(self._open):
+            if not watch.transport.is_closing():
+                watch.transport.abort()
+        if await self._wait_all_lost(timeout):
+            return
+        for watch in list(self._open):
+            watch.transport.abort()
+        # An aborted transport is lost within a turn or two of the loop.
+        if not await self._wait_all_lost(timeout):
+            log.warning("%d connection(s) still open after they were aborted", len(self))
+
+    async def _wait_all_lost(self, timeout: float) -> bool:
+        if not self._open:
+            return True
+        self._all_lost = all_lost = asyncio.get_running_loop().create_future()
+        try:
+            done, _ = await asyncio.wait([all_lost], timeout=timeout)
+        finally:
+            self._all_lost = None
+        return bool(done)
+
+
+class _Watch(asyncio.BaseProtocol):
+    """Stands in for a connection's protocol, to tell :class:`_Connections` when the
+    connection is made and lost. The other callbacks are the protocol's own bound methods,
+    set on the instance: the transport calls them with no extra call in between."""
+
+    forwarded: tuple[str, ...] = ()
+    transport: asyncio.Transport
+
+    def __init__(self, protocol: asyncio.BaseProtocol, connections: _Connections) -> None:
+        self.protocol = protocol
+        self._connections = connections
+        for name in self.forwarded:
+            if hasattr(protocol, name):
+                setattr(self, name, getattr(protocol, name))
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self._connections.made(self)
+        self.protocol.connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._connections.lost(self)
+        self.protocol.connection_lost(exc)
+
+
+class _WatchedProtocol(_Watch, asyncio.Protocol):
+    forwarded = ("data_received", "eof_received", "pause_writing", "resume_writing")
+
+
+class _WatchedBufferedProtocol(_Watch, asyncio.BufferedProtocol):
+    # A subclass of BufferedProtocol and not of Protocol: how both loops tell one.
+    forwarded = ("get_buffer", "buffer_updated", "eof_received", "pause_writing", "resume_writing")
+
+
+def _watch(protocol: asyncio.BaseProtocol, connections: _Connections) -> _Watch:
+    if isinstance(protocol, asyncio.BufferedProtocol):
+        return _WatchedBufferedProtocol(protocol, connections)
+    return _WatchedProtocol(protocol, connections)
+
+
+class _WatchingLoop(asyncio.AbstractEventLoop):
+    """An event loop whose ``connections`` are every connection made on it and not lost
+    yet (a base of asyncio's loop or uvloop's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.connections = _Connections()
+
+    async def create_connection(
+        self, protocol_factory: Callable[[], ProtocolT], *args: Any, **kwargs: Any
+    ) -> tuple[asyncio.Transport, ProtocolT]:
+        made: list[ProtocolT] = []
+
+        def watched() -> _Watch:
+            protocol = protocol_factory()
+            made.append(protocol)
+            return _watch(protocol, self.connections)
+
+        transport, _ = await super().create_connection(watched, *args, **kwargs)
+        return transport, made[-1]
+
+    async def start_tls(
+        self,
+        transport: asyncio.BaseTransport,
+        protocol: asyncio.BaseProtocol,
+        *args: Any,
+        **kwargs: Any,
+    ) -> asyncio.Transport | None:
+        under = transport.get_protocol()
+        try:
+            return await super().start_tls(
+                cast(asyncio.WriteTransport, transport),
+                _watch(protocol, self.connections),
+                *args,
+                **kwargs,
+            )
+        finally:
+            # The TLS connection stands for the one under it from now on (whose protocol is
+            # no longer told it is lost); a failed start_tls has closed that one.
+            if isinstance(under, _Watch):
+                self.connections.lost(under)
+
+
+class _AsyncioLoop(_WatchingLoop, asyncio.SelectorEventLoop):
+    pass
+
+
+@functools.cache
+def _loop_class() -> type[_WatchingLoop]:
+    """uvloop's loop when uvloop is installed, else asyncio's, knowing its connections."""
     try:
         import uvloop
     except ImportError:
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
+        return _AsyncioLoop
+
+    # uvloop's annotations differ from asyncio's in places, as in uvloop.Loop itself.
+    class _UvLoop(_WatchingLoop, uvloop.Loop):  # type: ignore[misc]
+        pass
+
+    return _UvLoop
 
 
 class _ForkGate:
@@ -194,7 +345,7 @@ class Runtime:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self.loop = _new_loop()
+        self.loop = _loop_class()()
         self._leases = 0
         self._closed = False
         self._resources: dict[Hashable, AsyncCloseable] = {}
@@ -309,8 +460,9 @@ class Runtime:
             return  # a forked copy: the thread does not exist here, nothing to join
         if threading.current_thread() is self._thread:
             raise RuntimeError("the runtime cannot be closed from its own loop")
+        connections_timeout = EXIT_JOIN_TIMEOUT_S if at_exit else CONNECTIONS_CLOSE_TIMEOUT_S
         try:
-            self.submit(self._close_resources()).result(timeout=CLOSE_TIMEOUT_S)
+            self.submit(self._close_resources(connections_timeout)).result(timeout=CLOSE_TIMEOUT_S)
         except concurrent.futures.TimeoutError:
             # The loop thread is stuck (in a C call, say): leave the daemon thread behind
             # rather than hang the process that is closing it.
@@ -345,7 +497,7 @@ class Runtime:
             )
         _live.discard(self)
 
-    async def _close_resources(self) -> None:
+    async def _close_resources(self, connections_timeout: float) -> None:
         # Tasks still running belong to users that did not close (e.g. at interpreter exit):
         # cancel them first so none is destroyed pending or left holding a connection.
         current = asyncio.current_task()
@@ -359,8 +511,9 @@ class Runtime:
                 await resource.close()
             except Exception:  # closing must go on for the others
                 log.exception("error while closing %r", resource)
-        # Give transports closed above one turn of the loop to release their sockets.
-        await asyncio.sleep(0)
+        # Connections closed above may still be closing (a TLS shutdown): the loop must not
+        # close under them.
+        await self.loop.connections.close(connections_timeout)
 
 
 def _wait_until_ended(threads: Iterable[threading.Thread], deadline: float) -> bool:

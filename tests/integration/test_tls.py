@@ -127,7 +127,6 @@ def test_trusted_through_the_ca_bundle_option(
     _check_trusted(server_data, tls_front, ca_bundle=str(private_ca.ca_bundle))
 
 
-HOLD_S = 0.5
 _LISTING = (
     b'<?xml version="1.0" encoding="UTF-8"?>'
     b'<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Name>bkt</Name>'
@@ -139,11 +138,12 @@ _LISTING = (
 
 class _ClosingListingServer:
     """HTTPS on loopback that answers one ListObjectsV2 with ``Connection: close`` (as moto
-    answers everything), then neither reads nor closes for ``HOLD_S``: the client's TLS
-    shutdown is in progress meanwhile."""
+    answers everything), then neither reads nor closes for ``hold_s`` (or until stopped):
+    the client's TLS shutdown is in progress meanwhile."""
 
-    def __init__(self, certificate: ServerCertificate) -> None:
+    def __init__(self, certificate: ServerCertificate, hold_s: float) -> None:
         self._context = certificate.server_context()
+        self._hold_s = hold_s
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._done = threading.Event()
@@ -160,7 +160,7 @@ class _ClosingListingServer:
                 b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: application/xml\r\n"
                 b"Content-Length: %d\r\n\r\n%s" % (len(_LISTING), _LISTING)
             )
-            self._done.wait(HOLD_S)
+            self._done.wait(self._hold_s)
 
     def stop(self) -> None:
         self._done.set()
@@ -168,53 +168,71 @@ class _ClosingListingServer:
         self._listener.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the runtime closes its event loop (runtime.py Runtime._close_resources: one "
-    "loop turn after closing clients) while a TLS connection is still shutting down: "
-    "aiohttp closes a 'Connection: close' HTTPS connection of the listing gracefully and "
-    "uvloop's SSL shutdown waits for the server's close_notify, so the loop closes with the "
-    "TCP transport open (ResourceWarning: unclosed resource), and with ResourceWarning an "
-    "error (as in this test suite) loop.close() fails with OSError EBUSY in the "
-    "concurrent-loader-io thread; with moto, which closes every connection, HTTPS tests "
-    "that list fail at random",
-)
-def test_runtime_waits_for_tls_connections_closing(private_ca: ServerCertificate):
-    # In a child process: the loop that fails to close leaks its socket and its executor's
-    # thread for the rest of the process.
+def _list_once(certificate: ServerCertificate, hold_s: float, close_timeout_s: float) -> float:
+    """List the server's bucket once in a child process, whose runtime waits up to
+    ``close_timeout_s`` for connections closing; the seconds the runtime took to close
+    after the listing. In a child: a loop that fails to close leaks its socket and its executor's
+    thread for the rest of the process."""
     env = {
         name: value
         for name, value in os.environ.items()
         if name.upper() not in ("AWS_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "HTTPS_PROXY")
     }
-    server = _ClosingListingServer(private_ca)
+    server = _ClosingListingServer(certificate, hold_s)
     try:
         child = subprocess.run(
-            [sys.executable, "-c", _LIST_ONCE, f"https://127.0.0.1:{server.port}"],
+            [
+                sys.executable,
+                "-c",
+                _LIST_ONCE,
+                f"https://127.0.0.1:{server.port}",
+                str(close_timeout_s),
+            ],
             cwd=Path(__file__).resolve().parents[2],
-            env={**env, "CA_BUNDLE": str(private_ca.ca_bundle)},
+            env={**env, "CA_BUNDLE": str(certificate.ca_bundle)},
             capture_output=True,
             text=True,
             timeout=60,
         )
     finally:
         server.stop()
-    assert child.stdout.splitlines()[-1:] == ["listed ['k']"], child.stderr
+    lines = child.stdout.splitlines()
+    assert lines[-1:] == ["listed ['k']"], child.stderr
     # No transport left open, and the runtime's thread closed its loop without an error.
     assert child.returncode == 0, child.stdout + child.stderr
+    return float(lines[-2].split()[-1])
+
+
+def test_runtime_waits_for_tls_connections_closing(private_ca: ServerCertificate):
+    # The server closes 0.5 s after its answer: the TLS shutdown ends then, within the wait.
+    assert _list_once(private_ca, hold_s=0.5, close_timeout_s=10.0) < 10.0
+
+
+def test_runtime_aborts_tls_connections_still_closing_after_its_wait(
+    private_ca: ServerCertificate,
+):
+    # The server never ends the TLS shutdown: the runtime aborts the connection after its
+    # wait, and neither leaks it nor waits for the shutdown's own timeout (uvloop's 30 s).
+    assert _list_once(private_ca, hold_s=60.0, close_timeout_s=0.2) < 10.0
 
 
 _LIST_ONCE = """
-import os, sys, threading, warnings
-from concurrent_loader import ObjectDataset
+import os, sys, threading, time, warnings
+from concurrent_loader import ObjectDataset, runtime
 warnings.simplefilter("error", ResourceWarning)  # as the test suite runs
 errors = []
 threading.excepthook = lambda args: errors.append(repr(args.exc_value))
 sys.unraisablehook = lambda args: errors.append(repr(args.exc_value))
+runtime.CONNECTIONS_CLOSE_TIMEOUT_S = float(sys.argv[2])
+lease = runtime.acquire_runtime()  # the listing's own lease is not the last one
 ds = ObjectDataset(
     "s3://bkt/", endpoint_url=sys.argv[1], anonymous=True, ca_bundle=os.environ["CA_BUNDLE"]
 )
+start = time.monotonic()
+lease.release()  # the last lease: the runtime closes
+took = time.monotonic() - start
 print("unclosed transports, errors closing the loop:", errors)
+print("closed in", took)
 print("listed", list(ds.keys))
 sys.exit(1 if errors else 0)
 """
