@@ -178,8 +178,8 @@ def parse_header(block: bytes | bytearray | memoryview, offset: int, url: str) -
 
 def _pax_records(data: bytes, offset: int, url: str) -> dict[str, str]:
     """The records ``"<length> <key>=<value>\\n"`` of a pax header at ``offset``; records end
-    at the data's end or at a NUL. Each record must be framed exactly: its length counts
-    itself, the key is UTF-8 and not empty."""
+    at the end of the header's blocks (``data``, padding included) or at a NUL. Each record
+    must be framed exactly: its length counts itself, the key is UTF-8 and not empty."""
     records: dict[str, str] = {}
     pos = 0
     while pos < len(data) and data[pos] != 0:
@@ -246,8 +246,9 @@ class TarWalk:
                 break
             if header.size > MAX_EXTENDED_HEADER:
                 raise _bad(f"an extended header of {header.size} bytes", offset, self.url)
-            data = bytes(self.read(data_offset, header.size))
-            if len(data) < header.size:
+            # tarfile reads records and names to the last block's end, padding included
+            data = bytes(self.read(data_offset, padded(header.size)))
+            if len(data) < padded(header.size):
                 raise _truncated("extended header", offset, self.url)
             if header.kind in (b"x", b"X", b"g"):
                 records = _pax_records(data, offset, self.url)

@@ -117,3 +117,29 @@ def test_a_truncated_shard_keeps_the_member_it_cut():
     found = scan_members(reader(cut), len(cut), "u")
     assert [m.name for m in found] == ["a.jpg", "b.jpg"]
     assert found[1].end > len(cut)
+
+
+EXTENDED_INTO_PADDING = {
+    # tarfile reads an extended header's records (a long name) to its last block's end
+    "pax records past the header's size": (b"x", b"14 path=b.bin\n", b"14 path=c.bin\n"),
+    "a long name past the header's size": (b"L", b"b.bin", b"xyz\0"),
+}
+
+
+@pytest.mark.parametrize(
+    "kind,data,in_padding", EXTENDED_INTO_PADDING.values(), ids=EXTENDED_INTO_PADDING.keys()
+)
+def test_an_extended_header_is_read_to_its_block_end_as_tarfile_reads_it(kind, data, in_padding):
+    from ._tars import end, header, member, pad
+
+    shard = (
+        member("a.bin", b"1")
+        + header("././@LongLink", len(data), kind)
+        + pad(data + in_padding)
+        + member("x.bin", b"22")
+        + end()
+    )
+    with tarfile.open(fileobj=io.BytesIO(shard)) as tar:
+        names = [info.name for info in tar.getmembers()]
+    found = scan_members(reader(shard), len(shard), "u")
+    assert [m.name for m in found] == names
