@@ -42,7 +42,7 @@ from ..errors import ObjectNotFound, Reason, ShardError
 from ..fetch import client_for
 from ..runtime import Runtime
 from ..stores.base import BlockingStore, ByteRange, StoreConfig
-from .tar import BLOCK, Member, is_sample_member, padded, scan_members
+from .tar import BLOCK, MAX_SIZE, Member, is_sample_member, padded, scan_members
 
 __all__ = ["INDEX_FORMAT", "INDEX_SUFFIX", "ShardIndex", "index_shards"]
 
@@ -51,7 +51,6 @@ INDEX_VERSION = 1
 INDEX_SUFFIX = ".idx"
 _SCANS_IN_PARALLEL = 8
 _SCAN_WINDOW = 4 << 20  # bytes per ranged GET of a scan
-_MAX_SIZE = 1 << 62  # offsets are kept as int64
 
 
 @dataclass(frozen=True)
@@ -125,7 +124,7 @@ class ShardIndex:
                 cause=Reason.INDEX_MISMATCH,
             )
 
-        if not 0 <= self.size < _MAX_SIZE:
+        if not 0 <= self.size < MAX_SIZE:
             raise ShardError(
                 f"the index gives an impossible shard size {self.size}",
                 url=url,

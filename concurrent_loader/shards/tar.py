@@ -10,10 +10,11 @@ not.
 
 Guarantees: a walk ends in time linear in the bytes walked (every step moves forward by
 at least one block), and every malformed header (bad checksum, a number field that is not
-a number, a pax record of length 0 or without its framing, a non-UTF-8 pax key, an
-extended header past the shard's end or larger than :data:`MAX_EXTENDED_HEADER`, a
-truncated block, GNU sparse members) is a :class:`~concurrent_loader.errors.ShardError`
-naming the shard and the header's byte offset, never another exception.
+a number, a pax record of length 0 or without its framing, a non-UTF-8 pax key, a size of
+:data:`MAX_SIZE` or more, an extended header past the shard's end or larger than
+:data:`MAX_EXTENDED_HEADER`, a truncated block, GNU sparse members) is a
+:class:`~concurrent_loader.errors.ShardError` naming the shard and the header's byte
+offset, never another exception.
 
 Grouping follows the ``webdataset`` library exactly (``tariterators.py``), so a shard reads
 as the same samples here and there:
@@ -39,6 +40,7 @@ from ..errors import Reason, ShardError
 __all__ = [
     "BLOCK",
     "MAX_EXTENDED_HEADER",
+    "MAX_SIZE",
     "Member",
     "TarWalk",
     "group_samples",
@@ -53,6 +55,8 @@ __all__ = [
 BLOCK = 512
 #: the largest pax or GNU long-name header read; real ones hold a path of a few hundred bytes
 MAX_EXTENDED_HEADER = 1 << 20
+#: the largest size or offset read: offsets are kept as int64
+MAX_SIZE = 1 << 62
 _NAME_RE = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 _META_RE = re.compile(r"__[^/]*__($|/)")
 _REGULAR = (b"0", b"\0", b"7")  # regular file; old tars write NUL; contiguous file
@@ -262,15 +266,18 @@ class TarWalk:
                     if name is None and "path" in records:
                         name = records["path"].rstrip("/")
                     if size is None and "size" in records:
-                        if not records["size"].isascii() or not records["size"].isdigit():
-                            raise _bad(f"a pax size {records['size']!r}", offset, self.url)
-                        size = int(records["size"])
+                        value = records["size"]
+                        if not (value.isascii() and value.isdigit()) or len(value) > 19:
+                            raise _bad(f"a pax size {value[:40]!r}", offset, self.url)
+                        size = int(value)
             elif header.kind == b"L" and name is None:
                 name = _nts(data).decode("utf-8", "surrogateescape")
             self.offset = data_offset + padded(header.size)
         if header.kind == b"S":
             raise _bad("a GNU sparse member, not supported", offset, self.url)
         size = header.size if size is None else size
+        if size >= MAX_SIZE:
+            raise _bad(f"a size of {size} bytes", offset, self.url)
         regular = header.kind in _REGULAR
         steps_over_data = regular or header.kind not in _SUPPORTED
         self.offset = data_offset + (padded(size) if steps_over_data else 0)

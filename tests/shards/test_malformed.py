@@ -86,6 +86,11 @@ BAD_HEADERS = {
     "a pax header past the end": (header("././@PaxHeader", 5000, b"x") + pad(b"n"), B_PAX),
     "a pax header and then no member": (header("././@PaxHeader", 0, b"x") + end(), B_PAX),
     "a GNU sparse member": (header("b.bin", 0, b"S") + end(), B_PAX),
+    "a size past int64": (
+        header("b.bin", 0, size_field=b"\x80" + (2**70).to_bytes(11, "big")),
+        B_PAX,
+    ),
+    "a pax size of 5000 digits": (pax_member(b"5011 size=" + b"1" * 5000 + b"\n", "b", b""), B_PAX),
 }
 
 
