@@ -25,7 +25,8 @@ as the same samples here and there:
   (``^((?:.*/|)[^.]+)[.]([^/]*)$``: ``a/b.seg.jpg`` is key ``a/b``, extension
   ``seg.jpg``); a name without one is skipped; extensions are lower-cased;
 - consecutive members with the same key form one sample; two members of one sample with
-  the same extension are an error (``webdataset`` raises ``ValueError``).
+  the same extension, or an extension ``__key__`` or ``__url__`` (the sample's own
+  fields), are an error (``webdataset`` raises ``ValueError``).
 """
 
 from __future__ import annotations
@@ -321,6 +322,7 @@ def scan_members(
 def group_samples(members: list[Member], url: str) -> list[tuple[str, list[tuple[str, Member]]]]:
     """Samples of a shard, in tar order: ``(key, [(extension, member), ...])``."""
     samples: list[tuple[str, list[tuple[str, Member]]]] = []
+    taken: set[str] = set()
     for member in members:
         if not is_sample_member(member.name):
             continue
@@ -329,8 +331,8 @@ def group_samples(members: list[Member], url: str) -> list[tuple[str, list[tuple
         key, extension = split
         if not samples or samples[-1][0] != key:
             samples.append((key, []))
-        parts = samples[-1][1]
-        if any(extension == seen for seen, _ in parts):
+            taken = {"__key__", "__url__"}  # webdataset's fields of a sample
+        if extension in taken:
             raise ShardError(
                 f"member {member.name!r} at offset {member.header_offset}: sample {key!r} "
                 f"already has a {extension!r} member",
@@ -338,5 +340,6 @@ def group_samples(members: list[Member], url: str) -> list[tuple[str, list[tuple
                 stage="index",
                 cause=Reason.INDEX_MISMATCH,
             )
-        parts.append((extension, member))
+        taken.add(extension)
+        samples[-1][1].append((extension, member))
     return samples

@@ -9,7 +9,13 @@ import tarfile
 import pytest
 
 from concurrent_loader.errors import Reason, ShardError
-from concurrent_loader.shards.tar import group_samples, is_sample_member, scan_members, split_name
+from concurrent_loader.shards.tar import (
+    Member,
+    group_samples,
+    is_sample_member,
+    scan_members,
+    split_name,
+)
 
 webdataset = pytest.importorskip("webdataset", reason="webdataset is in requirements-dev.txt")
 from webdataset.tariterators import base_plus_ext  # noqa: E402
@@ -143,3 +149,24 @@ def test_an_extended_header_is_read_to_its_block_end_as_tarfile_reads_it(kind, d
         names = [info.name for info in tar.getmembers()]
     found = scan_members(reader(shard), len(shard), "u")
     assert [m.name for m in found] == names
+
+
+@pytest.mark.parametrize("extension", ["__key__", "__URL__"])
+def test_an_extension_naming_a_samples_own_field_is_refused(extension):
+    """webdataset refuses it as a duplicate of the sample's ``__key__`` or ``__url__``; it
+    must not replace the key or URL of the sample."""
+    from webdataset.tariterators import group_by_keys, tar_file_expander
+
+    data = make_tar([("a.bin", b"1"), (f"a.{extension}", b"2")])
+    files = tar_file_expander([{"url": "u", "stream": io.BytesIO(data)}])
+    with pytest.raises(ValueError, match="duplicate"):
+        list(group_by_keys(files))
+    with pytest.raises(ShardError, match=f"already has a '{extension.lower()}' member"):
+        group_samples(scan_members(reader(data), len(data), "u"), "u")
+
+
+@pytest.mark.timeout(5)
+def test_grouping_a_sample_of_many_members_takes_linear_time():
+    members = [Member(f"a.e{i}", 1024 * i, 1024 * i + 512, 1) for i in range(50_000)]
+    ((key, parts),) = group_samples(members, "u")
+    assert key == "a" and len(parts) == 50_000
