@@ -254,7 +254,8 @@ class ShardSource:
         """The sample members walked in the sample's span are exactly those its index lists,
         at the offsets it gives, then the next sample's first member (whose headers end the
         span), or the end of the archive for a shard's last sample; a sample member the
-        index leaves out that webdataset would group into this sample is ``MissingMember``.
+        index leaves out that webdataset would group into this sample (or, for the shard's
+        last sample, any after it) is ``MissingMember``.
 
         With the walks of the samples before it in the shard, this proves the sample is the
         one webdataset reads: the first sample's walk starts at the shard's start, and each
@@ -294,13 +295,14 @@ class ShardSource:
                 )
             # A sample member the index leaves out. Grouped as webdataset groups, it is
             # this sample's when it comes between its members, has its key, or (before its
-            # members) is not the previous sample's: the neighbour's walk judges the rest.
+            # members) is not the previous sample's; after the shard's last sample, no
+            # other walk sees it. The neighbour's walk judges the rest.
             other = split_name(member.name)
             assert other is not None
             if matched == 0:
                 ours = other[0] == key or other[0] != previous_key
             else:
-                ours = matched < own or other[0] == key
+                ours = matched < own or other[0] == key or last
             if ours:
                 raise error(
                     f"member {member.name!r} at offset {member.header_offset} is in the shard "

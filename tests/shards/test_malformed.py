@@ -215,3 +215,21 @@ def test_the_node_cache_is_refused_with_what_to_use_instead(tmp_path):
     with pytest.raises(ConfigError, match="does not read through the node cache") as e:
         ShardDataset(MemoryConfig({"a.tar": shard}, name="m"), cache=str(tmp_path / "cache"))
     assert "readahead=Readahead()" in str(e.value)
+
+
+@pytest.mark.parametrize("where", WHERE)
+@pytest.mark.parametrize("left_out", [0, 1], ids=["the first sample", "the last sample"])
+def test_a_sample_left_out_of_the_index_at_either_end_is_a_missing_member(
+    where, left_out, tmp_path
+):
+    """No neighbour's walk sees a sample before the first one listed or after the last one:
+    the listed sample next to it does, as for a sample left out between two listed ones."""
+    shard = make_tar([("a.bin", b"1"), ("b.bin", b"22")], tarfile.USTAR_FORMAT)
+    entries = true_index(shard)
+    dropped = entries.pop(left_out)
+    ds = dataset(where, tmp_path, {"a.tar": shard, "a.tar.idx": index_of(shard, entries)})
+    with pytest.raises(ShardError, match="is in the shard but not in its index") as e:
+        ds[0]
+    assert e.value.cause == Reason.MISSING_MEMBER
+    assert f"member '{dropped[0]}' at offset {dropped[1]}" in str(e.value)
+    assert e.value.url == url_of(where, tmp_path)
