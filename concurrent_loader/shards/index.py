@@ -9,19 +9,20 @@ object per shard::
 
 ``members`` lists the shard's sample members (regular files that ``webdataset`` groups
 into samples, see :mod:`~concurrent_loader.shards.tar`) in tar order; ``header_offset`` is
-the first byte of the member's headers (a pax or long-name header included), so a sample
-read from its first header to its last member's end can be checked header by header. One
+the first byte of the member's headers (a pax or long-name header included), so the
+headers a sample's read walks can be checked against the index, member by member. One
 small file per shard keeps shards independent: a shard and its index are copied, listed
 and replaced together.
 
 What an index promises, and how it is held to it: when read, that it can describe a tar
 of its ``size`` (members in tar order, not overlapping, inside the shard:
-:meth:`ShardIndex.check`); when the dataset is made, that ``size`` is the shard's listed
-size (a shard grown since, re-packed or written again without its index, is refused);
-when a sample is read, that the shard's own headers, walked from the sample's first
-header (the shard's start, for its first sample) to the next sample's, are exactly the
-members it lists there, with no sample member it leaves out
-(:mod:`concurrent_loader.sources.shards`).
+:meth:`ShardIndex.check`); when the dataset is made, that the shard's listed size is
+not larger (a shard grown since, re-packed or written again without its index, is
+refused; in a shorter one, the samples past its end fail as truncated); when a sample is
+read, that the shard's own headers, walked from where the previous sample ends (the
+shard's start, for its first sample) through the next sample's first headers (to the
+shard's end, for its last), are exactly the members it lists there, with no sample member
+it leaves out (:mod:`concurrent_loader.sources.shards`).
 
 A shard without an index is indexed once by scanning it with ranged GETs
 (:func:`index_shards`), 4 MiB at a time, stepping over members larger than that, up to 8

@@ -48,7 +48,6 @@ __all__ = [
     "is_sample_member",
     "padded",
     "parse_header",
-    "read_members",
     "scan_members",
     "split_name",
 ]
@@ -284,12 +283,6 @@ class TarWalk:
         self.offset = data_offset + (padded(size) if steps_over_data else 0)
         name = header.name if name is None else name
         return Member(name, start, data_offset, size), regular
-
-
-def read_members(read: Read, start: int, end: int, url: str) -> Iterator[Member]:
-    """The regular members of a tar between ``start`` (a header) and ``end`` (see
-    :class:`TarWalk`)."""
-    return iter(TarWalk(read, start, end, url))
 
 
 def scan_members(

@@ -153,8 +153,8 @@ class ShardSource:
 
     def sample_ranges(self, shard: int) -> tuple[np.ndarray, np.ndarray]:
         """The byte ranges :meth:`reads` asks of shard ``shard``, one per sample in tar order:
-                (starts, ends), both ascending (neighbours overlap only by the members between them,
-        which the index leaves out: none in a shard as ``concurrent-loader pack`` writes it)."""
+        (starts, ends), both ascending (neighbours overlap by the next sample's first
+        headers and any members between the two samples, see :meth:`_span`)."""
         first = int(self._shard_starts[shard])
         spans = [self._span(i) for i in range(first, first + self.shard_lengths[shard])]
         starts = np.fromiter((s.start for s in spans), dtype=np.int64, count=len(spans))

@@ -17,18 +17,10 @@ from concurrent_loader.shards.tar import (
     split_name,
 )
 
+from ._tars import end, header, make_tar, member, pad
+
 webdataset = pytest.importorskip("webdataset", reason="webdataset is in requirements-dev.txt")
 from webdataset.tariterators import base_plus_ext  # noqa: E402
-
-
-def make_tar(members: list[tuple[str, bytes]], fmt: int = tarfile.PAX_FORMAT) -> bytes:
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=fmt) as tar:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return out.getvalue()
 
 
 def reader(data: bytes):
@@ -136,8 +128,6 @@ EXTENDED_INTO_PADDING = {
     "kind,data,in_padding", EXTENDED_INTO_PADDING.values(), ids=EXTENDED_INTO_PADDING.keys()
 )
 def test_an_extended_header_is_read_to_its_block_end_as_tarfile_reads_it(kind, data, in_padding):
-    from ._tars import end, header, member, pad
-
     shard = (
         member("a.bin", b"1")
         + header("././@LongLink", len(data), kind)
