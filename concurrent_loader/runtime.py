@@ -138,16 +138,23 @@ class _Watch(asyncio.BaseProtocol):
     def __init__(self, protocol: asyncio.BaseProtocol, connections: _Connections) -> None:
         self.protocol = protocol
         self._connections = connections
+        self._lost = False
         for name in self.forwarded:
             if hasattr(protocol, name):
                 setattr(self, name, getattr(protocol, name))
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-        self._connections.made(self)
+        self.adopt(transport)
         self.protocol.connection_made(transport)
 
+    def adopt(self, transport: asyncio.BaseTransport) -> None:
+        """Count the connection as made on ``transport`` (unless it is lost already)."""
+        if not self._lost:
+            self.transport = cast(asyncio.Transport, transport)
+            self._connections.made(self)
+
     def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
         self._connections.lost(self)
         self.protocol.connection_lost(exc)
 
@@ -196,18 +203,19 @@ class _WatchingLoop(asyncio.AbstractEventLoop):
         **kwargs: Any,
     ) -> asyncio.Transport | None:
         under = transport.get_protocol()
+        watch = _watch(protocol, self.connections)
         try:
-            return await super().start_tls(
-                cast(asyncio.WriteTransport, transport),
-                _watch(protocol, self.connections),
-                *args,
-                **kwargs,
+            tls = await super().start_tls(
+                cast(asyncio.WriteTransport, transport), watch, *args, **kwargs
             )
         finally:
             # The TLS connection stands for the one under it from now on (whose protocol is
             # no longer told it is lost); a failed start_tls has closed that one.
             if isinstance(under, _Watch):
                 self.connections.lost(under)
+        if tls is not None:
+            watch.adopt(tls)  # start_tls calls no connection_made: the caller connected
+        return tls
 
 
 class _AsyncioLoop(_WatchingLoop, asyncio.SelectorEventLoop):
