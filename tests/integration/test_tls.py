@@ -31,7 +31,7 @@ KEY = "ünïcödé/日本語 ✓.bin"
 
 @pytest.fixture
 def tls_front(
-    server_data: ServerData, private_ca: ServerCertificate, server_env, monkeypatch, runtime_lease
+    server_data: ServerData, private_ca: ServerCertificate, server_env, monkeypatch
 ) -> Iterator[TlsFront]:
     """HTTPS in front of the server, which the AWS_* variables point at for this test."""
     with TlsFront(server_data.server.endpoint_url, private_ca) as front:
@@ -40,8 +40,7 @@ def tls_front(
 
 
 def read_sorted(ds: ObjectDataset, front: TlsFront) -> list[bytes]:
-    # No handshake of the listing still going on in this process when workers fork (the
-    # runtime is held open by runtime_lease: its executor's thread waits, idle).
+    # No handshake of the listing still going on in this process when workers fork.
     front.wait_idle()
     loader = ConcurrentDataLoader(
         ds, batch_size=4, shuffle=True, num_workers=2, generator=torch.Generator().manual_seed(1)
