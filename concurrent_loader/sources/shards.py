@@ -224,8 +224,22 @@ class ShardSource:
             )
         view = memoryview(body)
         members = self._members(index)
+        last = self._last_of_shard(index)
 
         def read(offset: int, length: int) -> memoryview:
+            if offset + length > span.end and not last:
+                # The span ends at the data of the next sample's first member, which the
+                # index places there: headers running past it show the index wrong, not
+                # the shard cut (that only the last sample's span, to the end, can show).
+                raise ShardError(
+                    f"the shard's headers run past offset {span.end} (bytes {offset} to "
+                    f"{offset + length}), where the index puts the data of "
+                    f"{self._names[self._members(index + 1)[0]]!r}: the index does not "
+                    "match the shard",
+                    url=url,
+                    stage="decode",
+                    cause=Reason.INDEX_MISMATCH,
+                )
             return view[offset - span.start : offset - span.start + length]
 
         walk = TarWalk(read, span.start, span.end, url)

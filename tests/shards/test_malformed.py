@@ -233,3 +233,18 @@ def test_a_sample_left_out_of_the_index_at_either_end_is_a_missing_member(
     assert e.value.cause == Reason.MISSING_MEMBER
     assert f"member '{dropped[0]}' at offset {dropped[1]}" in str(e.value)
     assert e.value.url == url_of(where, tmp_path)
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_headers_running_past_the_next_samples_indexed_data_are_an_index_mismatch(where, tmp_path):
+    """The index puts b.bin's data where its pax header's data is: a's walk meets the pax
+    header at the end of its span and would read past it. The shard is whole: it is the
+    index that is wrong, not the shard that is cut."""
+    shard = member("a.bin", b"1") + pax_member(b"14 path=b.bin\n", "b.bin", b"22") + end()
+    entries = [["a.bin", 0, 512, 1], ["b.bin", B_PAX, B_PAX + 512, 2]]
+    ds = dataset(where, tmp_path, {"a.tar": shard, "a.tar.idx": index_of(shard, entries)})
+    for i in range(2):
+        with pytest.raises(ShardError) as e:
+            ds[i]
+        assert e.value.cause == Reason.INDEX_MISMATCH, e.value
+        assert e.value.url == url_of(where, tmp_path)
