@@ -18,7 +18,8 @@ has closed (aiohttp closes a ``Connection: close`` HTTPS connection with a TLS s
 which waits for the server's ``close_notify``), and a loop closed under it leaks its socket
 (uvloop's ``loop.close()`` then fails with EBUSY). Connections still closing after
 ``CONNECTIONS_CLOSE_TIMEOUT_S``, and those nobody closes (their owner is gone), are
-aborted.
+aborted. Not covered: servers' connections and ``create_unix_connection``'s, which nothing
+makes on this loop.
 
 Fork safety. A process that forks (DataLoader workers under the ``fork`` start method)
 copies every lock in its C libraries in the state it is in at that instant, and a lock
@@ -88,17 +89,17 @@ class _Connections:
     """The connections of one loop that are made and not lost yet."""
 
     def __init__(self) -> None:
-        self._open: dict[_Watch, None] = {}  # a dict, for the order they were made in
+        self._open: set[_Watch] = set()
         self._all_lost: asyncio.Future[None] | None = None
 
     def __len__(self) -> int:
         return len(self._open)
 
     def made(self, watch: _Watch) -> None:
-        self._open[watch] = None
+        self._open.add(watch)
 
     def lost(self, watch: _Watch) -> None:
-        self._open.pop(watch, None)
+        self._open.discard(watch)
         if not self._open and self._all_lost is not None and not self._all_lost.done():
             self._all_lost.set_result(None)
 
