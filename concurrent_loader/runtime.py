@@ -11,15 +11,8 @@ back (:meth:`Runtime.release`); when the last lease is returned the loop's resou
 leaves no thread, loop or socket behind. Objects that belong to the loop (readers) are
 cached on the runtime and closed with it.
 
-Connections. The loop knows every connection made on it (``create_connection``,
-``start_tls``) until the connection is lost, and a closing runtime closes the loop only
-after the last one: a connection closed gracefully may still be closing when its client
-has closed (aiohttp closes a ``Connection: close`` HTTPS connection with a TLS shutdown,
-which waits for the server's ``close_notify``), and a loop closed under it leaks its socket
-(uvloop's ``loop.close()`` then fails with EBUSY). Connections still closing after
-``CONNECTIONS_CLOSE_TIMEOUT_S``, and those nobody closes (their owner is gone), are
-aborted. Not covered: servers' connections and ``create_unix_connection``'s, which nothing
-makes on this loop.
+Connections: the loop is :mod:`concurrent_loader.loops`'s, which knows every connection made
+on it, so a closing runtime closes the loop only after the last one is lost (or aborted).
 
 Fork safety. A process that forks (DataLoader workers under the ``fork`` start method)
 copies every lock in its C libraries in the state it is in at that instant, and a lock
@@ -53,14 +46,15 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
-import functools
 import logging
 import os
 import threading
 import time
-import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Hashable, Iterable
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar
+
+from .forkgate import ForkGate, GatedExecutor, GatedThreadPool, pools
+from .loops import loop_class
 
 __all__ = ["AsyncCloseable", "GatedThreadPool", "Runtime", "acquire_runtime"]
 
@@ -78,275 +72,10 @@ EXIT_JOIN_TIMEOUT_S = 0.5
 #: the server's ``close_notify``) before it aborts them; ``EXIT_JOIN_TIMEOUT_S`` at exit
 CONNECTIONS_CLOSE_TIMEOUT_S = 2.0
 T = TypeVar("T")
-ProtocolT = TypeVar("ProtocolT", bound=asyncio.BaseProtocol)
 
 
 class AsyncCloseable(Protocol):
     async def close(self) -> None: ...
-
-
-class _Connections:
-    """The connections of one loop that are made and not lost yet."""
-
-    def __init__(self) -> None:
-        self._open: set[_Watch] = set()
-        self._all_lost: asyncio.Future[None] | None = None
-
-    def __len__(self) -> int:
-        return len(self._open)
-
-    def made(self, watch: _Watch) -> None:
-        self._open.add(watch)
-
-    def lost(self, watch: _Watch) -> None:
-        self._open.discard(watch)
-        if not self._open and self._all_lost is not None and not self._all_lost.done():
-            self._all_lost.set_result(None)
-
-    async def close(self, timeout: float) -> None:
-        """Wait up to ``timeout`` for the connections being closed to be lost, then abort
-        them; abort at once those nobody is closing."""
-        for watch in list(self._open):
-            if not watch.transport.is_closing():
-                watch.transport.abort()
-        if await self._wait_all_lost(timeout):
-            return
-        for watch in list(self._open):
-            watch.transport.abort()
-        # An aborted transport is lost within a turn or two of the loop.
-        if not await self._wait_all_lost(timeout):
-            log.warning("%d connection(s) still open after they were aborted", len(self))
-
-    async def _wait_all_lost(self, timeout: float) -> bool:
-        if not self._open:
-            return True
-        self._all_lost = all_lost = asyncio.get_running_loop().create_future()
-        try:
-            done, _ = await asyncio.wait([all_lost], timeout=timeout)
-        finally:
-            self._all_lost = None
-        return bool(done)
-
-
-class _Watch(asyncio.BaseProtocol):
-    """Stands in for a connection's protocol, to tell :class:`_Connections` when the
-    connection is made and lost. The other callbacks are the protocol's own bound methods,
-    set on the instance: the transport calls them with no extra call in between."""
-
-    forwarded: tuple[str, ...] = ()
-    transport: asyncio.Transport
-
-    def __init__(self, protocol: asyncio.BaseProtocol, connections: _Connections) -> None:
-        self.protocol = protocol
-        self._connections = connections
-        self._lost = False
-        for name in self.forwarded:
-            if hasattr(protocol, name):
-                setattr(self, name, getattr(protocol, name))
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.adopt(transport)
-        self.protocol.connection_made(transport)
-
-    def adopt(self, transport: asyncio.BaseTransport) -> None:
-        """Count the connection as made on ``transport`` (unless it is lost already)."""
-        if not self._lost:
-            self.transport = cast(asyncio.Transport, transport)
-            self._connections.made(self)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._lost = True
-        self._connections.lost(self)
-        self.protocol.connection_lost(exc)
-
-
-class _WatchedProtocol(_Watch, asyncio.Protocol):
-    forwarded = ("data_received", "eof_received", "pause_writing", "resume_writing")
-
-
-class _WatchedBufferedProtocol(_Watch, asyncio.BufferedProtocol):
-    # A subclass of BufferedProtocol and not of Protocol: how both loops tell one.
-    forwarded = ("get_buffer", "buffer_updated", "eof_received", "pause_writing", "resume_writing")
-
-
-def _watch(protocol: asyncio.BaseProtocol, connections: _Connections) -> _Watch:
-    if isinstance(protocol, asyncio.BufferedProtocol):
-        return _WatchedBufferedProtocol(protocol, connections)
-    return _WatchedProtocol(protocol, connections)
-
-
-class _WatchingLoop(asyncio.AbstractEventLoop):
-    """An event loop whose ``connections`` are every connection made on it and not lost
-    yet (a base of asyncio's loop or uvloop's)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.connections = _Connections()
-
-    async def create_connection(
-        self, protocol_factory: Callable[[], ProtocolT], *args: Any, **kwargs: Any
-    ) -> tuple[asyncio.Transport, ProtocolT]:
-        made: list[ProtocolT] = []
-
-        def watched() -> _Watch:
-            protocol = protocol_factory()
-            made.append(protocol)
-            return _watch(protocol, self.connections)
-
-        transport, _ = await super().create_connection(watched, *args, **kwargs)
-        return transport, made[-1]
-
-    async def start_tls(
-        self,
-        transport: asyncio.BaseTransport,
-        protocol: asyncio.BaseProtocol,
-        *args: Any,
-        **kwargs: Any,
-    ) -> asyncio.Transport | None:
-        under = transport.get_protocol()
-        watch = _watch(protocol, self.connections)
-        try:
-            tls = await super().start_tls(
-                cast(asyncio.WriteTransport, transport), watch, *args, **kwargs
-            )
-        finally:
-            # The TLS connection stands for the one under it from now on (whose protocol is
-            # no longer told it is lost); a failed start_tls has closed that one.
-            if isinstance(under, _Watch):
-                self.connections.lost(under)
-        if tls is not None:
-            watch.adopt(tls)  # start_tls calls no connection_made: the caller connected
-        return tls
-
-
-class _AsyncioLoop(_WatchingLoop, asyncio.SelectorEventLoop):
-    pass
-
-
-@functools.cache
-def _loop_class() -> type[_WatchingLoop]:
-    """uvloop's loop when uvloop is installed, else asyncio's, knowing its connections."""
-    try:
-        import uvloop
-    except ImportError:
-        return _AsyncioLoop
-
-    # uvloop's annotations differ from asyncio's in places, as in uvloop.Loop itself.
-    class _UvLoop(_WatchingLoop, uvloop.Loop):  # type: ignore[misc]
-        pass
-
-    return _UvLoop
-
-
-class _ForkGate:
-    """Where a runtime's threads stop while their process forks.
-
-    The loop thread parks in :meth:`park` (a loop callback); executor jobs pass through
-    :meth:`job`. :meth:`hold` (before a fork) waits until the loop thread is parked (or has
-    ended) and no job runs; :meth:`open` (after it, in the parent) lets both go on.
-    """
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._forking = False
-        self._parked = False
-        self._loop_ended = False
-        self._jobs = 0
-        self._in_job = threading.local()
-
-    def park(self) -> None:
-        with self._cond:
-            if not self._forking:
-                return
-            self._parked = True
-            self._cond.notify_all()
-            self._cond.wait_for(lambda: not self._forking)
-            self._parked = False
-
-    def loop_ended(self) -> None:
-        with self._cond:
-            self._loop_ended = True
-            self._cond.notify_all()
-
-    def job(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        with self._cond:
-            self._cond.wait_for(lambda: not self._forking)
-            self._jobs += 1
-        self._in_job.active = True
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            self._in_job.active = False
-            with self._cond:
-                self._jobs -= 1
-                self._cond.notify_all()
-
-    def hold(self, wake_loop: Callable[[], bool], timeout: float) -> bool:
-        """Stop the loop and the executor; True once both are at rest (False on timeout)."""
-        # A fork from inside a job waits for the other jobs only.
-        own = 1 if getattr(self._in_job, "active", False) else 0
-        with self._cond:
-            self._forking = True
-            if not (self._loop_ended or wake_loop()):
-                self._loop_ended = True  # the loop is closed: only its thread's end is left
-            return self._cond.wait_for(
-                lambda: (self._parked or self._loop_ended) and self._jobs == own, timeout
-            )
-
-    def open(self) -> None:
-        with self._cond:
-            self._forking = False
-            self._cond.notify_all()
-
-    @property
-    def forking(self) -> bool:
-        return self._forking  # read without the lock: a hint, checked between jobs
-
-
-class _GatedExecutor(concurrent.futures.ThreadPoolExecutor):
-    """The loop's default executor (``run_in_executor``, ``asyncio.to_thread``): every job
-    passes through the runtime's fork gate, and its threads are known, to be waited for."""
-
-    def __init__(self, gate: _ForkGate) -> None:
-        self.threads: list[threading.Thread] = []
-        super().__init__(
-            thread_name_prefix="concurrent-loader-io-pool",
-            initializer=lambda: self.threads.append(threading.current_thread()),
-        )
-        self._gate = gate
-
-    def submit(
-        self, fn: Callable[..., T], /, *args: Any, **kwargs: Any
-    ) -> concurrent.futures.Future[T]:
-        return super().submit(self._gate.job, fn, *args, **kwargs)
-
-
-class GatedThreadPool(concurrent.futures.ThreadPoolExecutor):
-    """A thread pool whose jobs a fork of this process waits for (new ones wait to start):
-    no thread of it is inside a C library when the process forks."""
-
-    def __init__(self, max_workers: int, thread_name_prefix: str) -> None:
-        super().__init__(max_workers=max_workers, thread_name_prefix=thread_name_prefix)
-        self._gate = _ForkGate()
-        self._pid = os.getpid()
-        _pools.add(self)
-
-    def submit(
-        self, fn: Callable[..., T], /, *args: Any, **kwargs: Any
-    ) -> concurrent.futures.Future[T]:
-        return super().submit(self._gate.job, fn, *args, **kwargs)
-
-    def forking(self) -> bool:
-        """Whether this process is about to fork: a long job should end (and resubmit its
-        rest) so that the fork need not wait for it."""
-        return self._gate.forking
-
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        try:
-            super().shutdown(wait, cancel_futures=cancel_futures)
-        finally:
-            # Jobs still running now (stuck in user code after a stall) are not waited for.
-            _pools.discard(self)
 
 
 class Runtime:
@@ -354,12 +83,12 @@ class Runtime:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self.loop = _loop_class()()
+        self.loop = loop_class()()
         self._leases = 0
         self._closed = False
         self._resources: dict[Hashable, AsyncCloseable] = {}
-        self._gate = _ForkGate()
-        self._executor = _GatedExecutor(self._gate)
+        self._gate = ForkGate()
+        self._executor = GatedExecutor(self._gate)
         self.loop.set_default_executor(self._executor)
         started = threading.Event()
         self._thread = threading.Thread(
@@ -556,8 +285,6 @@ _live: set[Runtime] = set()
 # Runtimes inherited through fork: their thread does not exist in the child and their
 # objects must not be touched or finalised there, so the child keeps them unreachable.
 _orphans: list[Runtime] = []
-# Thread pools whose jobs a fork of this process waits for.
-_pools: weakref.WeakSet[GatedThreadPool] = weakref.WeakSet()
 
 
 def acquire_runtime() -> Runtime:
@@ -581,7 +308,7 @@ def _before_fork() -> None:
         if runtime.pid == pid:
             runtime._quiesce_for_fork()
     deadline = time.monotonic() + QUIESCE_TIMEOUT_S
-    for pool in list(_pools):
+    for pool in list(pools):
         if pool._pid == pid and not pool._gate.hold(
             lambda: False, max(0.0, deadline - time.monotonic())
         ):
@@ -597,17 +324,17 @@ def _after_fork_in_parent() -> None:
     for runtime in list(_live):
         if runtime.pid == pid:
             runtime._resume_after_fork()
-    for pool in list(_pools):
+    for pool in list(pools):
         if pool._pid == pid:
             pool._gate.open()
 
 
 def _after_fork_in_child() -> None:
-    global _current, _lock, _pools
+    global _current, _lock
     # The parent's pools have no thread here; their copies are only ever closed.
-    for pool in list(_pools):
+    for pool in list(pools):
         pool._gate.open()
-    _pools = weakref.WeakSet()
+    pools.clear()
     _lock = threading.Lock()
     if _current is not None:
         _orphans.append(_current)

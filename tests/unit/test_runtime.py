@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from concurrent_loader import runtime
-from concurrent_loader.runtime import _AsyncioLoop, _loop_class, _WatchingLoop
+from concurrent_loader.loops import AsyncioLoop, WatchingLoop, loop_class
 from concurrent_loader.testing import make_private_ca
 
 try:
@@ -35,9 +35,9 @@ UNSENT = b"x" * (64 << 20)
         pytest.param("uvloop", marks=pytest.mark.skipif(not HAVE_UVLOOP, reason="no uvloop")),
     ]
 )
-def loop(request) -> Iterator[_WatchingLoop]:
-    loop = _AsyncioLoop() if request.param == "asyncio" else _loop_class()()
-    assert isinstance(loop, _WatchingLoop)
+def loop(request) -> Iterator[WatchingLoop]:
+    loop = AsyncioLoop() if request.param == "asyncio" else loop_class()()
+    assert isinstance(loop, WatchingLoop)
     try:
         yield loop
     finally:
@@ -123,7 +123,7 @@ async def _until(condition: Callable[[], bool]) -> None:
 
 
 @pytest.mark.parametrize("protocol_class", [_Recording, _RecordingBuffered])
-def test_the_callers_protocol_is_returned_and_receives(loop: _WatchingLoop, protocol_class):
+def test_the_callers_protocol_is_returned_and_receives(loop: WatchingLoop, protocol_class):
     async def main() -> None:
         async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             writer.write(await reader.readexactly(5))
@@ -146,7 +146,7 @@ def test_the_callers_protocol_is_returned_and_receives(loop: _WatchingLoop, prot
     loop.run_until_complete(main())
 
 
-def test_a_connection_nobody_closes_is_aborted_at_once(loop: _WatchingLoop, server: _Server):
+def test_a_connection_nobody_closes_is_aborted_at_once(loop: WatchingLoop, server: _Server):
     async def main() -> None:
         made = _Recording()
         await loop.create_connection(lambda: made, "127.0.0.1", server.port)
@@ -156,7 +156,7 @@ def test_a_connection_nobody_closes_is_aborted_at_once(loop: _WatchingLoop, serv
     loop.run_until_complete(main())
 
 
-def test_a_closing_connection_is_waited_for(loop: _WatchingLoop, server: _Server):
+def test_a_closing_connection_is_waited_for(loop: WatchingLoop, server: _Server):
     async def main() -> None:
         made = _Recording()
         transport, _ = await loop.create_connection(lambda: made, "127.0.0.1", server.port)
@@ -169,7 +169,7 @@ def test_a_closing_connection_is_waited_for(loop: _WatchingLoop, server: _Server
     loop.run_until_complete(main())
 
 
-def test_a_connection_still_closing_after_the_wait_is_aborted(loop: _WatchingLoop, server: _Server):
+def test_a_connection_still_closing_after_the_wait_is_aborted(loop: WatchingLoop, server: _Server):
     async def main() -> None:
         made = _Recording()
         transport, _ = await loop.create_connection(lambda: made, "127.0.0.1", server.port)
@@ -181,7 +181,7 @@ def test_a_connection_still_closing_after_the_wait_is_aborted(loop: _WatchingLoo
     loop.run_until_complete(main())
 
 
-def test_start_tls_hands_the_connection_over(loop: _WatchingLoop, tmp_path: Path):
+def test_start_tls_hands_the_connection_over(loop: WatchingLoop, tmp_path: Path):
     certificate = make_private_ca(tmp_path)
     client_context = ssl.create_default_context(cafile=str(certificate.ca_bundle))
 
