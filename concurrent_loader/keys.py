@@ -18,7 +18,9 @@ __all__ = ["KeyTable"]
 
 class KeyTable(Sequence[str]):
     def __init__(self, keys: Iterable[str]) -> None:
-        encoded = [key.encode("utf-8") for key in keys]
+        # surrogatepass: a tar member name that is not UTF-8 (read as tarfile reads it, with
+        # surrogateescape) is a key too, and comes back as it went in.
+        encoded = [key.encode("utf-8", "surrogatepass") for key in keys]
         self._offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
         np.cumsum([len(k) for k in encoded], out=self._offsets[1:])
         self._blob = b"".join(encoded)
@@ -39,7 +41,7 @@ class KeyTable(Sequence[str]):
         if not 0 <= index < n:
             raise IndexError(f"key index {index} out of range for {n} keys")
         start, end = self._offsets[index], self._offsets[index + 1]
-        return self._blob[start:end].decode("utf-8")
+        return self._blob[start:end].decode("utf-8", "surrogatepass")
 
     def __iter__(self) -> Iterator[str]:
         for i in range(len(self)):

@@ -73,7 +73,8 @@ class ShardIndex:
             "size": self.size,
             "members": members,
         }
-        return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        # ASCII: a member name that is not UTF-8 (a lone surrogate) is written escaped.
+        return json.dumps(document, separators=(",", ":")).encode("ascii")
 
     @classmethod
     def from_json(cls, data: bytes | bytearray, url: str) -> ShardIndex:

@@ -323,3 +323,24 @@ def test_hostile_indexes_fail_clearly_or_give_the_shards_samples(seed):
             assert got.url == URL and "offset" in str(got), got
         elif not any(isinstance(before, ShardError) for before in ours[:i]):
             assert got == original[i], (i, got[0])
+
+
+def test_member_names_that_are_not_utf8_read_as_webdataset_reads_them():
+    # Latin-1 file names, as a tar made on an old system holds them (tarfile and webdataset
+    # read them with surrogateescape); with an index written by our own ShardIndex too.
+    from concurrent_loader.shards.index import ShardIndex
+    from concurrent_loader.shards.tar import Member
+
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name, data in (("caf\udce9.jpg", b"1"), ("caf\udce9.cls", b"0"), ("b.jpg", b"2")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    shard = out.getvalue()
+    expected, clean = webdataset_read(shard)
+    assert clean and [key for key, _ in expected] == ["caf\udce9", "b"]
+    assert our_read(shard, None) == expected
+    members = tuple(Member(*entry) for entry in tarfile_index(shard))
+    index = ShardIndex(size=len(shard), members=members).to_json()
+    assert our_read(shard, index) == expected
