@@ -156,10 +156,6 @@ class Runtime:
     def call_soon(self, callback: Callable[..., object], *args: object) -> None:
         self.loop.call_soon_threadsafe(callback, *args)
 
-    def in_loop_thread(self) -> bool:
-        """True when called from the loop's own thread (where :meth:`run` would deadlock)."""
-        return threading.current_thread() is self._thread
-
     async def resource(
         self, key: Hashable, factory: Callable[[], Awaitable[AsyncCloseable]]
     ) -> Any:
