@@ -14,7 +14,7 @@ import base64
 import hashlib
 import random
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -37,6 +37,17 @@ CHECKED = [name for name, header in UPLOADS.items() if header is not None]
 RETRY = FetchConfig(retry=RetryConfig(max_attempts=3, base_delay=0.01, max_delay=0.05))
 
 
+#: datasets a test made, closed when it ends (each holds the process's runtime until then)
+_made: list[ObjectDataset] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_datasets() -> Iterator[None]:
+    yield
+    while _made:
+        _made.pop().close()
+
+
 @dataclass(frozen=True)
 class Uploaded:
     server: S3ServerProcess
@@ -44,9 +55,11 @@ class Uploaded:
     bodies: dict[str, bytes]
 
     def dataset(self, upload: str, endpoint_url: str, **options: object) -> ObjectDataset:
-        return ObjectDataset(
+        dataset = ObjectDataset(
             f"s3://{BUCKET}/", [f"{upload}.bin"], endpoint_url=endpoint_url, **options
         )
+        _made.append(dataset)
+        return dataset
 
 
 @pytest.fixture(scope="session")

@@ -35,6 +35,16 @@ OBJECTS = {
 }
 RETRY = FetchConfig(retry=RetryConfig(max_attempts=3, base_delay=0.01, max_delay=0.05))
 
+#: datasets a test made, closed when it ends (each holds the process's runtime until then)
+_made: list[ObjectDataset] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_datasets() -> Iterator[None]:
+    yield
+    while _made:
+        _made.pop().close()
+
 
 class _Objects(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
@@ -78,7 +88,9 @@ def origin() -> Iterator[str]:
 
 
 def _dataset(proxy: Any, name: str) -> ObjectDataset:
-    return ObjectDataset(f"{proxy.endpoint_url}/data/", [name], fetch_config=RETRY)
+    dataset = ObjectDataset(f"{proxy.endpoint_url}/data/", [name], fetch_config=RETRY)
+    _made.append(dataset)
+    return dataset
 
 
 @pytest.mark.parametrize(("name", "algorithm"), [("goog.bin", "crc32c"), ("md5.bin", "md5")])
