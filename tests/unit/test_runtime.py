@@ -5,6 +5,7 @@ servers (TCP, and TLS for ``start_tls``)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import ssl
 import threading
@@ -57,7 +58,10 @@ class _Server:
         self._thread.start()
 
     def _serve(self) -> None:
-        conn, _ = self._listener.accept()
+        try:
+            conn, _ = self._listener.accept()
+        except OSError:  # stopped first: the test's connection ended before it was accepted
+            return
         with conn:
             self._read.wait()
             while conn.recv(1 << 20):
@@ -68,6 +72,8 @@ class _Server:
 
     def stop(self) -> None:
         self._read.set()
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes an accept() still waiting
         self._listener.close()
         self._thread.join(10)
 
