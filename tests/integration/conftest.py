@@ -13,11 +13,14 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
 from concurrent_loader.runtime import acquire_runtime
 from concurrent_loader.testing import S3ServerProcess, ServerCertificate, make_private_ca
+
+DatasetT = TypeVar("DatasetT")
 
 SERVERS = ("seaweedfs", "moto")
 BUCKET = "e2e"
@@ -153,3 +156,21 @@ def join_executor_threads(timeout: float = 10.0) -> None:
     for thread in threading.enumerate():
         if thread.name.startswith(("uvloop_", "asyncio_")):
             thread.join(timeout)
+
+
+#: what tests made through :func:`closed_after_test`, closed when the test ends
+_made: list[Any] = []
+
+
+def closed_after_test(dataset: DatasetT) -> DatasetT:
+    """``dataset``, closed when the test ends (an open dataset holds its process's runtime,
+    whose threads the next test would find)."""
+    _made.append(dataset)
+    return dataset
+
+
+@pytest.fixture(autouse=True)
+def _close_what_tests_made() -> Iterator[None]:
+    yield
+    while _made:
+        _made.pop().close()

@@ -14,7 +14,7 @@ import base64
 import hashlib
 import random
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
@@ -23,7 +23,7 @@ from concurrent_loader import FetchConfig, ObjectDataset, RetryConfig
 from concurrent_loader.errors import IntegrityError, Reason
 from concurrent_loader.testing import FaultPlan, S3ServerProcess
 
-from .conftest import attempts_of
+from .conftest import attempts_of, closed_after_test
 
 BUCKET = "integrity"
 #: upload setting -> (the header S3 returns, the digest of a body in it); None: no checksum
@@ -37,17 +37,6 @@ CHECKED = [name for name, header in UPLOADS.items() if header is not None]
 RETRY = FetchConfig(retry=RetryConfig(max_attempts=3, base_delay=0.01, max_delay=0.05))
 
 
-#: datasets a test made, closed when it ends (each holds the process's runtime until then)
-_made: list[ObjectDataset] = []
-
-
-@pytest.fixture(autouse=True)
-def _close_datasets() -> Iterator[None]:
-    yield
-    while _made:
-        _made.pop().close()
-
-
 @dataclass(frozen=True)
 class Uploaded:
     server: S3ServerProcess
@@ -58,8 +47,7 @@ class Uploaded:
         dataset = ObjectDataset(
             f"s3://{BUCKET}/", [f"{upload}.bin"], endpoint_url=endpoint_url, **options
         )
-        _made.append(dataset)
-        return dataset
+        return closed_after_test(dataset)
 
 
 @pytest.fixture(scope="session")

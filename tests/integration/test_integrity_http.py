@@ -23,6 +23,8 @@ from concurrent_loader.stores.checksum import ALGORITHMS
 from concurrent_loader.stores.http import HttpConfig
 from concurrent_loader.testing import FaultPlan
 
+from .conftest import closed_after_test
+
 _rng = random.Random(1127)
 BODY = _rng.randbytes(110_000)
 CRC32C = base64.b64encode(ALGORITHMS["crc32c"](BODY)).decode()
@@ -34,16 +36,6 @@ OBJECTS = {
     "/data/plain.bin": {},
 }
 RETRY = FetchConfig(retry=RetryConfig(max_attempts=3, base_delay=0.01, max_delay=0.05))
-
-#: datasets a test made, closed when it ends (each holds the process's runtime until then)
-_made: list[ObjectDataset] = []
-
-
-@pytest.fixture(autouse=True)
-def _close_datasets() -> Iterator[None]:
-    yield
-    while _made:
-        _made.pop().close()
 
 
 class _Objects(http.server.BaseHTTPRequestHandler):
@@ -89,8 +81,7 @@ def origin() -> Iterator[str]:
 
 def _dataset(proxy: Any, name: str) -> ObjectDataset:
     dataset = ObjectDataset(f"{proxy.endpoint_url}/data/", [name], fetch_config=RETRY)
-    _made.append(dataset)
-    return dataset
+    return closed_after_test(dataset)
 
 
 @pytest.mark.parametrize(("name", "algorithm"), [("goog.bin", "crc32c"), ("md5.bin", "md5")])
