@@ -13,6 +13,7 @@ stream). Users meet it as :class:`ObjectDataset` / :class:`ImageFolder` and
 
 from .config import FetchConfig, HedgeConfig, RetryConfig, Timeouts
 from .dataset import IMG_EXTENSIONS, ImageFolder, ObjectDataset
+from .decode import EncodedImage
 from .errors import (
     AccessDenied,
     BadRequest,
@@ -56,6 +57,7 @@ __all__ = [
     "ConfigError",
     "ConnectionFailed",
     "DecodeError",
+    "EncodedImage",
     "FetchConfig",
     "FetchError",
     "FetchTimeout",

@@ -26,7 +26,7 @@ from torch.utils.data import Dataset
 from .cache import CacheConfig, CachedStoreConfig, with_cache
 from .closing import Closing
 from .config import FetchConfig
-from .decode import ImageDecoder
+from .decode import EncodedImageDecoder, ImageDecoder, check_decode_on
 from .errors import ConfigError, Reason
 from .fetch import fetch_blocking
 from .keys import KeyTable
@@ -267,7 +267,7 @@ class _ImageFolderDecoder:
 
     def __init__(
         self,
-        decoder: ImageDecoder,
+        decoder: ImageDecoder | EncodedImageDecoder,
         targets: np.ndarray,
         target_transform: Callable[[int], Any] | None,
     ) -> None:
@@ -290,6 +290,14 @@ class ImageFolder(ObjectDataset):
     By default ``image`` is a uint8 CHW tensor of the whole image; ``image_size`` (int or
     (h, w)) turns on the fused decode (JPEG draft mode, resize and centre crop in one step);
     ``transform`` receives the PIL image instead (torchvision transforms work).
+
+    ``decode_on="cuda"`` (needs ``image_size``, no ``transform``) makes the workers ship
+    each image's bytes undecoded, as an :class:`~concurrent_loader.decode.EncodedImage`;
+    :class:`~concurrent_loader.gpu.CUDAPrefetcher` decodes each batch on the GPU in one
+    batched call, resizes and crops it there, and delivers the same normalised batch as
+    the CPU path. ``decode_on="cpu"`` is the same with the decode done on the prefetcher's
+    thread by Pillow (a stand-in, for tests). See :mod:`concurrent_loader.decode.encoded`
+    for which errors stay under the skip policy.
     """
 
     def __init__(
@@ -301,9 +309,16 @@ class ImageFolder(ObjectDataset):
         image_size: int | tuple[int, int] | None = None,
         keys: Iterable[str] | None = None,
         extensions: tuple[str, ...] = IMG_EXTENSIONS,
+        decode_on: str | None = None,
         **kwargs: Any,
     ) -> None:
-        self.decoder = ImageDecoder(image_size, transform=transform)
+        check_decode_on(decode_on, image_size, transform)
+        self.decode_on = decode_on
+        self.decoder: ImageDecoder | EncodedImageDecoder
+        if decode_on is not None and image_size is not None:
+            self.decoder = EncodedImageDecoder(image_size, decode_on)
+        else:
+            self.decoder = ImageDecoder(image_size, transform=transform)
         self.target_transform = target_transform
         self.extensions = tuple(e.lower() for e in extensions)
         super().__init__(root, keys, decode=None, **kwargs)

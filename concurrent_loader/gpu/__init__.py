@@ -6,8 +6,11 @@
   Without CUDA the same code runs on the CPU, still overlapping conversion with loading.
 * :class:`StallMeter` and :func:`measure_stalls` split a training loop's step time into
   waiting for data and computing, and compare the loader-fed rate with a synthetic one.
+* :class:`EncodedBatchDecoder` decodes the encoded images of a ``decode_on`` dataset, a
+  batch in one call (nvJPEG on CUDA), for the prefetcher.
 """
 
+from .decode import EncodedBatchDecoder, resize_crop
 from .normalize import DEFAULT_IMAGE_KEYS, ImageTransform
 from .prefetch import CUDAPrefetcher, PrefetchIterator
 from .ring import PinnedRing
@@ -16,6 +19,7 @@ from .stall import StallComparison, StallMeter, StallReport, measure_stalls, rep
 __all__ = [
     "DEFAULT_IMAGE_KEYS",
     "CUDAPrefetcher",
+    "EncodedBatchDecoder",
     "ImageTransform",
     "PinnedRing",
     "PrefetchIterator",
@@ -24,4 +28,5 @@ __all__ = [
     "StallReport",
     "measure_stalls",
     "repeat_batch",
+    "resize_crop",
 ]

@@ -20,6 +20,10 @@ Guarantees of :class:`CUDATransfer`:
   passed through untouched, and so is the image leaf when it is already on a device.
   CPU tensors of a non-strided layout (sparse) are moved by the consumer's thread, on its
   stream, when the batch is handed over.
+* A top-level list of :class:`~concurrent_loader.decode.EncodedImage` (a dataset made with
+  ``decode_on``) is first decoded into a uint8 image tensor on the producer thread, on the
+  copy stream for CUDA (see :mod:`concurrent_loader.gpu.decode`); that tensor is then
+  normalised like any image leaf.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
+from .decode import EncodedBatchDecoder, decode_images
 from .normalize import ImageTransform
 from .ring import PinnedRing
 from .tree import Path, map_batch
@@ -86,6 +91,7 @@ class HostTransfer:
         self.device = device
         self._transform = transform
         self._convert = transform.on(device)
+        self._images = EncodedBatchDecoder(device)
 
     @contextlib.contextmanager
     def context(self) -> Iterator[None]:
@@ -93,6 +99,8 @@ class HostTransfer:
             yield
 
     def stage(self, batch: Any) -> Any:
+        batch, _ = decode_images(batch, self._images)
+
         def move(path: Path, leaf: Any) -> Any:
             if not isinstance(leaf, torch.Tensor):
                 return leaf
@@ -137,6 +145,7 @@ class CUDATransfer:
         # Made under the copy stream so the kernels that use them are ordered after them.
         with torch.cuda.device(device), torch.cuda.stream(self.stream):
             self._convert = transform.on(device)
+        self._images = EncodedBatchDecoder(device)
 
     @property
     def pinned_bytes(self) -> int:
@@ -153,12 +162,19 @@ class CUDATransfer:
             yield
 
     def stage(self, batch: Any) -> _InFlight:
+        # Encoded images are decoded first, on this (the copy) stream: before a ring slot
+        # is taken, so a decode error leaves the ring as it was.
+        batch, decoded = decode_images(batch, self._images)
         slot = self._ring.acquire()
         owned: list[torch.Tensor] = []
         deferred = False
 
         def move(path: Path, leaf: Any) -> Any:
             nonlocal deferred
+            if path in decoded and isinstance(leaf, torch.Tensor) and leaf.device == self.device:
+                out = self._convert(leaf) if self._transform.selects(path, leaf) else leaf
+                owned.append(out)
+                return out
             if not isinstance(leaf, torch.Tensor) or leaf.device.type != "cpu":
                 return leaf
             if leaf.layout != torch.strided:

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..config import FetchConfig
 from ..dataset import ObjectDataset
-from ..decode import ImageDecoder
+from ..decode import EncodedImageDecoder, ImageDecoder, check_decode_on
 from ..errors import ConfigError, ObjectNotFound, Reason, ShardError
 from ..listing import list_store
 from ..listing import progress as progress_bar
@@ -169,7 +169,8 @@ class ImageSample:
     one image member (``.jpg``, ``.png``...) and a ``.cls`` member (the class index as
     text), as ``concurrent-loader pack --image-folder`` writes them. ``image_size`` and
     ``transform`` are as for :class:`~concurrent_loader.ImageFolder`; a sample without
-    either member is a ``ShardError`` (``MissingMember``)."""
+    either member is a ``ShardError`` (``MissingMember``). ``decode_on`` ("cuda" or "cpu")
+    ships the image bytes for the prefetcher to decode, as ``ImageFolder``'s does."""
 
     def __init__(
         self,
@@ -177,8 +178,14 @@ class ImageSample:
         *,
         transform: Callable[[Any], Any] | None = None,
         label: str = "cls",
+        decode_on: str | None = None,
     ) -> None:
-        self.decoder = ImageDecoder(image_size, transform=transform)
+        check_decode_on(decode_on, image_size, transform)
+        self.decoder: ImageDecoder | EncodedImageDecoder
+        if decode_on is not None and image_size is not None:
+            self.decoder = EncodedImageDecoder(image_size, decode_on)
+        else:
+            self.decoder = ImageDecoder(image_size, transform=transform)
         self.label = label
 
     def __call__(self, sample: dict[str, Any]) -> tuple[Any, int]:

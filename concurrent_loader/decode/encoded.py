@@ -1,0 +1,179 @@
+"""Encoded images: workers ship a sample's JPEG bytes, the main process decodes the batch.
+
+With ``decode_on`` set (``ImageFolder(..., decode_on="cuda")``), the worker-side decoder is an
+:class:`EncodedImageDecoder`: it does not decode pixels, it returns the object's bytes as an
+:class:`EncodedImage`, a ``bytes`` subclass that also carries the target size ``(h, w)``,
+the object's URL (for errors) and where it is to be decoded. ``default_collate`` keeps
+``bytes`` (and subclasses) as they are, so a batch reaches the main process as
+``[list[EncodedImage], labels]``; :class:`~concurrent_loader.gpu.CUDAPrefetcher` decodes
+the list in one batched call (see :mod:`concurrent_loader.gpu.decode`).
+
+Where the decode happens, ``decode_on``:
+
+* ``"cuda"``: one batched nvJPEG call per batch on the GPU (``torchvision.io.decode_jpeg``);
+  what it needs (CUDA, torchvision) is checked in the main process, at the first batch.
+* ``"cpu"``: the same plumbing with the :class:`PILBatchDecoder` stand-in, on the
+  prefetcher's producer thread in the main process (one thread: for tests and small runs,
+  not for speed; the fused worker-side decode, ``decode_on=None``, is the fast CPU path).
+
+Errors. The worker reads only the image header (Pillow's ``Image.open`` parses the header
+and decodes no pixels): an empty object or one that is not an image at all is a
+:class:`~concurrent_loader.errors.DecodeError` raised in the worker, so the loader's skip
+policy (``on_error="skip"``, ``SkippedSample``, the skip budget) applies to it as usual. An
+image whose header is valid but whose data is not is found only when the main process
+decodes the batch: that raises a ``DecodeError`` naming the object's URL and ends the pass,
+whatever ``on_error`` says (the loader's skip budget never sees it; no sample is dropped or
+replaced silently).
+
+An :class:`EncodedImage` keeps its attributes through pickling (its ``__reduce__`` names
+them), so it crosses ``fork``, ``spawn`` and ``forkserver`` worker queues intact.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from typing import Any, Literal, Protocol
+
+import torch
+from PIL import Image
+
+from ..errors import ConfigError, DecodeError, Reason
+from .image import ImageDecoder, to_tensor
+
+__all__ = [
+    "DECODE_ON",
+    "BatchDecoder",
+    "DecodeOn",
+    "EncodedImage",
+    "EncodedImageDecoder",
+    "PILBatchDecoder",
+    "check_decode_on",
+]
+
+DecodeOn = Literal["cuda", "cpu"]
+#: the accepted values of ``decode_on`` (``None`` means: decode in the worker, as before)
+DECODE_ON: tuple[str, ...] = ("cuda", "cpu")
+
+
+class EncodedImage(bytes):
+    """An image object's bytes, with what the batch decode needs: ``size`` (the output
+    ``(h, w)``), ``url`` (named by errors) and ``decode_on`` (``"cuda"`` or ``"cpu"``)."""
+
+    size: tuple[int, int]
+    url: str | None
+    decode_on: str
+
+    def __new__(
+        cls,
+        data: bytes | bytearray | memoryview,
+        size: tuple[int, int],
+        url: str | None = None,
+        decode_on: str = "cuda",
+    ) -> EncodedImage:
+        self = super().__new__(cls, data)
+        self.size = (int(size[0]), int(size[1]))
+        self.url = url
+        self.decode_on = decode_on
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (EncodedImage, (bytes(self), self.size, self.url, self.decode_on))
+
+    def __repr__(self) -> str:
+        return (
+            f"EncodedImage({len(self)} bytes, size={self.size}, url={self.url!r}, "
+            f"decode_on={self.decode_on!r})"
+        )
+
+    __str__ = __repr__  # bytes' own str() would print every byte
+
+    def tensor(self) -> torch.Tensor:
+        """The bytes as a 1-D uint8 CPU tensor (a copy), what batch decoders take."""
+        return torch.frombuffer(bytearray(self), dtype=torch.uint8)
+
+
+def check_decode_on(decode_on: str | None, image_size: Any, transform: Any) -> None:
+    """Raise :class:`ConfigError` for a ``decode_on`` that cannot work with these options."""
+    if decode_on is None:
+        return
+    if decode_on not in DECODE_ON:
+        raise ConfigError(
+            f"decode_on must be one of {DECODE_ON} or None, got {decode_on!r}",
+            cause=Reason.INVALID_ARGUMENT,
+        )
+    if image_size is None:
+        raise ConfigError(
+            f"decode_on={decode_on!r} needs image_size: a batch is decoded to one size",
+            cause=Reason.INVALID_ARGUMENT,
+        )
+    if transform is not None:
+        raise ConfigError(
+            f"decode_on={decode_on!r} cannot take a transform: the worker no longer has a "
+            "PIL image to give it",
+            cause=Reason.INVALID_ARGUMENT,
+        )
+
+
+class EncodedImageDecoder:
+    """Worker-side decoder of ``decode_on``: checks the header, returns an
+    :class:`EncodedImage` (see the module docstring for what is checked where)."""
+
+    def __init__(self, image_size: int | tuple[int, int], decode_on: str = "cuda") -> None:
+        check_decode_on(decode_on, image_size, None)
+        size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+        if len(size) != 2 or min(size) < 1:
+            raise ValueError(f"image_size must be a positive int or (h, w), got {image_size!r}")
+        self.image_size: tuple[int, int] = (int(size[0]), int(size[1]))
+        self.decode_on = decode_on
+
+    def __repr__(self) -> str:
+        return f"EncodedImageDecoder(image_size={self.image_size}, decode_on={self.decode_on!r})"
+
+    def __call__(
+        self, data: bytes | bytearray | memoryview, url: str | None = None
+    ) -> EncodedImage:
+        if len(data) == 0:
+            raise DecodeError(
+                "the object is empty (0 bytes)", url=url, stage="decode", cause=Reason.EMPTY_OBJECT
+            )
+        try:
+            with Image.open(io.BytesIO(data)):  # reads the header only
+                pass
+        except Exception as exc:
+            raise DecodeError(
+                f"not a decodable image: {type(exc).__name__}: {exc}",
+                url=url,
+                stage="decode",
+                cause=Reason.UNDECODABLE,
+            ) from exc
+        return EncodedImage(data, self.image_size, url, self.decode_on)
+
+
+class BatchDecoder(Protocol):
+    """Decodes a batch of encoded images: 1-D uint8 CPU tensors in, full-size uint8 CHW
+    RGB tensors on ``device`` out, one per input, in order. Raises on any failure; the
+    caller finds the culprit by decoding one at a time."""
+
+    name: str
+
+    def decode(self, data: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]: ...
+
+
+class PILBatchDecoder:
+    """The CPU stand-in: Pillow (through :class:`ImageDecoder`), one image after another.
+
+    Also the fallback of the GPU decoders for what they cannot read (PNG and other formats
+    than JPEG, or a JPEG the GPU decoder refuses but Pillow reads)."""
+
+    name = "pillow"
+
+    def __init__(self) -> None:
+        self._decoder = ImageDecoder(None)
+
+    def decode(self, data: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+        out = []
+        for item in data:
+            image = self._decoder.open(item.numpy().tobytes())  # RGB, pixels loaded
+            out.append(to_tensor(image).to(device))
+        return out

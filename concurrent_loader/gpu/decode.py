@@ -1,0 +1,245 @@
+"""Decoding a batch of :class:`~concurrent_loader.decode.EncodedImage` in the main process.
+
+A batch from a dataset made with ``decode_on`` (see :mod:`concurrent_loader.decode.encoded`)
+holds, at some top-level position or key, a list of ``EncodedImage`` instead of an image
+tensor. The prefetcher's transfer (:mod:`concurrent_loader.gpu.transfer`) replaces every
+such list with a uint8 ``N, 3, h, w`` tensor before the batch is moved and normalised, on its
+producer thread (on CUDA: on its copy stream), so the loop receives exactly what the CPU
+decode path gives it.
+
+Guarantees of :class:`EncodedBatchDecoder`:
+
+* One batched call per batch to the decoder of ``decode_on``: for ``"cuda"``
+  ``torchvision.io.decode_jpeg(list, device=...)`` (nvJPEG); for ``"cpu"`` the Pillow
+  stand-in (:class:`~concurrent_loader.decode.PILBatchDecoder`). Objects that are not JPEG
+  (PNG, WebP...) are decoded by the stand-in and moved to the device.
+* Geometry is the CPU fused path's: resize the shorter side to cover ``(h, w)`` (bilinear,
+  antialiased, in float32, rounded back to uint8), then centre-crop; done image by image,
+  each full-size decoded image dropped as soon as its crop is written into the batch.
+  Pixels differ from the CPU fused decode by a few levels (different IDCT and resampler).
+* Item ``i`` of the tensor is item ``i`` of the list: order and identity are kept.
+* When the batched call fails, each image is decoded alone (then with the stand-in) to
+  find the culprit; an image that no decoder reads raises
+  :class:`~concurrent_loader.errors.DecodeError` naming its URL. Nothing is dropped or
+  replaced; the loader's skip policy does not apply at this stage.
+* What ``decode_on`` needs is checked at the first batch, in the main process: ``"cuda"``
+  without a CUDA device to deliver to, or without torchvision, is a
+  :class:`~concurrent_loader.errors.ConfigError` saying what is missing.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..decode.encoded import BatchDecoder, EncodedImage, PILBatchDecoder
+from ..errors import ConfigError, DecodeError, Reason
+from .tree import Path
+
+__all__ = [
+    "EncodedBatchDecoder",
+    "TorchvisionDecoder",
+    "cuda_decoder",
+    "decode_images",
+    "is_encoded_list",
+    "resize_crop",
+]
+
+_JPEG_MAGIC = (0xFF, 0xD8, 0xFF)
+
+
+class TorchvisionDecoder:
+    """nvJPEG through ``torchvision.io.decode_jpeg``: a list in, one batched call."""
+
+    name = "torchvision"
+
+    def __init__(self) -> None:
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        self._decode_jpeg = decode_jpeg
+        self._mode = ImageReadMode.RGB
+
+    def decode(self, data: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+        out = self._decode_jpeg(list(data), mode=self._mode, device=device)
+        return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def cuda_decoder() -> BatchDecoder:
+    """The GPU batch decoder; :class:`ConfigError` when none is installed."""
+    try:
+        return TorchvisionDecoder()
+    except ImportError as exc:
+        raise ConfigError(
+            "decode_on='cuda' needs torchvision (torchvision.io.decode_jpeg, nvJPEG) in the "
+            f"main process, and it cannot be imported ({exc}); install torchvision matching "
+            "your torch, or use decode_on='cpu' or None",
+            cause=Reason.INVALID_ARGUMENT,
+        ) from exc
+
+
+def resize_crop(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """``image`` (uint8 ``C, H, W``) resized so it covers ``size`` then centre-cropped to it."""
+    height, width = image.shape[-2:]
+    out_h, out_w = size
+    scale = max(out_w / width, out_h / height)
+    new_h, new_w = max(out_h, round(height * scale)), max(out_w, round(width * scale))
+    if (new_h, new_w) != (height, width):
+        resized = F.interpolate(
+            image.unsqueeze(0).float(), size=(new_h, new_w), mode="bilinear", antialias=True
+        )
+        image = resized.round_().clamp_(0, 255).to(torch.uint8)[0]
+    top, left = (new_h - out_h) // 2, (new_w - out_w) // 2
+    return image[:, top : top + out_h, left : left + out_w]
+
+
+def is_encoded_list(value: Any) -> bool:
+    """Whether ``value`` is a non-empty list or tuple of :class:`EncodedImage`."""
+    return (
+        isinstance(value, (list, tuple))
+        and len(value) > 0
+        and all(isinstance(item, EncodedImage) for item in value)
+    )
+
+
+def _is_jpeg(data: torch.Tensor) -> bool:
+    return data.numel() >= 3 and tuple(data[:3].tolist()) == _JPEG_MAGIC
+
+
+class EncodedBatchDecoder:
+    """Decodes lists of :class:`EncodedImage` for batches delivered on ``device``."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._fallback = PILBatchDecoder()
+        self._gpu: BatchDecoder | None = None
+
+    def _target(self, decode_on: str) -> tuple[BatchDecoder, torch.device]:
+        if decode_on == "cpu":
+            return self._fallback, torch.device("cpu")
+        if decode_on != "cuda":
+            raise ConfigError(f"unknown decode_on {decode_on!r}", cause=Reason.INVALID_ARGUMENT)
+        if self.device.type != "cuda":
+            why = (
+                "CUDA is not available (torch.cuda.is_available() is False)"
+                if not torch.cuda.is_available()
+                else f"the prefetcher delivers batches on {self.device}"
+            )
+            raise ConfigError(
+                f"decode_on='cuda' needs a CUDA device to decode on, but {why}; use "
+                "decode_on='cpu' or None for the dataset",
+                cause=Reason.INVALID_ARGUMENT,
+            )
+        if self._gpu is None:
+            self._gpu = cuda_decoder()
+        return self._gpu, self.device
+
+    def __call__(self, images: Sequence[EncodedImage]) -> torch.Tensor:
+        """A uint8 ``N, 3, h, w`` tensor of ``images`` (on CUDA for ``decode_on="cuda"``,
+        else on the CPU)."""
+        kinds = {(image.size, image.decode_on) for image in images}
+        if len(kinds) != 1:
+            raise ConfigError(
+                f"a batch mixes encoded images of different sizes or decode_on: {sorted(kinds)}",
+                cause=Reason.INVALID_ARGUMENT,
+            )
+        ((size, decode_on),) = kinds
+        decoder, device = self._target(decode_on)
+        data = [image.tensor() for image in images]
+        out = torch.empty((len(images), 3, *size), dtype=torch.uint8, device=device)
+        on_device = [i for i, d in enumerate(data) if decoder is self._fallback or _is_jpeg(d)]
+        rest = [i for i in range(len(data)) if i not in set(on_device)]
+        for indices, chosen in ((on_device, decoder), (rest, self._fallback)):
+            if not indices:
+                continue
+            decoded: list[torch.Tensor | None] = list(
+                self._decode_all(chosen, [data[i] for i in indices], device, images, indices)
+            )
+            for j, i in enumerate(indices):
+                full = decoded[j]
+                assert full is not None
+                decoded[j] = None  # the full-size image is freed once its crop is written
+                out[i].copy_(resize_crop(full, size))
+                del full
+        return out
+
+    def _decode_all(
+        self,
+        decoder: BatchDecoder,
+        data: list[torch.Tensor],
+        device: torch.device,
+        images: Sequence[EncodedImage],
+        indices: list[int],
+    ) -> list[torch.Tensor]:
+        try:
+            decoded = decoder.decode(data, device)
+            if len(decoded) == len(data):
+                return decoded
+        except Exception:
+            pass
+        # The batched call failed: decode one by one to name the object at fault.
+        return [
+            self._decode_one(decoder, d, device, images[i])
+            for d, i in zip(data, indices, strict=True)
+        ]
+
+    def _decode_one(
+        self, decoder: BatchDecoder, data: torch.Tensor, device: torch.device, image: EncodedImage
+    ) -> torch.Tensor:
+        try:
+            return decoder.decode([data], device)[0]
+        except Exception as exc:
+            first: BaseException = exc
+        if decoder is not self._fallback:
+            try:
+                return self._fallback.decode([data], torch.device("cpu"))[0].to(device)
+            except Exception as exc:
+                first = exc
+        if isinstance(first, DecodeError):
+            raise first.for_object(image.url or "?") from first.__cause__
+        raise DecodeError(
+            f"not a decodable image ({decoder.name}): {type(first).__name__}: {first}",
+            url=image.url,
+            stage="decode",
+            cause=Reason.UNDECODABLE,
+        ) from first
+
+
+def decode_images(batch: Any, decoder: EncodedBatchDecoder) -> tuple[Any, frozenset[Path]]:
+    """``batch`` with every top-level list of :class:`EncodedImage` decoded, and the paths
+    of the tensors that replaced them. A batch without one is returned as it is."""
+    if is_encoded_list(batch):
+        return decoder(batch), frozenset({()})
+    if isinstance(batch, Mapping):
+        keys = [k for k, v in batch.items() if is_encoded_list(v)]
+        if not keys:
+            return batch, frozenset()
+        out = copy.copy(batch)
+        for key in keys:
+            out[key] = decoder(batch[key])  # type: ignore[index]
+        return out, frozenset((k,) for k in keys)
+    if isinstance(batch, (list, tuple)):
+        positions = [i for i, v in enumerate(batch) if is_encoded_list(v)]
+        if not positions:
+            return batch, frozenset()
+        items = list(batch)
+        for i in positions:
+            items[i] = decoder(batch[i])
+        return _same_type(batch, items), frozenset((i,) for i in positions)
+    return batch, frozenset()
+
+
+def _same_type(batch: list[Any] | tuple[Any, ...], items: list[Any]) -> Any:
+    if isinstance(batch, list):
+        out = copy.copy(batch)  # keeps a list subclass and its attributes (partial batches)
+        out[:] = items
+        return out
+    if hasattr(batch, "_fields"):
+        return type(batch)(*items)
+    try:
+        return type(batch)(items)
+    except TypeError:
+        return tuple(items)
