@@ -18,8 +18,8 @@ entry behind, on a writer thread. Guarantees:
   it logs one WARNING per process and store, then reads go to the wrapped store (a failed
   read stops the use of the cache; a failed write pauses writing, retried after a back-off:
   :mod:`.writer`).
-- A miss is counted once per read: a GET and its hedge (:mod:`..fetch.hedge`) that both
-  complete are one miss (the hedge is counted as a hedge).
+- A miss is counted once per read: GETs of one object (or range) in flight at once in a
+  process, as a GET and its hedge are, count as one miss however many complete.
 - Entries are written behind reads, bounded (:mod:`.writer`). ``close()`` finishes the
   pending writes and joins the writer.
 
@@ -37,12 +37,10 @@ import contextlib
 import dataclasses
 import logging
 import multiprocessing.util
-import weakref
 from collections.abc import AsyncIterator, Iterator
 
 from ..config import FetchConfig
 from ..fetch import client_for
-from ..fetch.hedge import hedged_attempt
 from ..metrics.cache import cache_tally
 from ..stores.base import Body, ByteRange, ObjectInfo, Store
 from .cached import MAX_PENDING_BYTES, CachedStoreConfig, source_prefix
@@ -81,8 +79,8 @@ class CachedStore:
         self._prefix = source_prefix(config.inner)
         self._max_wait_s = min(fetch.timeouts.attempt / 2, MAX_WAIT_S)
         self._tally = cache_tally()
-        #: hedged attempts whose miss is counted: a GET and its hedge are one miss
-        self._missed: weakref.WeakSet[object] = weakref.WeakSet()
+        #: GETs in flight per object (or range), and whether their miss is counted yet
+        self._missing: dict[tuple[str, ByteRange | None], list[int]] = {}
         self._warned = False
         self._locking = True
         self._closed = False
@@ -128,8 +126,21 @@ class CachedStore:
         return await self._fill(directory, key, name, source, replace=bad)
 
     async def _uncached(self, key: str, byte_range: ByteRange | None) -> Body:
-        body = await self._wrapped().get(key, byte_range)
-        self._count_miss()
+        """A GET of the wrapped store; GETs of the same object (or range) that overlap in
+        time (a GET and its hedge) are one miss."""
+        read = (key, byte_range)
+        group = self._missing.setdefault(read, [0, 0])  # [in flight, counted]
+        group[0] += 1
+        try:
+            body = await self._wrapped().get(key, byte_range)
+        finally:
+            group[0] -= 1
+            if not group[0]:
+                del self._missing[read]
+        if not group[1]:
+            group[1] = 1
+            self._leftovers.misses += 1
+            self._tally.miss()
         return body
 
     async def _lookup(
@@ -291,15 +302,6 @@ class CachedStore:
                 consequence,
                 self.url_for(""),
             )
-
-    def _count_miss(self) -> None:
-        attempt = hedged_attempt.get()
-        if attempt is not None:
-            if attempt in self._missed:  # the other GET of this attempt completed too
-                return
-            self._missed.add(attempt)
-        self._leftovers.misses += 1
-        self._tally.miss()
 
     def _count_hit(self, size: int) -> None:
         self._leftovers.hits += 1

@@ -62,7 +62,7 @@ from ..stores.base import Body
 from .getter import Getter, Request
 from .limits import AdaptiveLimit
 
-__all__ = ["HedgeBudget", "HedgeDelay", "HedgeLayer", "hedged_attempt"]
+__all__ = ["HedgeBudget", "HedgeDelay", "HedgeLayer"]
 
 #: latencies the delay is estimated from (the most recent GETs)
 WINDOW = 256
@@ -155,22 +155,6 @@ class HedgeBudget:
         return True
 
 
-#: The hedged attempt a GET belongs to, seen by the layers below (None outside one): a GET
-#: and its hedge share it, so a store below tells a duplicate of a read from a new read
-#: (the cache counts one miss per attempt however many of its GETs complete).
-hedged_attempt: contextvars.ContextVar[object | None] = contextvars.ContextVar(
-    "hedged_attempt", default=None
-)
-
-
-class _Attempt:
-    """What :data:`hedged_attempt` holds: a token per attempt, which refers to nothing (the
-    race itself would make a cycle, race -> task -> its context -> race, that kept the
-    bodies until the cyclic collector ran)."""
-
-    __slots__ = ("__weakref__",)
-
-
 class _Race:
     """One attempt and what is known of it.
 
@@ -205,7 +189,7 @@ class _Race:
         self.request = request
         self.owner: asyncio.Task[Any] | None = owner  # None once its GET has answered
         self.owner_cancelling = owner.cancelling()
-        self.context = context  # the caller's, with the attempt set: the racer runs in it
+        self.context = context  # the caller's: the racer runs in it
         self.racer: asyncio.Task[Body] | None = None
         self.interrupted = False  # the race cancelled the GET running in the owner
         self.gets: list[asyncio.Future[Body]] = []
@@ -216,8 +200,7 @@ class _Race:
         self.granted = False  # its turn to hedge came (see HedgeLayer._turn)
 
     def start(self, get: Coroutine[Any, Any, Body], loop: asyncio.AbstractEventLoop) -> None:
-        """Run ``get`` as the attempt's next GET, in a context that names the attempt (the
-        task copies the racer's context, which has the attempt set)."""
+        """Run ``get`` as the attempt's next GET (in a copy of the racer's context)."""
         self.gets.append(loop.create_task(get))
         self.started.append(loop.time())
 
@@ -298,14 +281,11 @@ class HedgeLayer:
         # the rest of this layer. A late GET gets its race (:meth:`_look`).
         owner = asyncio.current_task()
         assert owner is not None  # a coroutine awaited on a running loop
-        attempt = _Attempt()
-        token = hedged_attempt.set(attempt)
         race = _Race(request, owner, loop.time(), contextvars.copy_context())
         self._watch(race, loop)
         try:
             body, error = await self._outcome(request, loop)
         finally:
-            hedged_attempt.reset(token)
             race.owner = None  # answered: the race cannot cancel it any more
         if race.racer is None:  # never late: the common case
             if error is not None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import dataclasses
 import gc
 import logging
@@ -19,7 +18,6 @@ from concurrent_loader.cache import directory as directory_module
 from concurrent_loader.cache.directory import name_for
 from concurrent_loader.errors import ConfigError, ObjectNotFound
 from concurrent_loader.fetch import FetchClient
-from concurrent_loader.fetch.hedge import hedged_attempt
 from concurrent_loader.metrics.cache import cache_tally
 from concurrent_loader.stores import ByteRange, LocalConfig, MemoryConfig
 
@@ -100,41 +98,31 @@ def test_the_store_errors_pass_through_and_nothing_is_cached(cache_config):
     assert not any((Path(cache_config.directory) / "entries").rglob("*.bin"))
 
 
-class _Attempt:
-    """Stands for one hedged attempt (the fetch client's hedge layer sets its own)."""
-
-
-def _misses_of_two_gets_at_once(config: CachedStoreConfig, *, one_attempt: bool) -> int:
-    """Cache misses counted when two GETs of one uncached object run at once, both to the
-    end: as a GET and its hedge (one attempt), or as two reads."""
+def _misses_of_gets_at_once(config: CachedStoreConfig, ranges: list[ByteRange | None]) -> int:
+    """Cache misses counted when GETs of one uncached object run at once, all to the end."""
 
     async def run() -> None:
         store = config.open(FetchConfig())
-        loop = asyncio.get_running_loop()
-        context = contextvars.copy_context()
-        if one_attempt:
-            context.run(hedged_attempt.set, attempt)
         try:
-            gets = [loop.create_task(store.get("00000.bin"), context=context.copy())]
-            gets.append(loop.create_task(store.get("00000.bin"), context=context.copy()))
-            await asyncio.gather(*gets)
+            await asyncio.gather(*(store.get("00000.bin", r) for r in ranges))
         finally:
             await store.close()
 
-    attempt = _Attempt()
     before = cache_tally().snapshot()
     asyncio.run(run())
     return cache_tally().snapshot()[1] - before[1]
 
 
-def test_a_get_and_its_hedge_are_one_miss_and_two_reads_are_two(cache_dir):
+def test_gets_of_one_object_at_once_are_one_miss_and_two_ranges_are_two(cache_dir):
+    # A GET and its hedge are such GETs: both may complete, and they are one miss.
     objects = numbered_objects(1)
-    for one_attempt, misses in ((True, 1), (False, 2)):
+    cases = [([None, None], 1), ([ByteRange(0, 2), ByteRange(2, 4)], 2)]
+    for i, (ranges, misses) in enumerate(cases):
         memory = MemoryConfig(objects, latency_s=0.01)
-        directory = cache_dir / str(one_attempt)
+        directory = cache_dir / str(i)
         directory.mkdir(parents=True)
         config = CachedStoreConfig(memory, CacheConfig(str(directory)).resolved())
-        assert _misses_of_two_gets_at_once(config, one_attempt=one_attempt) == misses
+        assert _misses_of_gets_at_once(config, ranges) == misses
         assert memory.stats.total == 2  # both reached the store either way
 
 

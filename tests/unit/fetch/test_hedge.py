@@ -609,29 +609,3 @@ def test_a_waiting_get_follows_the_estimate_as_it_falls():
 
     assert asyncio.run(main()) == b"attempt 1"
     assert store.sent[1] - store.sent[0] < 4 * DELAY
-
-
-def test_a_get_and_its_hedge_name_the_same_attempt_for_the_layers_below():
-    from concurrent_loader.fetch.hedge import hedged_attempt
-
-    class Naming(AttemptStore):
-        def __init__(self, answers: Sequence[object]) -> None:
-            super().__init__(answers)
-            self.attempts: list[object | None] = []
-
-        async def get(self, key: str, byte_range: ByteRange | None = None) -> Body:
-            self.attempts.append(hedged_attempt.get())
-            return await super().get(key, byte_range)
-
-    store = Naming([10.0, 0.0, 0.0])  # a stalled GET, its hedge; then another object
-    client = full_budget(FetchClient(store, config_with(pinned())))
-
-    async def main() -> None:
-        await client.get("a")
-        await client.get("b")
-
-    asyncio.run(main())
-    first, hedge, other = store.attempts
-    assert first is not None and first is hedge  # one attempt: the cache counts one miss
-    assert other is not None and other is not first
-    assert hedged_attempt.get() is None  # nothing left set in the caller's context
