@@ -1,6 +1,10 @@
-"""Coalescing: the ranged reads of one batch that fall in the same object become fewer GETs.
+"""How a batch's reads become GETs: merged with neighbours (coalesced), whole, or in parts.
 
-Pure functions, no I/O. As arrow-rs ``object_store::coalesce_ranges`` does, the ranges of
+Pure functions, no I/O. :func:`plan_fetches` is the one place that decides, for a batch's
+samples, which GETs are made and how each one is read (see its docstring); the pipeline
+only carries the plan out.
+
+Coalescing: As arrow-rs ``object_store::coalesce_ranges`` does, the ranges of
 one key are sorted by start and a range joins the previous merged range when it starts at
 most ``max_gap`` bytes after that one's end (overlapping and adjacent ranges included);
 unlike it, a merged range also stops growing at ``max_bytes`` (a single read larger than
@@ -16,14 +20,26 @@ they serve overlap; reads without a byte range (whole objects) are never merged.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from ..stores.base import ByteRange
+from ..fetch.parts import PartsConfig
+from ..stores.base import ByteRange, Capabilities
 from .base import Read
 
-__all__ = ["Coalescing", "MergedRead", "Part", "coalesce_ranges", "plan_reads"]
+__all__ = [
+    "Coalescing",
+    "Get",
+    "MergedRead",
+    "Part",
+    "Shared",
+    "Whole",
+    "coalesce_ranges",
+    "plan_fetches",
+    "plan_reads",
+]
 
 Tag = TypeVar("Tag", bound=Hashable)
 
@@ -118,3 +134,76 @@ def plan_reads(reads: Sequence[tuple[Tag, Read]], coalescing: Coalescing) -> lis
             planned.append((first, MergedRead(Read(key, span, span.length), parts)))
     planned.sort(key=lambda item: item[0])
     return [merged for _, merged in planned]
+
+
+@dataclass(frozen=True, slots=True)
+class Get:
+    """One GET of ``read``: ``in_parts`` is its size when it goes as ranged parts in flight
+    (:func:`~concurrent_loader.fetch.parts.read_in_parts`), None for one plain GET;
+    ``reserve`` is what it reserves in the byte budget (None: the budget's estimate)."""
+
+    read: Read
+    in_parts: int | None = None
+    reserve: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Whole(Generic[Tag]):
+    """Sample ``tag`` is decoded from the bodies of ``gets``, in order."""
+
+    tag: Tag
+    gets: tuple[Get, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Shared(Generic[Tag]):
+    """One GET whose body holds the bytes of several reads (:class:`Part`: which, where)."""
+
+    get: Get
+    parts: tuple[Part[Tag], ...]
+
+
+def plan_get(read: Read, capabilities: Capabilities, parts: PartsConfig) -> Get:
+    """A read larger than ``parts.part_size`` goes in parts when the store serves ranges,
+    unless it is a whole object the store wants in one read (a cache fills its entry from
+    it); in parts it reserves its buffer and the parts in flight, else its expected size."""
+    size = read.byte_range.length if read.byte_range is not None else read.size
+    if (
+        size is None
+        or not parts.applies(size)
+        or not capabilities.ranges
+        or (read.byte_range is None and size <= capabilities.whole_reads_up_to)
+    ):
+        return Get(read, None, read.size)
+    return Get(read, size, parts.reservation(size))
+
+
+def plan_fetches(
+    samples: Sequence[tuple[Tag, Sequence[Read]]],
+    capabilities: Capabilities,
+    parts: PartsConfig,
+    coalescing: Coalescing | None,
+    max_bytes: int,
+) -> list[Whole[Tag] | Shared[Tag]]:
+    """The fetches of a batch's ``samples`` (``(tag, reads)`` pairs, in sampler order).
+
+    Without ``coalescing`` each sample is one :class:`Whole`, in order. With it, a sample of
+    one read is merged with the batch's other reads of its object (:func:`plan_reads`, the
+    merged reads kept within ``max_bytes``, the byte budget, as each is reserved whole), and
+    a sample of several reads stays :class:`Whole`; the Wholes come first. Each GET is then
+    planned by :func:`plan_get`."""
+
+    def whole(tag: Tag, reads: Sequence[Read]) -> Whole[Tag]:
+        return Whole(tag, tuple(plan_get(read, capabilities, parts) for read in reads))
+
+    if coalescing is None:
+        return [whole(tag, reads) for tag, reads in samples]
+    if coalescing.max_bytes > max_bytes:
+        coalescing = dataclasses.replace(coalescing, max_bytes=max_bytes)
+    fetches: list[Whole[Tag] | Shared[Tag]] = [
+        whole(tag, reads) for tag, reads in samples if len(reads) != 1
+    ]
+    single = [(tag, reads[0]) for tag, reads in samples if len(reads) == 1]
+    for merged in plan_reads(single, coalescing):
+        fetches.append(Shared(plan_get(merged.read, capabilities, parts), merged.parts))
+    return fetches
