@@ -50,7 +50,7 @@ def test_a_planning_failure_fails_its_batch(packed, monkeypatch):
     def broken(reads, coalescing):
         raise RuntimeError("planning broke")
 
-    monkeypatch.setattr("concurrent_loader.pipeline.batches.plan_reads", broken)
+    monkeypatch.setattr("concurrent_loader.sources.coalesce.plan_reads", broken)
     ds = ShardDataset(memory_shards(packed))
     pipeline = BatchPipeline(ds, [[0, 1], [2, 3]], collate_fn=list, options=PipelineOptions())
     with pytest.raises(RuntimeError, match="planning broke"):

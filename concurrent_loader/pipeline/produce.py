@@ -1,0 +1,158 @@
+"""Producers that make a batch's samples on a thread pool: ``__getitem__``, and local reads.
+
+A producer puts each sample of a started :class:`~.slot.Slot` in it, by position, from any
+thread, in any order; the slot keeps the batch's order. Invariants, for every producer:
+
+- each sample is put, skipped or failed exactly once (a slot ignores whatever follows its
+  completion); a sample whose batch already failed is not produced;
+- an index that is not a plain int (a dict key, a list for a bulk ``__getitem__``) goes to
+  ``dataset[index]`` as it is, as torch passes it, whatever the producer;
+- a failing sample is skipped (``on_error="skip"``, a ``LoaderError`` only, counted as
+  ``skipped``) or fails its batch; an error that is not a ``LoaderError`` (user code) gets
+  a note naming the object (or the item) and the dataset's type;
+- :meth:`GetItems.close` cancels the jobs not started and joins the threads, except after a
+  stall, when a thread may be stuck in user code for good.
+
+:class:`GetItems` calls ``dataset[index]`` (a dataset without a source); :class:`LocalReads`
+reads a local store's objects and decodes them in the same job; the remote producer
+(:mod:`.remote`) builds on :class:`GetItems`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+from torch.utils.data import Dataset
+
+from ..errors import LoaderError
+from ..metrics import StageStats
+from ..runtime import GatedThreadPool
+from ..sources import SampleSource
+from ..stores.base import BlockingStore
+from .options import PipelineOptions
+from .slot import SkippedSample, Slot
+
+__all__ = ["GetItems", "LocalReads", "is_position"]
+
+
+def is_position(index: Any) -> bool:
+    """True for a plain int index, which a source reads."""
+    return type(index) is int
+
+
+class GetItems:
+    """Each sample is ``dataset[index]``, on ``threads`` threads (gated: a fork of this
+    process, for another loader's workers, waits for the running jobs)."""
+
+    def __init__(
+        self,
+        dataset: Dataset[Any],
+        options: PipelineOptions,
+        stats: StageStats,
+        threads: int | None = None,
+        name: str = "getitem",
+    ) -> None:
+        self.dataset = dataset
+        self.stats = stats
+        self._skip = options.on_error == "skip"
+        self.threads = threads or options.getitem_threads
+        self.pool = GatedThreadPool(self.threads, f"concurrent-loader-{name}")
+
+    def start(self, slot: Slot) -> None:
+        """Start producing the slot's samples."""
+        for position, index in enumerate(slot.indices):
+            self.pool.submit(self.complete, slot, position, index)
+
+    def produce(self, index: Any) -> Any:
+        """One sample, on a pool thread."""
+        started = time.perf_counter()
+        item = self.dataset[index]
+        self.stats.add_decode(time.perf_counter() - started)
+        return item
+
+    def complete(self, slot: Slot, position: int, index: Any) -> None:
+        """A pool job: put ``produce(index)`` in the slot, or fail the sample."""
+        if slot.failed:
+            return
+        try:
+            item = self.produce(index)
+        except BaseException as exc:
+            self.failed(slot, position, index, exc)
+        else:
+            slot.put(position, item)
+
+    def where(self, index: Any) -> str:
+        """Sample ``index`` in messages."""
+        return f"item {index!r}"
+
+    def failed(self, slot: Slot, position: int, index: Any, exc: BaseException) -> None:
+        """Sample ``index`` failed: skip it (policy "skip", our errors only) or fail its batch."""
+        where = self.where(index)
+        if self._skip and isinstance(exc, LoaderError):
+            self.stats.add("skipped")
+            slot.skip(position, SkippedSample(index, exc.url or where, exc))
+            return
+        if not isinstance(exc, LoaderError):
+            # Errors from user code (a transform, a foreign dataset) get the object's name.
+            exc.add_note(f"while loading {where} of {type(self.dataset).__name__}")
+        slot.fail(exc)
+
+    def describe(self) -> str:
+        """What the producer waits for, for stall reports ("": nothing beyond its jobs)."""
+        return ""
+
+    def flush_stats(self) -> None:
+        """Bring ``stats`` up to date before they are published."""
+
+    def close(self, stalled: bool) -> None:
+        """Cancel the jobs not started; join the threads unless the pipeline stalled."""
+        self.pool.shutdown(wait=not stalled, cancel_futures=True)
+
+
+class SourceSamples(GetItems):
+    """The samples of ``source`` (a plain int index), on ``decode_threads`` threads."""
+
+    def __init__(
+        self,
+        dataset: Dataset[Any],
+        source: SampleSource,
+        options: PipelineOptions,
+        stats: StageStats,
+        name: str,
+    ) -> None:
+        super().__init__(dataset, options, stats, options.decode_threads, name)
+        self.source = source
+
+    def where(self, index: Any) -> str:
+        if is_position(index):
+            with contextlib.suppress(Exception):  # an index out of range has no object
+                return self.source.url_for(index)
+        return super().where(index)
+
+
+class LocalReads(SourceSamples):
+    """A local store's samples: read (``get_blocking``) and decoded in one pool job."""
+
+    def __init__(
+        self,
+        dataset: Dataset[Any],
+        source: SampleSource,
+        store: BlockingStore,
+        options: PipelineOptions,
+        stats: StageStats,
+    ) -> None:
+        super().__init__(dataset, source, options, stats, "local")
+        self.store = store
+
+    def produce(self, index: Any) -> Any:
+        if not is_position(index):
+            return super().produce(index)
+        started = time.perf_counter()
+        bodies = [self.store.get_blocking(r.key, r.byte_range) for r in self.source.reads(index)]
+        fetched = time.perf_counter()
+        self.stats.add_fetch(fetched - started, sum(len(b) for b in bodies))
+        item = self.source.decode(index, bodies)
+        self.stats.add_decode(time.perf_counter() - fetched)
+        return item

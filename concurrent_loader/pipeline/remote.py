@@ -1,0 +1,248 @@
+"""The remote producer: a batch's GETs on the event loop, decodes on the decode threads.
+
+::
+
+    consumer thread         event loop thread (runtime)               decode threads
+    start batch b+p  --->   plan the batch's fetches; per GET:  --->  source.decode, put in
+                            reserve bytes, GET                        the slot
+
+:func:`~concurrent_loader.sources.coalesce.plan_fetches` decides which GETs a batch makes
+and how each is read (merged with neighbours, whole, in parts); this module carries it out.
+Invariants, besides those of :mod:`.produce`:
+
+- the fetch client keeps at most ``max_inflight_requests`` GETs in flight, and the
+  :class:`~concurrent_loader.fetch.ByteBudget` keeps fetched-but-undecoded bytes (plus those
+  expected of the GETs in flight) within ``max_inflight_bytes``: every byte reserved or held
+  is given back once, when its sample is decoded or dropped, or its GET fails;
+- fetched samples are decoded earliest batch first (:class:`~.slot.DecodeQueue`);
+- a failed GET fails (or skips) exactly the samples it carried, named by the source
+  (``read_failed``: a shard's sample, member and offset); a failure while planning fails
+  the batch instead of leaving it unfinished;
+- :meth:`RemoteReads.close` cancels and awaits the batch's GETs, drops the samples not
+  decoded yet, joins the threads and returns the runtime lease, in that order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from torch.utils.data import Dataset
+
+from ..fetch import ByteBudget, client_for
+from ..fetch.parts import read_in_parts
+from ..metrics import StageStats
+from ..runtime import CLOSE_TIMEOUT_S, acquire_runtime
+from ..sources import SampleSource
+from ..sources.base import CoalescingSource
+from ..sources.coalesce import Get, Shared, Whole, plan_fetches
+from .options import PipelineOptions
+from .produce import SourceSamples, is_position
+from .slot import DecodeQueue, Slot
+from .stall import StallWatch
+
+__all__ = ["RemoteReads"]
+
+log = logging.getLogger(__name__)
+
+Bodies = list[bytes | bytearray]
+Tag = tuple[int, int]  # a sample's position in its batch, and its index
+
+
+def _as_is(index: int, exc: BaseException) -> BaseException:
+    return exc
+
+
+class RemoteReads(SourceSamples):
+    """A remote store's samples, through this process's fetch client on the runtime."""
+
+    def __init__(
+        self,
+        dataset: Dataset[Any],
+        source: SampleSource,
+        options: PipelineOptions,
+        stats: StageStats,
+        watch: StallWatch,
+    ) -> None:
+        config = options.fetch_config(source.fetch_config)
+        runtime = self._runtime = acquire_runtime()
+        try:
+            self._client = watch.result(
+                runtime.submit(client_for(runtime, source.store, config)),
+                "its fetch client to open",
+            )
+        except BaseException:
+            runtime.release()
+            raise
+        super().__init__(dataset, source, options, stats, "remote")
+        limit = options.max_inflight_bytes or config.max_inflight_bytes
+        self._budget = ByteBudget(limit, runtime.call_soon)
+        self._parts = options.parts
+        # A coalescing source's reads of one object merge, its failed reads name the sample.
+        self._coalescing = source.coalescing if isinstance(source, CoalescingSource) else None
+        self._read_failed = source.read_failed if isinstance(source, CoalescingSource) else _as_is
+        self._decodes = DecodeQueue(self.pool.submit, self.threads, self.pool.forking)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    def start(self, slot: Slot) -> None:
+        self._runtime.call_soon(self._start_fetches, slot)
+
+    def describe(self) -> str:
+        return self._client.describe()
+
+    def flush_stats(self) -> None:
+        self.stats.set("inflight", self._client.in_flight)
+
+    # ------------------------------------------------------------------ on the loop
+
+    def _start_fetches(self, slot: Slot) -> None:
+        """Plan the batch's fetches, then one task per fetch, in the plan's order; a sample
+        whose reads cannot be listed fails (or is skipped) alone."""
+        if self._closed:
+            return
+        samples: list[tuple[Tag, Sequence[Any]]] = []
+        for position, index in enumerate(slot.indices):
+            if not is_position(index):
+                self.pool.submit(self.complete, slot, position, index)
+                continue
+            try:
+                samples.append(((position, index), self.source.reads(index)))
+            except Exception as exc:
+                self.failed(slot, position, index, exc)
+        try:
+            capabilities = self._client.store.capabilities  # the open store's
+            budget = self._budget.max_bytes
+            plan = plan_fetches(samples, capabilities, self._parts, self._coalescing, budget)
+        except Exception as exc:  # a bug in planning must fail the batch, not hang it
+            slot.fail(exc)
+            return
+        loop = asyncio.get_running_loop()
+        for fetch in plan:
+            if isinstance(fetch, Whole):
+                task = loop.create_task(self._fetch_whole(slot, fetch))
+            else:
+                task = loop.create_task(self._fetch_shared(slot, fetch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _fetch_whole(self, slot: Slot, fetch: Whole[Tag]) -> None:
+        if slot.failed:
+            return
+        position, index = fetch.tag
+        try:
+            if len(fetch.gets) == 1:
+                bodies: Bodies = [await self._get(fetch.gets[0])]
+            else:
+                bodies = await self._get_all(fetch.gets)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self.failed(slot, position, index, exc)
+            return
+        self._queue(slot, position, index, bodies)
+
+    async def _fetch_shared(self, slot: Slot, fetch: Shared[Tag]) -> None:
+        """One GET for several samples; a failure fails (or skips) exactly those samples."""
+        if slot.failed:
+            return
+        try:
+            body = await self._get(fetch.get)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            for part in fetch.parts:
+                position, index = part.tag
+                self.failed(slot, position, index, self._read_failed(index, exc))
+            return
+        pieces = [(part.tag, part.of(body)) for part in fetch.parts]
+        # Each sample's bytes are held until it is decoded; the gaps between them are not.
+        self._budget.release(len(body) - sum(len(piece) for _, piece in pieces))
+        for (position, index), piece in pieces:
+            self._queue(slot, position, index, [piece])
+
+    def _queue(self, slot: Slot, position: int, index: int, bodies: Bodies) -> None:
+        """Queue the sample's decode (earliest batch first, not in GET completion order)."""
+        size = sum(len(body) for body in bodies)
+        decode = functools.partial(self._decode, slot, position, index, bodies, size)
+        try:
+            self._decodes.put(slot, position, size, decode)
+        except RuntimeError:  # the pool is shut down: we are closing
+            self._budget.release(self._decodes.drop_all())
+
+    async def _get(self, get: Get) -> bytes | bytearray:
+        """One GET within the byte budget; its bytes stay held until released."""
+        read = get.read
+        reserved = await self._budget.reserve(get.reserve)
+        try:
+            if get.in_parts is not None:
+                data: bytes | bytearray = await read_in_parts(
+                    self._client,
+                    read.key,
+                    read.byte_range,
+                    get.in_parts,
+                    self._parts,
+                    observer=self.stats,
+                )
+            else:
+                data = await self._client.get(read.key, read.byte_range, observer=self.stats)
+        except BaseException:
+            self._budget.cancel(reserved)
+            raise
+        self._budget.settle(reserved, len(data))
+        return data
+
+    async def _get_all(self, gets: Sequence[Get]) -> Bodies:
+        results = await asyncio.gather(*(self._get(g) for g in gets), return_exceptions=True)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            self._budget.release(sum(len(r) for r in results if not isinstance(r, BaseException)))
+            raise failures[0]
+        return results  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------ on a decode thread
+
+    def _decode(self, slot: Slot, position: int, index: int, bodies: Bodies, size: int) -> None:
+        try:
+            if slot.failed:
+                return
+            started = time.perf_counter()
+            item = self.source.decode(index, bodies)
+            self.stats.add_decode(time.perf_counter() - started)
+        except BaseException as exc:
+            self.failed(slot, position, index, exc)
+        else:
+            slot.put(position, item)
+        finally:
+            self._budget.release(size)
+
+    # ------------------------------------------------------------------ shutdown
+
+    def close(self, stalled: bool) -> None:
+        self._closed = True
+        runtime = self._runtime
+        try:
+            # At interpreter exit the runtime may already be closed (its tasks cancelled).
+            if not runtime.closed:
+                try:
+                    runtime.submit(self._cancel_tasks()).result(timeout=CLOSE_TIMEOUT_S)
+                except concurrent.futures.TimeoutError:
+                    log.warning("the event loop did not cancel this pipeline's GETs in time")
+            # Samples fetched but not decoded yet are dropped, not drained by a pool job.
+            self._budget.release(self._decodes.drop_all())
+            super().close(stalled)
+        finally:
+            runtime.release()
+
+    async def _cancel_tasks(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._budget.close()
