@@ -49,7 +49,7 @@ __all__ = [
     "resize_crop",
 ]
 
-_JPEG_MAGIC = (0xFF, 0xD8, 0xFF)
+_JPEG_MAGIC = b"\xff\xd8\xff"
 
 
 class TorchvisionDecoder:
@@ -105,8 +105,8 @@ def is_encoded_list(value: Any) -> bool:
     )
 
 
-def _is_jpeg(data: torch.Tensor) -> bool:
-    return data.numel() >= 3 and tuple(data[:3].tolist()) == _JPEG_MAGIC
+def _is_jpeg(data: bytes) -> bool:
+    return data[:3] == _JPEG_MAGIC
 
 
 class EncodedBatchDecoder:
@@ -150,7 +150,7 @@ class EncodedBatchDecoder:
         decoder, device = self._target(decode_on)
         data = [image.tensor() for image in images]
         out = torch.empty((len(images), 3, *size), dtype=torch.uint8, device=device)
-        on_device = [i for i, d in enumerate(data) if decoder is self._fallback or _is_jpeg(d)]
+        on_device = [i for i, im in enumerate(images) if decoder is self._fallback or _is_jpeg(im)]
         rest = [i for i in range(len(data)) if i not in set(on_device)]
         for indices, chosen in ((on_device, decoder), (rest, self._fallback)):
             if not indices:

@@ -181,10 +181,11 @@ def test_bytes_path_delivers_what_the_cpu_path_does_item_for_item(tmp_path):
             assert (rgb - torch.tensor(nearest, dtype=torch.float32)).abs().max() < 4
 
 
-def test_spawn_workers_ship_encoded_images_intact(tmp_path):
+@pytest.mark.parametrize("method", ["spawn", "fork", "forkserver"])
+def test_workers_ship_encoded_images_intact(tmp_path, method):
     make_folder(tmp_path, classes=2, per_class=3)
     ds = ImageFolder(tmp_path, image_size=8, decode_on="cpu")
-    dl = ConcurrentDataLoader(ds, batch_size=3, num_workers=2, multiprocessing_context="spawn")
+    dl = ConcurrentDataLoader(ds, batch_size=3, num_workers=2, multiprocessing_context=method)
     try:
         batches = list(dl)
     finally:
