@@ -85,12 +85,7 @@ class BatchPipeline:
             options.stall_timeout_s,
             where=f"loader worker {info.id}" if info is not None else "the loader",
         )
-        source = source_of(dataset)
-        self._producer = (
-            GetItems(dataset, options, self.stats)
-            if source is None
-            else _source_producer(dataset, source, options, self.stats, watch)
-        )
+        self._producer = _producer(dataset, options, self.stats, watch)
         watch.describe = self._describe  # (while the producer opened, nothing was in progress)
 
     # ------------------------------------------------------------------ consumer side
@@ -184,13 +179,13 @@ class BatchPipeline:
             self._slots.clear()
 
 
-def _source_producer(
-    dataset: Dataset[Any],
-    source: SampleSource,
-    options: PipelineOptions,
-    stats: StageStats,
-    watch: StallWatch,
+def _producer(
+    dataset: Dataset[Any], options: PipelineOptions, stats: StageStats, watch: StallWatch
 ) -> GetItems:
+    """The dataset's producer, chosen once: by its source, and its source's store."""
+    source = source_of(dataset)
+    if source is None:
+        return GetItems(dataset, options, stats)
     if source.store.capabilities.remote:
         return RemoteReads(dataset, source, options, stats, watch)
     store = source.store.open(options.fetch_config(source.fetch_config))

@@ -4,10 +4,10 @@ Pure functions, no I/O. :func:`plan_fetches` is the one place that decides, for 
 samples, which GETs are made and how each one is read (see its docstring); the pipeline
 only carries the plan out.
 
-Coalescing: As arrow-rs ``object_store::coalesce_ranges`` does, the ranges of
-one key are sorted by start and a range joins the previous merged range when it starts at
-most ``max_gap`` bytes after that one's end (overlapping and adjacent ranges included);
-unlike it, a merged range also stops growing at ``max_bytes`` (a single read larger than
+Coalescing (:func:`plan_reads`): as arrow-rs ``object_store::coalesce_ranges`` does, the
+ranges of one key are sorted by start and a range joins the previous merged range when it
+starts at most ``max_gap`` bytes after that one's end (overlapping and adjacent ranges
+included); unlike it, a merged range also stops growing at ``max_bytes`` (a single read larger than
 that stays whole), so one merged GET never holds more than that against the byte budget.
 Each merged read carries its parts: which read it serves and where that read's bytes lie
 inside the merged body.
@@ -36,7 +36,6 @@ __all__ = [
     "Part",
     "Shared",
     "Whole",
-    "coalesce_ranges",
     "plan_fetches",
     "plan_reads",
 ]
@@ -83,18 +82,6 @@ class MergedRead(Generic[Tag]):
 
     read: Read
     parts: tuple[Part[Tag], ...]
-
-
-def coalesce_ranges(ranges: Sequence[ByteRange], coalescing: Coalescing) -> list[ByteRange]:
-    """The merged ranges covering ``ranges``, sorted by start."""
-    merged: list[ByteRange] = []
-    for r in sorted(ranges, key=lambda r: (r.start, r.end)):
-        if merged and _joins(merged[-1], r, coalescing):
-            last = merged[-1]
-            merged[-1] = ByteRange(last.start, max(last.end, r.end))
-        else:
-            merged.append(r)
-    return merged
 
 
 def _joins(current: ByteRange, nxt: ByteRange, coalescing: Coalescing) -> bool:
