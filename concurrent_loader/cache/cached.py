@@ -13,24 +13,19 @@ import dataclasses
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 from ..config import FetchConfig
 from ..errors import ConfigError, Reason
 from ..stores.base import Capabilities, StoreConfig
 from .admin import ledger_entries
 from .config import CacheConfig
-from .directory import name_for
+from .directory import name_for, source_prefix
 from .layout import CacheRefused, Handles, has_entry
+from .store import CachedStore
+from .writer import MAX_PENDING_BYTES
 
-if TYPE_CHECKING:
-    from .store import CachedStore
+__all__ = ["MAX_PENDING_BYTES", "CachedStoreConfig"]
 
-__all__ = ["MAX_PENDING_BYTES", "CachedStoreConfig", "source_prefix"]
-
-#: bytes of fetched objects waiting for the cache's writer, at most, per store: a larger
-#: object is not cached
-MAX_PENDING_BYTES = 32 * 1024 * 1024
 #: keys of the dataset sampled to tell whether the cache holds all of it
 SAMPLE_KEYS = 64
 
@@ -110,9 +105,12 @@ class CachedStoreConfig:
         return dataclasses.replace(self, inner=self.inner.resolved(), cache=self.cache.resolved())
 
     def open(self, fetch: FetchConfig) -> CachedStore:
-        from .store import CachedStore  # the store imports this module
-
-        return CachedStore(self, fetch)
+        """A store for this process, its capabilities decided now (see :attr:`capabilities`):
+        on the remote path it wraps the inner store, opened here (on the loop)."""
+        capabilities = self.capabilities
+        twin = dataclasses.replace(self, object_count=0, sample_keys=())  # never complete
+        inner = self.inner.open(fetch) if capabilities.remote else None
+        return CachedStore(self.cache, self.inner, fetch, capabilities, inner, twin)
 
     def __str__(self) -> str:
         return str(self.inner)
@@ -120,20 +118,3 @@ class CachedStoreConfig:
 
 #: the configs this process found complete (a dataset's config each: a handful)
 _FOUND_COMPLETE: set[CachedStoreConfig] = set()
-
-
-def source_prefix(inner: StoreConfig) -> str:
-    """Where ``inner``'s bytes come from, in front of every entry's source, so two stores
-    whose URLs read alike (one bucket on two endpoints) never share an entry: for an S3
-    store, the origin and path of the route botocore resolved in the main process (whatever
-    chose the endpoint: ``endpoint_url=``, ``AWS_ENDPOINT_URL``, a profile), which holds no
-    credential; a config not resolved yet is resolved here. A store whose URLs name their
-    host (plain HTTP) needs nothing more. A wrapping config (``inner``) is looked through."""
-    config: Any = inner
-    while hasattr(config, "inner"):
-        config = config.inner
-    if not hasattr(config, "route"):
-        return ""
-    route = config.route or config.resolved().route
-    origin = route.origin
-    return f"{origin.scheme}://{origin.host_header}{route.path_prefix} "

@@ -1,4 +1,4 @@
-"""The cache as a store wrapping a store: :class:`CachedStore` (its config is
+"""The cache as a store wrapping a store: :class:`CachedStore` (opened by its config,
 :class:`~.cached.CachedStoreConfig`).
 
 It sits at the bottom of the fetch client's layers, in place of the store (step 6 of the
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import multiprocessing.util
 from collections.abc import AsyncIterator, Iterator
@@ -42,15 +41,15 @@ from collections.abc import AsyncIterator, Iterator
 from ..config import FetchConfig
 from ..fetch import client_for
 from ..metrics.cache import cache_tally
-from ..stores.base import Body, ByteRange, ObjectInfo, Store
-from .cached import MAX_PENDING_BYTES, CachedStoreConfig, source_prefix
-from .directory import CacheDirectory, name_for
+from ..stores.base import Body, ByteRange, Capabilities, ObjectInfo, Store, StoreConfig
+from .config import CacheConfig
+from .directory import CacheDirectory, name_for, source_prefix
 from .entry import CorruptEntry, Entry, TooLarge
 from .layout import CACHE_ERRORS
 from .leftovers import Leftovers
-from .writer import EntryWriter
+from .writer import MAX_PENDING_BYTES, EntryWriter
 
-__all__ = ["MAX_PENDING_BYTES", "CachedStore", "CachedStoreConfig"]
+__all__ = ["MAX_PENDING_BYTES", "CachedStore"]
 
 log = logging.getLogger(__name__)
 
@@ -64,19 +63,31 @@ _LONGEST_WAIT_S = 0.05
 
 
 class CachedStore:
-    """Reads through the cache; see the module docstring. Open and use it on one loop."""
+    """Reads ``names``'s objects through the cache ``cache``; see the module docstring.
+    ``inner`` is the wrapped store (on the remote path); ``capabilities`` are fixed by the
+    config that opens it. Open and use it on one loop."""
 
-    def __init__(self, config: CachedStoreConfig, fetch: FetchConfig) -> None:
-        self.config = config
+    def __init__(
+        self,
+        cache: CacheConfig,
+        names: StoreConfig,
+        fetch: FetchConfig,
+        capabilities: Capabilities,
+        inner: Store | None,
+        twin: StoreConfig,
+    ) -> None:
+        self.cache = cache
+        self.names = names
         self._fetch = fetch
-        self.capabilities = config.capabilities
+        self.capabilities = capabilities
         #: the wrapped store, on the remote path; the local path fetches a rare miss through
-        #: this process's fetch client for it instead (its store opened on the runtime)
-        self.inner: Store | None = config.inner.open(fetch) if self.capabilities.remote else None
-        self._revalidate = config.cache.revalidate
-        self._lru = config.cache.policy == "lru"
-        self._fill_policy = config.cache.policy == "fill"
-        self._prefix = source_prefix(config.inner)
+        #: this process's fetch client for ``twin`` instead
+        self.inner = inner
+        self._twin = twin
+        self._revalidate = cache.revalidate
+        self._lru = cache.policy == "lru"
+        self._fill_policy = cache.policy == "fill"
+        self._prefix = source_prefix(names)
         self._max_wait_s = min(fetch.timeouts.attempt / 2, MAX_WAIT_S)
         self._tally = cache_tally()
         #: GETs in flight per object (or range), and whether their miss is counted yet
@@ -87,7 +98,7 @@ class CachedStore:
         #: the directory while reads use it (None once it failed)
         self._dir: CacheDirectory | None = None
         try:
-            self._dir = CacheDirectory(config.cache)
+            self._dir = CacheDirectory(cache)
         except CACHE_ERRORS as exc:
             self._fail(exc, "opening it")
         self._leftovers = Leftovers(self._dir)
@@ -98,10 +109,10 @@ class CachedStore:
         self._at_exit = multiprocessing.util.Finalize(self, self._leftovers, exitpriority=10)
 
     def url_for(self, key: str) -> str:
-        return self.config.inner.url_for(key)
+        return self.names.url_for(key)
 
     def __repr__(self) -> str:
-        return f"CachedStore({self.config.inner}, {self.config.cache.directory})"
+        return f"CachedStore({self.names}, {self.cache.directory})"
 
     def _wrapped(self) -> Store:
         if self.inner is None:  # pragma: no cover - only the remote path calls this
@@ -296,7 +307,7 @@ class CachedStore:
             log.warning(
                 "the cache at %s failed while %s (%s): %s in this process; %s is read "
                 "from the store",
-                self.config.cache.directory,
+                self.cache.directory,
                 doing,
                 exc,
                 consequence,
@@ -355,9 +366,7 @@ class CachedStore:
                         directory.touch(name)
                 return data
         runtime = self._leftovers.runtime()
-        fetch = self._fetch
-        # Never complete (no keys): its store reads on the loop, remote, and writes entries.
-        twin = dataclasses.replace(self.config, object_count=0, sample_keys=())
+        fetch, twin = self._fetch, self._twin
 
         async def fetch_one() -> bytes | bytearray:
             client = await client_for(runtime, twin, fetch)
@@ -371,4 +380,4 @@ class CachedStore:
     def list_blocking(self) -> Iterator[ObjectInfo]:
         from ..listing import list_store
 
-        return iter(list_store(self.config.inner, self._fetch))
+        return iter(list_store(self.names, self._fetch))

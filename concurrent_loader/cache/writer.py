@@ -24,7 +24,6 @@ import time
 from collections.abc import Callable
 
 from ..stores.base import Body
-from .cached import MAX_PENDING_BYTES
 from .directory import CacheDirectory
 from .entry import data_checksum, footer
 from .layout import CACHE_ERRORS
@@ -33,6 +32,9 @@ __all__ = ["MAX_PENDING_BYTES", "RETRY_FIRST_S", "RETRY_MAX_S", "EntryWriter"]
 
 log = logging.getLogger(__name__)
 
+#: bytes of fetched objects waiting for the writer, at most, per store: a larger object is
+#: not cached
+MAX_PENDING_BYTES = 32 * 1024 * 1024
 #: the pause of writes after a first failure, and the longest (each failure in a row
 #: doubles it)
 RETRY_FIRST_S = 1.0

@@ -69,7 +69,7 @@ def test_epoch_two_of_a_full_cache_skips_the_event_loop(cache_dir, monkeypatch):
 def test_an_object_large_enough_for_parts_is_read_whole_and_cached(cache_dir):
     # Listed sizes over PartsConfig.part_size would send each object as ranged parts, which
     # the cache does not keep; a whole object it can keep is read in one GET instead.
-    from concurrent_loader.cache.cached import MAX_PENDING_BYTES
+    from concurrent_loader.cache.writer import MAX_PENDING_BYTES
     from concurrent_loader.fetch.parts import DEFAULT_PART_SIZE
 
     size = DEFAULT_PART_SIZE + 1024
@@ -86,7 +86,7 @@ def test_an_object_large_enough_for_parts_is_read_whole_and_cached(cache_dir):
 
 
 def test_an_object_larger_than_the_cache_takes_is_still_read_in_parts(cache_dir):
-    from concurrent_loader.cache.cached import MAX_PENDING_BYTES
+    from concurrent_loader.cache.writer import MAX_PENDING_BYTES
     from concurrent_loader.fetch.parts import DEFAULT_PART_SIZE
 
     size = MAX_PENDING_BYTES + 1
