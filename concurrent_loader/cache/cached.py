@@ -51,8 +51,9 @@ class CachedStoreConfig:
 
     @property
     def capabilities(self) -> Capabilities:
-        """The wrapped store's, except ``remote`` is False while the cache holds the whole
-        dataset (:meth:`complete`): then the pipeline reads and decodes each sample in one
+        """Those of a store opened now (:meth:`open`), fixed for that store's life: the
+        wrapped store's, except ``remote`` is False once the cache holds the whole dataset
+        (:meth:`complete`): then the pipeline reads and decodes each sample in one
         thread-pool job, as from a local directory, with no event loop in the way."""
         inner = self.inner.capabilities
         if self.complete():

@@ -286,8 +286,21 @@ def test_the_local_path_once_the_cache_holds_the_dataset(cache_config):
     assert config.capabilities.remote and not config.complete()
     _read(config, keys[:10])
     assert config.capabilities.remote  # half of it: still the remote path
-    _read(config, keys)
-    assert config.complete() and not config.capabilities.remote
+
+    async def fill_the_rest() -> None:
+        store = config.open(FetchConfig())
+        try:
+            for key in keys[10:]:
+                await store.get(key)
+            await store.flush()
+            # Complete now, for a store opened next; this one keeps what it opened with.
+            assert config.complete() and not config.capabilities.remote
+            assert store.capabilities.remote
+        finally:
+            await store.close()
+
+    asyncio.run(fill_the_rest())
+    assert not config.open(FetchConfig()).capabilities.remote
     assert not dataclasses.replace(
         config, cache=dataclasses.replace(cache_config, revalidate=True)
     ).complete()
