@@ -296,8 +296,10 @@ class ImageFolder(ObjectDataset):
     :class:`~concurrent_loader.gpu.CUDAPrefetcher` decodes each batch on the GPU in one
     batched call, resizes and crops it there, and delivers the same normalised batch as
     the CPU path. ``decode_on="cpu"`` is the same with the decode done on the prefetcher's
-    thread by Pillow (a stand-in, for tests). See :mod:`concurrent_loader.decode.encoded`
-    for which errors stay under the skip policy.
+    thread by Pillow (a stand-in, for tests). Items are then ``(EncodedImage, class_index)``
+    and batches ``[list of EncodedImage, labels]`` until the prefetcher (or
+    :class:`~concurrent_loader.gpu.EncodedBatchDecoder`) decodes them. See
+    :mod:`concurrent_loader.decode.encoded` for which errors stay under the skip policy.
     """
 
     def __init__(

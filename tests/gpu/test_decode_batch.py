@@ -224,3 +224,30 @@ def test_closing_early_leaves_no_thread(tmp_path):
     finally:
         pf.close()
         ds.close()
+
+
+def test_shard_samples_with_decode_on_arrive_decoded_in_order():
+    import tarfile
+
+    from concurrent_loader import ImageSample, ShardDataset
+    from concurrent_loader.stores import MemoryConfig
+
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for i in range(6):
+            for name, data in ((f"s{i}.jpg", solid(color_of(i))), (f"s{i}.cls", b"%d" % (i % 2))):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    store = MemoryConfig({"a.tar": out.getvalue()}, name="m")
+    ds = ShardDataset(store, decode=ImageSample(8, decode_on="cpu"))
+    pf = CUDAPrefetcher(ConcurrentDataLoader(ds, batch_size=4), device="cpu")
+    try:
+        batches = list(pf)
+    finally:
+        pf.close()
+        ds.close()
+    images = torch.cat([x for x, _ in batches]).float().mean(dim=(2, 3))
+    labels = torch.cat([y for _, y in batches])
+    assert torch.allclose(images, torch.tensor([color_of(i) for i in range(6)]).float(), atol=3)
+    assert labels.tolist() == [0, 1, 0, 1, 0, 1]
