@@ -197,7 +197,7 @@ class CachedStore:
                 directory.touch(name)
             except CACHE_ERRORS as exc:
                 self._fail(exc, "marking a read")
-        return Body(data, None, entry.etag, from_cache=True)
+        return Body(data, None, entry.etag, round_trip=False)
 
     # ------------------------------------------------------------------ misses
 

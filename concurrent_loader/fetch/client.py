@@ -148,7 +148,7 @@ class OutcomeLayer:
             self.limit.done(mark, latency=None)  # cancelled or failed: no latency sample
             raise
         # A cache hit took no request: it is no sample of the store's latency.
-        latency = None if body.from_cache else time.perf_counter() - started
+        latency = time.perf_counter() - started if body.round_trip else None
         self.limit.done(mark, latency=latency)
         return body
 

@@ -553,7 +553,7 @@ class HedgeLayer:
         no request: its time is no sample of the store's latency)."""
         started = loop.time()
         body = await self.inner.get(request)
-        if not body.from_cache:
+        if body.round_trip:
             self.delay.observe(loop.time() - started)
         return body
 

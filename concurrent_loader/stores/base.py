@@ -40,8 +40,8 @@ class Capabilities:
     - ``listing``: ``list`` works (plain HTTP cannot list: keys come from the caller);
     - ``ranges``: ``get`` honours ``byte_range``;
     - ``whole_reads_up_to``: a whole object up to this many bytes is read with one ``get``,
-      never split into ranged parts (a cache fills its entry from one whole read; 0: any
-      large read may go in parts).
+      never split into ranged parts (a wrapper that keeps whole objects keeps it from one
+      read; 0: any large read may go in parts).
     """
 
     remote: bool
@@ -78,16 +78,17 @@ class ObjectInfo:
 class Body:
     """A successful read: the bytes, the time to first byte when the transport knows it, the
     object's ETag when the store gives one (a cache keys and revalidates entries by it),
-    whether a node-local cache served it without a request to the store (then its time says
-    nothing about the store's latency, so the in-flight limit and the hedge delay ignore it),
-    and, for a byte range only, the whole object's checksum as the store gave it, unchecked
-    (a whole body is checked by its store before it is returned; the range's reader checks
-    the object once its parts are assembled, :mod:`concurrent_loader.fetch.parts`)."""
+    whether a round trip to the store served it (False: a wrapper served it from bytes it
+    holds, so its time says nothing about the store's latency, and the in-flight limit and
+    the hedge delay take no sample from it), and, for a byte range only, the whole object's
+    checksum as the store gave it, unchecked (a whole body is checked by its store before it
+    is returned; the range's reader checks the object once its parts are assembled,
+    :mod:`concurrent_loader.fetch.parts`)."""
 
     data: bytes | bytearray
     first_byte_s: float | None = None
     etag: str | None = None
-    from_cache: bool = False
+    round_trip: bool = True
     object_checksum: Checksum | None = None
 
 

@@ -24,8 +24,8 @@ span cost no request. Guarantees:
   not known go to the wrapped store as they are;
 - a span whose GET failed is not kept: the error reaches every reader waiting for it, and
   the next read of that span (the fetch client's retry) GETs it again;
-- a range served from a kept span is marked ``from_cache`` (it took no request: no latency
-  sample for the in-flight limit or the hedge delay).
+- a range served from a kept span is marked as no ``round_trip`` (it took no request: no
+  latency sample for the in-flight limit or the hedge delay).
 
 It suits reading in order (a shard-order stream, with a shuffle window whose samples fit in
 ``max_bytes``), and random order when ``max_bytes`` holds every span of the objects in use
@@ -175,7 +175,7 @@ class ReadaheadStore:
         for n in numbers:
             self._read_from(key, n, byte_range)
         body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-        return Body(body, None, None, from_cache=not requested)
+        return Body(body, None, None, round_trip=requested)
 
     # ------------------------------------------------------------------ room
 

@@ -79,7 +79,7 @@ def _read_on_the_loop(config: CachedStoreConfig, key: str) -> tuple[bytes, bool]
         try:
             body = await store.get(key)
             await store.flush()
-            return bytes(body.data), body.from_cache
+            return bytes(body.data), not body.round_trip
         finally:
             await store.close()
 
