@@ -32,6 +32,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -92,18 +93,11 @@ class BatchPipeline:
 
     def __iter__(self) -> Iterator[Any]:
         """The batches; a failed batch raises (and ends the iteration) when reached."""
-        outcomes = self.outcomes()
-        try:
+        with contextlib.closing(self.outcomes()) as outcomes:  # closed before raising
             for outcome in outcomes:
                 if isinstance(outcome, Failure):
-                    failure = outcome.exc
-                    break
+                    raise outcome.exc
                 yield outcome
-            else:
-                return
-        finally:
-            outcomes.close()
-        raise failure
 
     def outcomes(self) -> Generator[Any, None, None]:
         """One outcome per batch started, in order: the batch, or :class:`Failure` for a batch

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from ..config import SELF_TUNED_CAP, FetchConfig
 from ..errors import ConfigError, Reason
@@ -48,32 +49,21 @@ class PipelineOptions:
 
     def __post_init__(self) -> None:
         if self.stall_timeout_s is not None and not self.stall_timeout_s > 0:
-            raise ConfigError(
-                f"stall_timeout_s must be > 0 or None, got {self.stall_timeout_s}",
-                cause=Reason.INVALID_ARGUMENT,
-            )
-        for name in ("max_inflight_requests", "max_inflight_bytes"):
+            _refuse(f"stall_timeout_s must be > 0 or None, got {self.stall_timeout_s}")
+        for name in (
+            "max_inflight_requests",
+            "max_inflight_bytes",
+            "decode_threads",
+            "getitem_threads",
+            "prefetch_batches",
+        ):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise ConfigError(
-                    f"{name} must be >= 1, got {value}", cause=Reason.INVALID_ARGUMENT
-                )
-        for name in ("decode_threads", "getitem_threads", "prefetch_batches"):
-            value = getattr(self, name)
-            if value < 1:
-                raise ConfigError(
-                    f"{name} must be >= 1, got {value}", cause=Reason.INVALID_ARGUMENT
-                )
+                _refuse(f"{name} must be >= 1, got {value}")
         if not isinstance(self.parts, PartsConfig):
-            raise ConfigError(
-                f"parts must be a PartsConfig, got {type(self.parts).__name__}",
-                cause=Reason.INVALID_ARGUMENT,
-            )
+            _refuse(f"parts must be a PartsConfig, got {type(self.parts).__name__}")
         if self.on_error not in ("raise", "skip"):
-            raise ConfigError(
-                f"on_error must be 'raise' or 'skip', got {self.on_error!r}",
-                cause=Reason.INVALID_ARGUMENT,
-            )
+            _refuse(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
 
     @classmethod
     def derive(
@@ -98,9 +88,7 @@ class PipelineOptions:
         default = SELF_TUNED_CAP if inflight_default is None else inflight_default
         inflight = max_inflight_requests or default
         if inflight < 1:
-            raise ConfigError(
-                f"max_inflight_requests must be >= 1, got {inflight}", cause=Reason.INVALID_ARGUMENT
-            )
+            _refuse(f"max_inflight_requests must be >= 1, got {inflight}")
         if decode_threads is None:
             decode_threads = max(1, min(8, available_cpus() // max(1, num_workers)))
         if prefetch_batches is None:
@@ -115,6 +103,10 @@ class PipelineOptions:
             stall_timeout_s=stall_timeout_s,
             parts=parts if parts is not None else PartsConfig(),
         )
+
+
+def _refuse(problem: str) -> NoReturn:
+    raise ConfigError(problem, cause=Reason.INVALID_ARGUMENT)
 
 
 def available_cpus() -> int:

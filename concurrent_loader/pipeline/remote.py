@@ -38,7 +38,7 @@ from ..fetch import ByteBudget, client_for
 from ..fetch.parts import read_in_parts
 from ..metrics import StageStats
 from ..runtime import CLOSE_TIMEOUT_S, acquire_runtime
-from ..sources import SampleSource
+from ..sources import Read, SampleSource
 from ..sources.base import CoalescingSource
 from ..sources.coalesce import Get, Shared, Whole, plan_fetches
 from .options import PipelineOptions
@@ -106,7 +106,7 @@ class RemoteReads(SourceSamples):
         whose reads cannot be listed fails (or is skipped) alone."""
         if self._closed:
             return
-        samples: list[tuple[Tag, Sequence[Any]]] = []
+        samples: list[tuple[Tag, Sequence[Read]]] = []
         for position, index in enumerate(slot.indices):
             if not is_position(index):
                 self.pool.submit(self.complete, slot, position, index)

@@ -92,12 +92,8 @@ class Slot:
         with self.lock:
             if self.future.done():
                 return
-            self.items[position] = _SKIPPED
             self.skipped.append((position, sample))
-            self.remaining -= 1
-            if self.remaining:
-                return
-        self._finish()
+        self.put(position, _SKIPPED)  # the batch cannot complete before this put
 
     def _finish(self) -> None:
         self.future.set_result([item for item in self.items if item is not _SKIPPED])
