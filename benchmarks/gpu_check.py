@@ -60,17 +60,27 @@ class Sizes:
     warmup_steps: int
     workers: int
     model: str
+    #: the cores the training process and its workers run on; the file server and the
+    #: proxy get the others, as a remote store would not share the client's cores
+    client_cpus: int
 
 
 def sizes_for(args: argparse.Namespace) -> Sizes:
     cpus = os.cpu_count() or 1
+    client = cpus if cpus < 4 else cpus - max(1, cpus // 5)
     if args.dry_run:
-        return Sizes(64, 8, 64, 2, 1, 2, "small")
-    # Leave cores for the main process (decode hand-off, CUDA launches), the file server
-    # and the proxy, which a real remote store would not take from this machine.
-    workers = args.workers or max(1, cpus - 4)
+        return Sizes(64, 8, 64, 2, 1, 2, "small", client)
+    # Leave the main process (batch hand-off, CUDA launches) a core of the client's.
+    workers = args.workers or max(1, client - 1)
     return Sizes(
-        args.images, args.batch_size, 224, args.steps, args.warmup_steps, workers, "resnet50"
+        args.images,
+        args.batch_size,
+        224,
+        args.steps,
+        args.warmup_steps,
+        workers,
+        "resnet50",
+        client,
     )
 
 
@@ -105,10 +115,14 @@ class Report:
 def markdown(data: dict[str, Any]) -> str:
     env = data.get("environment", {})
     stages = data["stages"]
+    sizes = data["sizes"]
     lines = [
         f"GPU check on {env.get('device', '?')}, {env.get('cpus', '?')} CPU cores, torch "
         f"{env.get('torch', '?')}, torchvision {env.get('torchvision', '-')}"
         f"{' (dry run)' if data['dry_run'] else ''}",
+        f"batch {sizes['batch_size']}, {sizes['image_size']} px, {sizes['steps']} steps after "
+        f"{sizes['warmup_steps']}, {sizes['images']} images, {sizes['workers']} workers on "
+        f"{sizes['client_cpus']} client cores (file server and proxy on the others)",
         "",
     ]
     tests = stages.get("tests", {})
@@ -369,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     ):
         local: LocalDataset = made["local"]
         report.stage("decode", lambda: decode_rates(local, sizes))
+        # From here on this process and the workers it starts stay on the client's cores.
+        os.sched_setaffinity(0, range(sizes.client_cpus))
         report.stage("train_synthetic", lambda: train_synthetic(sizes, spec.classes, device))
         report.stage(
             "train_local",
@@ -402,10 +418,14 @@ def run_remote(
     from concurrent_loader.testing.proxy import ProxyProcess
 
     keys = remote_keys(local)
+    cpus = os.cpu_count() or 1
+    rig = range(sizes.client_cpus, cpus) if sizes.client_cpus < cpus else range(cpus)
     with contextlib.ExitStack() as stack:
-        server = stack.enter_context(FileServer(local.train_dir, processes=args.server_processes))
+        server = stack.enter_context(
+            FileServer(local.train_dir, processes=args.server_processes, cpus=rig)
+        )
         proxy = stack.enter_context(
-            ProxyProcess(upstream=server.endpoint_url, latency_ms=args.latency_ms)
+            ProxyProcess(upstream=server.endpoint_url, latency_ms=args.latency_ms, cpus=rig)
         )
         root = f"{proxy.endpoint_url}/"
         for name, extra in (

@@ -20,20 +20,33 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Self
 
 from .ports import free_port, release_ports
-from .subprocesses import ChildProcess, process_cpu_seconds, tail_of, terminate_process
+from .subprocesses import (
+    ChildProcess,
+    check_cpus,
+    process_cpu_seconds,
+    tail_of,
+    terminate_process,
+)
 
 __all__ = ["FileServer"]
 
 
 class FileServer(ChildProcess):
-    """Serves ``root`` over HTTP on 127.0.0.1 from ``processes`` processes."""
+    """Serves ``root`` over HTTP on 127.0.0.1 from ``processes`` processes, pinned to
+    ``cpus`` when given (so a benchmark can keep the server off the client's cores)."""
 
     def __init__(
-        self, root: str | os.PathLike[str], *, processes: int = 1, startup_timeout_s: float = 15.0
+        self,
+        root: str | os.PathLike[str],
+        *,
+        processes: int = 1,
+        cpus: Iterable[int] | None = None,
+        startup_timeout_s: float = 15.0,
     ) -> None:
         if processes < 1:
             raise ValueError(f"processes must be >= 1, got {processes}")
@@ -41,6 +54,7 @@ class FileServer(ChildProcess):
         if not self.root.is_dir():
             raise FileNotFoundError(f"not a directory: {self.root}")
         self.processes = processes
+        self.cpus = check_cpus(cpus)
         self.startup_timeout_s = startup_timeout_s
         self.port = 0
         self._children: list[subprocess.Popen[bytes]] = []
@@ -64,9 +78,10 @@ class FileServer(ChildProcess):
         command = [sys.executable, "-m", __name__, str(self.root), "--port", str(self.port)]
         try:
             for _ in range(self.processes):
-                self._children.append(
-                    subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
-                )
+                child = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
+                self._children.append(child)
+                if self.cpus is not None:
+                    os.sched_setaffinity(child.pid, self.cpus)
             self._wait_ready()
         except BaseException:
             self.stop()
