@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Awaitable, Callable
 
+from ..config import FetchConfig
+from ..runtime import Runtime
 from ..stores.base import StoreConfig
 from .admin import clear_cache, describe_cache, ledger_bytes
 from .cached import CachedStoreConfig
 from .config import POLICIES, CacheConfig, cache_config_for
 from .directory import CacheDirectory
 from .layout import CacheRefused, Handles
-from .store import CachedStore
+from .store import CachedStore, Client
 
 __all__ = [
     "POLICIES",
@@ -41,14 +44,18 @@ log = logging.getLogger(__name__)
 
 
 def with_cache(
-    store: StoreConfig, cache: str | os.PathLike[str] | CacheConfig | None
+    store: StoreConfig,
+    cache: str | os.PathLike[str] | CacheConfig | None,
+    client_for: Callable[[Runtime, StoreConfig, FetchConfig], Awaitable[Client]] | None = None,
 ) -> StoreConfig:
     """``store`` read through ``cache`` (a directory or a ``CacheConfig``), resolved: the
     directory made and the budget fixed, here in the main process. ``store`` itself when
     ``cache`` is None, when the store is on local disk already, or when the directory
     cannot be made (one WARNING: training goes on uncached). A bad option is a
     ``ConfigError``; a directory that is not a cache and not empty (or whose own files are
-    links) is refused with ``CacheRefused`` (a ``ConfigError``) naming it."""
+    links) is refused with ``CacheRefused`` (a ``ConfigError``) naming it. ``client_for``
+    gives this process's fetch client for a store config (:attr:`CachedStoreConfig.client_for`:
+    the local path and warm-ups read misses through it)."""
     if cache is None:
         return store
     config = cache_config_for(cache)
@@ -68,4 +75,4 @@ def with_cache(
             store,
         )
         return store
-    return CachedStoreConfig(store, resolved)
+    return CachedStoreConfig(store, resolved, client_for=client_for)

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from ..config import FetchConfig
 from ..errors import ConfigError, Reason
+from ..runtime import Runtime
 from ..stores.base import Capabilities, StoreConfig
 from .admin import ledger_entries
 from .config import CacheConfig
 from .directory import name_for, source_prefix
 from .layout import CacheRefused, Handles, has_entry
-from .store import CachedStore
+from .store import CachedStore, Client
 from .writer import MAX_PENDING_BYTES
 
 __all__ = ["MAX_PENDING_BYTES", "CachedStoreConfig"]
@@ -40,6 +41,10 @@ class CachedStoreConfig:
     #: that many entries, the sample's included, reads take the local path
     object_count: int = 0
     sample_keys: tuple[str, ...] = ()
+    #: this process's fetch client for a store config (``concurrent_loader.fetch.client_for``,
+    #: given by whoever wires the cache in): off the remote path, misses are read through it.
+    #: Without one the cache never takes the local path, and cannot be warmed.
+    client_for: Callable[[Runtime, StoreConfig, FetchConfig], Awaitable[Client]] | None = None
 
     def __post_init__(self) -> None:
         if not self.inner.capabilities.remote:
@@ -56,7 +61,7 @@ class CachedStoreConfig:
         (:meth:`complete`): then the pipeline reads and decodes each sample in one
         thread-pool job, as from a local directory, with no event loop in the way."""
         inner = self.inner.capabilities
-        if self.complete():
+        if self.client_for is not None and self.complete():
             return Capabilities(remote=False, listing=inner.listing, ranges=inner.ranges)
         # An object read in parts would reach the cache as ranges, which it does not keep.
         return dataclasses.replace(inner, whole_reads_up_to=MAX_PENDING_BYTES)
@@ -107,11 +112,28 @@ class CachedStoreConfig:
 
     def open(self, fetch: FetchConfig) -> CachedStore:
         """A store for this process, its capabilities decided now (see :attr:`capabilities`):
-        on the remote path it wraps the inner store, opened here (on the loop)."""
+        on the remote path it wraps the inner store, opened here (on the loop); on the local
+        path it reads misses through this process's fetch client (:meth:`through_client`)."""
         capabilities = self.capabilities
-        twin = dataclasses.replace(self, object_count=0, sample_keys=())  # never complete
-        inner = self.inner.open(fetch) if capabilities.remote else None
-        return CachedStore(self.cache, self.inner, fetch, capabilities, inner, twin)
+        if not capabilities.remote:
+            return self.through_client(fetch, capabilities)
+        return CachedStore(self.cache, self.inner, fetch, capabilities, self.inner.open(fetch))
+
+    def through_client(
+        self, fetch: FetchConfig, capabilities: Capabilities | None = None
+    ) -> CachedStore:
+        """A store that reads misses through this process's fetch client for the inner
+        store under ``fetch`` (its retries, limits and hedges), made on first use."""
+        client_for, inner = self.client_for, self.inner
+        if client_for is None:
+            raise ValueError(f"{self} was made without a fetch client (client_for)")
+
+        async def connect(runtime: Runtime) -> Client:
+            return await client_for(runtime, inner, fetch)
+
+        return CachedStore(
+            self.cache, inner, fetch, capabilities or self.capabilities, connect=connect
+        )
 
     def __str__(self) -> str:
         return str(self.inner)

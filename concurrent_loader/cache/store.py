@@ -23,11 +23,14 @@ entry behind, on a writer thread. Guarantees:
 - Entries are written behind reads, bounded (:mod:`.writer`). ``close()`` finishes the
   pending writes and joins the writer.
 
-Once the cache holds the whole dataset (:meth:`CachedStoreConfig.complete`), the config
-reports ``remote=False`` and the store is read through ``get_blocking`` on the pipeline's
-decode threads (the local directories' path): hits skip the event loop altogether; a miss
-there is read through this config's remote twin (the same cache, on the loop), so it is
-fetched, locked and written (with its ETag) as on the remote path.
+It is given what it wraps: on the remote path the store itself (``inner``); on the local
+path, and for a warm-up, ``connect``, which gives this process's fetch client for that
+store on the runtime's loop (made on first use), so misses there keep the client's retries,
+limits and hedges. Once the cache holds the whole dataset
+(:meth:`CachedStoreConfig.complete`), a store opened then has ``remote=False`` and is read
+through ``get_blocking`` on the pipeline's decode threads (the local directories' path):
+hits skip the event loop altogether; a miss is read through :meth:`get` on the runtime's
+loop, so it is fetched, locked and written (with its ETag) as on the remote path.
 """
 
 from __future__ import annotations
@@ -36,11 +39,12 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing.util
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Protocol
 
 from ..config import FetchConfig
-from ..fetch import client_for
 from ..metrics.cache import cache_tally
+from ..runtime import Runtime
 from ..stores.base import Body, ByteRange, Capabilities, ObjectInfo, Store, StoreConfig
 from .config import CacheConfig
 from .directory import CacheDirectory, name_for, source_prefix
@@ -49,7 +53,7 @@ from .layout import CACHE_ERRORS
 from .leftovers import Leftovers
 from .writer import MAX_PENDING_BYTES, EntryWriter
 
-__all__ = ["MAX_PENDING_BYTES", "CachedStore"]
+__all__ = ["MAX_PENDING_BYTES", "CachedStore", "Client", "Connect"]
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +66,20 @@ _FIRST_WAIT_S = 0.001
 _LONGEST_WAIT_S = 0.05
 
 
+class Client(Protocol):
+    """What the cache reads a miss through off the remote path: a fetch client."""
+
+    async def get_body(self, key: str, byte_range: ByteRange | None = None) -> Body: ...
+
+
+#: this process's client for the wrapped store, on the runtime's loop
+Connect = Callable[[Runtime], Awaitable[Client]]
+
+
 class CachedStore:
     """Reads ``names``'s objects through the cache ``cache``; see the module docstring.
-    ``inner`` is the wrapped store (on the remote path); ``capabilities`` are fixed by the
-    config that opens it. Open and use it on one loop."""
+    It wraps ``inner`` (an open store) or what ``connect`` gives; ``capabilities`` are fixed
+    by the config that opens it. Use :meth:`get` on one loop."""
 
     def __init__(
         self,
@@ -73,17 +87,19 @@ class CachedStore:
         names: StoreConfig,
         fetch: FetchConfig,
         capabilities: Capabilities,
-        inner: Store | None,
-        twin: StoreConfig,
+        inner: Store | None = None,
+        connect: Connect | None = None,
     ) -> None:
         self.cache = cache
         self.names = names
         self._fetch = fetch
         self.capabilities = capabilities
-        #: the wrapped store, on the remote path; the local path fetches a rare miss through
-        #: this process's fetch client for ``twin`` instead
+        #: the wrapped store, if given open (closed with this one)
         self.inner = inner
-        self._twin = twin
+        self._connect = connect
+        self._get: Callable[[str, ByteRange | None], Awaitable[Body]] | None = (
+            inner.get if inner is not None else None
+        )
         self._revalidate = cache.revalidate
         self._lru = cache.policy == "lru"
         self._fill_policy = cache.policy == "fill"
@@ -114,10 +130,12 @@ class CachedStore:
     def __repr__(self) -> str:
         return f"CachedStore({self.names}, {self.cache.directory})"
 
-    def _wrapped(self) -> Store:
-        if self.inner is None:  # pragma: no cover - only the remote path calls this
-            raise RuntimeError("the wrapped store is open on the remote path only")
-        return self.inner
+    async def _fetch_inner(self, key: str, byte_range: ByteRange | None) -> Body:
+        """One read of the wrapped store (or through the client ``connect`` gives)."""
+        if self._get is None:
+            assert self._connect is not None  # given one or the other
+            self._get = (await self._connect(self._leftovers.runtime())).get_body
+        return await self._get(key, byte_range)
 
     # ------------------------------------------------------------------ reads
 
@@ -143,7 +161,7 @@ class CachedStore:
         group = self._missing.setdefault(read, [0, 0])  # [in flight, counted]
         group[0] += 1
         try:
-            body = await self._wrapped().get(key, byte_range)
+            body = await self._fetch_inner(key, byte_range)
         finally:
             group[0] -= 1
             if not group[0]:
@@ -175,7 +193,7 @@ class CachedStore:
         its ETag). Without an ETag to compare, an entry is never taken as current."""
         if entry.etag is None or not entry.data:
             return False
-        probe = await self._wrapped().get(key, ByteRange(0, 1))
+        probe = await self._fetch_inner(key, ByteRange(0, 1))
         return probe.etag == entry.etag
 
     async def _serve(
@@ -322,7 +340,9 @@ class CachedStore:
     # ------------------------------------------------------------------ the rest
 
     def list(self) -> AsyncIterator[ObjectInfo]:
-        return self._wrapped().list()
+        if self.inner is None:  # pragma: no cover - the pipeline lists through the config
+            raise RuntimeError(f"{self} wraps no open store to list")
+        return self.inner.list()
 
     async def flush(self) -> None:
         """Wait until the entries handed to the writer so far are written (or refused)."""
@@ -342,16 +362,16 @@ class CachedStore:
     # ------------------------------------------------------------------ the local path
 
     def get_blocking(self, key: str, byte_range: ByteRange | None = None) -> bytes | bytearray:
-        """On a decode thread: the entry when there is an intact one; otherwise the object
-        read through this process's fetch client for the remote twin of this config (the
-        same cache on the loop: the fill lock, the GET, the entry written with its ETag)."""
+        """On a decode thread: the entry when there is an intact one; otherwise :meth:`get`
+        on the runtime's loop (the fill lock, the GET, the entry written with its ETag),
+        which waits for the entry to be written."""
         directory = self._dir
         if directory is not None:
             source = self._prefix + self.url_for(key)
             name = name_for(source)
             try:
                 entry = directory.read(name, source)
-            except CorruptEntry:  # the twin says so, and replaces it
+            except CorruptEntry:  # get() says so, and replaces it
                 entry = None
             except CACHE_ERRORS as exc:
                 self._fail(exc, "reading it")
@@ -365,17 +385,13 @@ class CachedStore:
                     with contextlib.suppress(*CACHE_ERRORS):
                         directory.touch(name)
                 return data
-        runtime = self._leftovers.runtime()
-        fetch, twin = self._fetch, self._twin
 
-        async def fetch_one() -> bytes | bytearray:
-            client = await client_for(runtime, twin, fetch)
-            data = await client.get(key, byte_range)
-            if isinstance(client.store, CachedStore):  # written on this thread, as it waits
-                await client.store.flush()
-            return data
+        async def miss() -> bytes | bytearray:
+            body = await self.get(key, byte_range)
+            await self.flush()  # written before this thread reads on
+            return body.data
 
-        return runtime.run(fetch_one())
+        return self._leftovers.runtime().run(miss())
 
     def list_blocking(self) -> Iterator[ObjectInfo]:
         from ..listing import list_store

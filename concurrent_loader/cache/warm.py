@@ -1,10 +1,10 @@
 """Filling a cache ahead of training: every object of a dataset read once through it.
 
-Reads go through this process's fetch client (retries, limits, the byte budget of
-``FetchConfig``) on its runtime, ``max_inflight_requests`` at a time; every ``FLUSH_EVERY``
-objects the warm-up waits for the cache's writer, so a disk slower than the network slows
-the warm-up down instead of leaving objects out. An object that fails to read fails the
-warm-up with its error (naming it), as it would fail training.
+Misses are read through this process's fetch client for the wrapped store (its retries,
+limits and hedges under ``FetchConfig``) on its runtime, ``max_inflight_requests`` at a
+time; every ``FLUSH_EVERY`` objects the warm-up waits for the cache's writer, so a disk
+slower than the network slows the warm-up down instead of leaving objects out. An object
+that fails to read fails the warm-up with its error (naming it), as it would fail training.
 """
 
 from __future__ import annotations
@@ -14,11 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..config import FetchConfig
-from ..fetch import client_for
 from ..metrics.cache import cache_tally
-from ..runtime import Runtime, acquire_runtime
+from ..runtime import acquire_runtime
 from .cached import CachedStoreConfig
-from .store import CachedStore
 
 __all__ = ["FLUSH_EVERY", "WarmReport", "warm_cache"]
 
@@ -44,22 +42,18 @@ def warm_cache(
     fetch = config or FetchConfig()
     runtime = acquire_runtime()
     try:
-        return runtime.run(_warm(runtime, store, keys, fetch, on_object))
+        return runtime.run(_warm(store, keys, fetch, on_object))
     finally:
         runtime.release()
 
 
 async def _warm(
-    runtime: Runtime,
     store: CachedStoreConfig,
     keys: Sequence[str],
     fetch: FetchConfig,
     on_object: Callable[[], None] | None,
 ) -> WarmReport:
-    client = await client_for(runtime, store, fetch)
-    cached = client.store
-    if not isinstance(cached, CachedStore):  # pragma: no cover - CachedStoreConfig opens one
-        raise TypeError(f"expected a CachedStore, got {type(cached).__name__}")
+    cached = store.through_client(fetch)
     hits_before = cache_tally().snapshot()[0]
     total = 0
     slots = asyncio.Semaphore(fetch.inflight_cap)
@@ -67,11 +61,14 @@ async def _warm(
     async def one(key: str) -> None:
         nonlocal total
         async with slots:
-            total += len(await client.get(key))
+            total += len((await cached.get(key)).data)
         if on_object is not None:
             on_object()
 
-    for start in range(0, len(keys), FLUSH_EVERY):
-        await asyncio.gather(*(one(key) for key in keys[start : start + FLUSH_EVERY]))
-        await cached.flush()
+    try:
+        for start in range(0, len(keys), FLUSH_EVERY):
+            await asyncio.gather(*(one(key) for key in keys[start : start + FLUSH_EVERY]))
+            await cached.flush()
+    finally:
+        await cached.close()
     return WarmReport(len(keys), total, cache_tally().snapshot()[0] - hits_before)

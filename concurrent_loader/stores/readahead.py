@@ -108,7 +108,7 @@ class ReadaheadConfig:
         return dataclasses.replace(self, inner=self.inner.resolved())
 
     def open(self, fetch: FetchConfig) -> ReadaheadStore:
-        return ReadaheadStore(self, fetch)
+        return ReadaheadStore(self, self.inner.open(fetch))
 
     def __str__(self) -> str:
         return str(self.inner)
@@ -127,11 +127,12 @@ class _Span:
 
 
 class ReadaheadStore:
-    """Reads through spans; see the module docstring. Open and use it on one loop."""
+    """Reads ``inner`` (the open store of ``config.inner``) through spans; see the module
+    docstring. Use it on one loop."""
 
-    def __init__(self, config: ReadaheadConfig, fetch: FetchConfig) -> None:
+    def __init__(self, config: ReadaheadConfig, inner: Store) -> None:
         self.config = config
-        self.inner: Store = config.inner.open(fetch)
+        self.inner = inner
         self.capabilities = self.inner.capabilities
         self._span = config.readahead.span_bytes
         self._max_bytes = config.readahead.max_bytes

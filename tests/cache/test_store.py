@@ -17,7 +17,7 @@ from concurrent_loader.cache import CacheConfig, CachedStoreConfig, with_cache
 from concurrent_loader.cache import directory as directory_module
 from concurrent_loader.cache.directory import name_for
 from concurrent_loader.errors import ConfigError, ObjectNotFound
-from concurrent_loader.fetch import FetchClient
+from concurrent_loader.fetch import FetchClient, client_for
 from concurrent_loader.metrics.cache import cache_tally
 from concurrent_loader.stores import ByteRange, LocalConfig, MemoryConfig
 
@@ -281,8 +281,10 @@ def test_the_local_path_once_the_cache_holds_the_dataset(cache_config):
     objects = numbered_objects(20)
     memory = MemoryConfig(objects)
     keys = sorted(objects)
-    config = CachedStoreConfig(memory, cache_config).for_keys(keys)
+    config = CachedStoreConfig(memory, cache_config, client_for=client_for).for_keys(keys)
     assert config.object_count == 20 and len(config.sample_keys) == 20
+    # Without a fetch client to read misses through, never the local path.
+    assert dataclasses.replace(config, client_for=None).capabilities.remote
     assert config.capabilities.remote and not config.complete()
     _read(config, keys[:10])
     assert config.capabilities.remote  # half of it: still the remote path
@@ -317,7 +319,7 @@ def test_a_miss_on_the_local_path_is_fetched_and_cached_again(cache_config, monk
     objects = numbered_objects(10)
     memory = MemoryConfig(objects)
     keys = sorted(objects)
-    config = CachedStoreConfig(memory, cache_config).for_keys(keys)
+    config = CachedStoreConfig(memory, cache_config, client_for=client_for).for_keys(keys)
     _read(config, keys)
     gone = next(k for k in keys if k not in config.sample_keys)
     _entry_path(config, gone).unlink()
