@@ -28,7 +28,7 @@ from .closing import Closing
 from .config import FetchConfig
 from .decode import EncodedImageDecoder, ImageDecoder, check_decode_on
 from .errors import ConfigError, Reason
-from .fetch import fetch_blocking
+from .fetch import client_for, fetch_blocking
 from .keys import KeyTable
 from .listing import list_store
 from .listing import progress as progress_bar
@@ -108,7 +108,7 @@ class ObjectDataset(Closing, Dataset[Any]):
             ca_bundle=ca_bundle,
             verify_etag_md5=verify_etag_md5,
         ).resolved()
-        self.store: StoreConfig = with_cache(store, cache)
+        self.store: StoreConfig = with_cache(store, cache, client_for)
         self.fetch_config = fetch_config or FetchConfig()
         self.decode = decode
         sizes: np.ndarray | None = None
