@@ -13,22 +13,29 @@ import dataclasses
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from ..config import FetchConfig
 from ..errors import ConfigError, Reason
 from ..runtime import Runtime
-from ..stores.base import Capabilities, StoreConfig
+from ..stores.base import Body, ByteRange, Capabilities, StoreConfig
 from .admin import ledger_entries
 from .config import CacheConfig
-from .directory import name_for, source_prefix
+from .directory import name_for
 from .layout import CacheRefused, Handles, has_entry
-from .store import CachedStore, Client
+from .store import CachedStore, Read
 from .writer import MAX_PENDING_BYTES
 
-__all__ = ["MAX_PENDING_BYTES", "CachedStoreConfig"]
+__all__ = ["MAX_PENDING_BYTES", "CachedStoreConfig", "Client"]
 
 #: keys of the dataset sampled to tell whether the cache holds all of it
 SAMPLE_KEYS = 64
+
+
+class Client(Protocol):
+    """What the cache reads misses through off the remote path: a fetch client."""
+
+    async def get_body(self, key: str, byte_range: ByteRange | None = None) -> Body: ...
 
 
 @dataclass(frozen=True)
@@ -117,7 +124,10 @@ class CachedStoreConfig:
         capabilities = self.capabilities
         if not capabilities.remote:
             return self.through_client(fetch, capabilities)
-        return CachedStore(self.cache, self.inner, fetch, capabilities, self.inner.open(fetch))
+        prefix = source_prefix(self.inner)
+        return CachedStore(
+            self.cache, self.inner, fetch, capabilities, prefix, self.inner.open(fetch)
+        )
 
     def through_client(
         self, fetch: FetchConfig, capabilities: Capabilities | None = None
@@ -128,12 +138,12 @@ class CachedStoreConfig:
         if client_for is None:
             raise ValueError(f"{self} was made without a fetch client (client_for)")
 
-        async def connect(runtime: Runtime) -> Client:
-            return await client_for(runtime, inner, fetch)
+        async def connect(runtime: Runtime) -> Read:
+            return (await client_for(runtime, inner, fetch)).get_body
 
-        return CachedStore(
-            self.cache, inner, fetch, capabilities or self.capabilities, connect=connect
-        )
+        capabilities = capabilities or self.capabilities
+        prefix = source_prefix(inner)
+        return CachedStore(self.cache, inner, fetch, capabilities, prefix, connect=connect)
 
     def __str__(self) -> str:
         return str(self.inner)
@@ -141,3 +151,20 @@ class CachedStoreConfig:
 
 #: the configs this process found complete (a dataset's config each: a handful)
 _FOUND_COMPLETE: set[CachedStoreConfig] = set()
+
+
+def source_prefix(inner: StoreConfig) -> str:
+    """Where ``inner``'s bytes come from, in front of every entry's source, so two stores
+    whose URLs read alike (one bucket on two endpoints) never share an entry: for an S3
+    store, the origin and path of the route botocore resolved in the main process (whatever
+    chose the endpoint: ``endpoint_url=``, ``AWS_ENDPOINT_URL``, a profile), which holds no
+    credential; a config not resolved yet is resolved here. A store whose URLs name their
+    host (plain HTTP) needs nothing more. A wrapping config (``inner``) is looked through."""
+    config: Any = inner
+    while hasattr(config, "inner"):
+        config = config.inner
+    if not hasattr(config, "route"):
+        return ""
+    route = config.route or config.resolved().route
+    origin = route.origin
+    return f"{origin.scheme}://{origin.host_header}{route.path_prefix} "

@@ -47,21 +47,12 @@ import time
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
-from ..stores.base import StoreConfig
 from .config import CacheConfig
 from .entry import CorruptEntry, Entry, read_entry_fd
 from .layout import Handles, open_shard, scan_entries, temp_files, unlink_entry
 
-__all__ = [
-    "CacheDirectory",
-    "Ledger",
-    "entry_path",
-    "name_for",
-    "remove_dead_temps",
-    "source_prefix",
-]
+__all__ = ["CacheDirectory", "Ledger", "entry_path", "name_for", "remove_dead_temps"]
 
 _LEDGER = struct.Struct("<4sqqqqq")
 _LEDGER_MAGIC = b"CLL2"
@@ -81,23 +72,6 @@ def entry_path(root: str, name: str) -> str:
 def name_for(source: str) -> str:
     """The entry name of an object: a hash of its source (where it is read from)."""
     return hashlib.blake2b(source.encode(), digest_size=16).hexdigest()
-
-
-def source_prefix(inner: StoreConfig) -> str:
-    """Where ``inner``'s bytes come from, in front of every entry's source, so two stores
-    whose URLs read alike (one bucket on two endpoints) never share an entry: for an S3
-    store, the origin and path of the route botocore resolved in the main process (whatever
-    chose the endpoint: ``endpoint_url=``, ``AWS_ENDPOINT_URL``, a profile), which holds no
-    credential; a config not resolved yet is resolved here. A store whose URLs name their
-    host (plain HTTP) needs nothing more. A wrapping config (``inner``) is looked through."""
-    config: Any = inner
-    while hasattr(config, "inner"):
-        config = config.inner
-    if not hasattr(config, "route"):
-        return ""
-    route = config.route or config.resolved().route
-    origin = route.origin
-    return f"{origin.scheme}://{origin.host_header}{route.path_prefix} "
 
 
 @dataclass

@@ -23,14 +23,13 @@ entry behind, on a writer thread. Guarantees:
 - Entries are written behind reads, bounded (:mod:`.writer`). ``close()`` finishes the
   pending writes and joins the writer.
 
-It is given what it wraps: on the remote path the store itself (``inner``); on the local
-path, and for a warm-up, ``connect``, which gives this process's fetch client for that
-store on the runtime's loop (made on first use), so misses there keep the client's retries,
-limits and hedges. Once the cache holds the whole dataset
-(:meth:`CachedStoreConfig.complete`), a store opened then has ``remote=False`` and is read
-through ``get_blocking`` on the pipeline's decode threads (the local directories' path):
-hits skip the event loop altogether; a miss is read through :meth:`get` on the runtime's
-loop, so it is fetched, locked and written (with its ETag) as on the remote path.
+It is given what it wraps: the open store (``inner``) on the remote path; elsewhere
+``connect``, which gives (on the runtime's loop, at the first miss) what reads through this
+process's fetch client for that store, with the client's retries, limits and hedges. Once
+the cache holds the whole dataset (:meth:`CachedStoreConfig.complete`), a store opened then
+has ``remote=False`` and is read through ``get_blocking`` on the pipeline's decode threads
+(the local directories' path): hits skip the event loop altogether; a miss goes through
+:meth:`get` on the runtime's loop, fetched, locked and written as on the remote path.
 """
 
 from __future__ import annotations
@@ -40,20 +39,19 @@ import contextlib
 import logging
 import multiprocessing.util
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Protocol
 
 from ..config import FetchConfig
 from ..metrics.cache import cache_tally
 from ..runtime import Runtime
 from ..stores.base import Body, ByteRange, Capabilities, ObjectInfo, Store, StoreConfig
 from .config import CacheConfig
-from .directory import CacheDirectory, name_for, source_prefix
+from .directory import CacheDirectory, name_for
 from .entry import CorruptEntry, Entry, TooLarge
 from .layout import CACHE_ERRORS
 from .leftovers import Leftovers
 from .writer import MAX_PENDING_BYTES, EntryWriter
 
-__all__ = ["MAX_PENDING_BYTES", "CachedStore", "Client", "Connect"]
+__all__ = ["MAX_PENDING_BYTES", "CachedStore", "Connect"]
 
 log = logging.getLogger(__name__)
 
@@ -66,20 +64,17 @@ _FIRST_WAIT_S = 0.001
 _LONGEST_WAIT_S = 0.05
 
 
-class Client(Protocol):
-    """What the cache reads a miss through off the remote path: a fetch client."""
-
-    async def get_body(self, key: str, byte_range: ByteRange | None = None) -> Body: ...
-
-
-#: this process's client for the wrapped store, on the runtime's loop
-Connect = Callable[[Runtime], Awaitable[Client]]
+#: one read of the wrapped store: ``Store.get``, or a fetch client's ``get_body``
+Read = Callable[[str, ByteRange | None], Awaitable[Body]]
+#: (on the runtime's loop) the read through this process's fetch client for that store
+Connect = Callable[[Runtime], Awaitable[Read]]
 
 
 class CachedStore:
-    """Reads ``names``'s objects through the cache ``cache``; see the module docstring.
-    It wraps ``inner`` (an open store) or what ``connect`` gives; ``capabilities`` are fixed
-    by the config that opens it. Use :meth:`get` on one loop."""
+    """Reads ``names``'s objects through the cache ``cache``, each entry's source named
+    ``prefix`` + its URL; see the module docstring. It wraps ``inner`` (an open store) or
+    what ``connect`` gives; ``capabilities`` are fixed by the config that opens it. Use
+    :meth:`get` on one loop."""
 
     def __init__(
         self,
@@ -87,6 +82,7 @@ class CachedStore:
         names: StoreConfig,
         fetch: FetchConfig,
         capabilities: Capabilities,
+        prefix: str,
         inner: Store | None = None,
         connect: Connect | None = None,
     ) -> None:
@@ -97,13 +93,11 @@ class CachedStore:
         #: the wrapped store, if given open (closed with this one)
         self.inner = inner
         self._connect = connect
-        self._get: Callable[[str, ByteRange | None], Awaitable[Body]] | None = (
-            inner.get if inner is not None else None
-        )
+        self._get: Read | None = inner.get if inner is not None else None
         self._revalidate = cache.revalidate
         self._lru = cache.policy == "lru"
         self._fill_policy = cache.policy == "fill"
-        self._prefix = source_prefix(names)
+        self._prefix = prefix
         self._max_wait_s = min(fetch.timeouts.attempt / 2, MAX_WAIT_S)
         self._tally = cache_tally()
         #: GETs in flight per object (or range), and whether their miss is counted yet
@@ -134,7 +128,7 @@ class CachedStore:
         """One read of the wrapped store (or through the client ``connect`` gives)."""
         if self._get is None:
             assert self._connect is not None  # given one or the other
-            self._get = (await self._connect(self._leftovers.runtime())).get_body
+            self._get = await self._connect(self._leftovers.runtime())
         return await self._get(key, byte_range)
 
     # ------------------------------------------------------------------ reads
@@ -340,8 +334,7 @@ class CachedStore:
     # ------------------------------------------------------------------ the rest
 
     def list(self) -> AsyncIterator[ObjectInfo]:
-        if self.inner is None:  # pragma: no cover - the pipeline lists through the config
-            raise RuntimeError(f"{self} wraps no open store to list")
+        assert self.inner is not None, "off the remote path, lists go through the config"
         return self.inner.list()
 
     async def flush(self) -> None:

@@ -15,7 +15,8 @@ import pytest
 
 from concurrent_loader import FetchConfig, HedgeConfig, ObjectDataset
 from concurrent_loader.cache import CacheConfig, CachedStoreConfig
-from concurrent_loader.cache.directory import name_for, source_prefix
+from concurrent_loader.cache.cached import source_prefix
+from concurrent_loader.cache.directory import name_for
 from concurrent_loader.cache.entry import read_entry
 
 NO_HEDGES = FetchConfig(hedge=HedgeConfig(enabled=False))
