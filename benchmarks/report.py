@@ -555,10 +555,22 @@ def _context(results: dict[str, Any]) -> str:
 KEPT_MARKER = "<!-- Written by hand below this line: kept when the file is re-rendered. -->"
 
 
+#: RESULTS.md above this line (the page's title and headline table) is kept too.
+HEAD_MARKER = "<!-- Written by hand above this line: kept when the file is re-rendered. -->"
+
+
 def kept_sections(existing: str) -> str:
     """The hand-written tail of an existing RESULTS.md, marker included ('' if none)."""
     at = existing.find(KEPT_MARKER)
     return "\n" + existing[at:] if at >= 0 else ""
+
+
+def kept_head(existing: str) -> str:
+    """The hand-written head of an existing RESULTS.md, marker included (a bare title if
+    none)."""
+    at = existing.find(HEAD_MARKER)
+    head = existing[: at + len(HEAD_MARKER)] if at >= 0 else f"# Benchmark results\n\n{HEAD_MARKER}"
+    return head + "\n\n"
 
 
 def render_markdown(results: dict[str, Any]) -> str:
@@ -567,14 +579,15 @@ def render_markdown(results: dict[str, Any]) -> str:
     versions = ", ".join(f"{k} {v}" for k, v in pk.items() if v)
     not_run = not_run_lines(results)
     lines = [
-        "# Benchmark results",
+        "## S3 at +50 ms vs local disk, steady state",
         "",
-        "Rendered by `python -m benchmarks --write-results` from the figures of one run; "
-        "every number below was measured in that run.",
+        "`python -m benchmarks` (`scripts/bench.sh`): every loader configuration in a fresh, "
+        "CPU-pinned subprocess, a steady-state window after the warm-up. Rendered by "
+        "`--write-results` from the figures of one run.",
         "",
         f"**{headline(results)}**",
         "",
-        "## How it was run",
+        "### How it was run",
         "",
         f"```\n{results['command']}\n```",
         "",
@@ -600,11 +613,11 @@ def render_markdown(results: dict[str, Any]) -> str:
         "time of the loader's processes (benchmark process and workers) over the window",
         f"- Wall time of the whole run: {results.get('wall_s', float('nan')):.0f} s",
         "",
-        "## Loader configurations",
+        "### Loader configurations",
         "",
         configs_table(results, markdown=True),
         "",
-        "## Targets",
+        "### Targets",
         "",
         targets_table(results, markdown=True),
         "",
@@ -614,10 +627,10 @@ def render_markdown(results: dict[str, Any]) -> str:
         ("max_inflight", "Throughput vs max_inflight_requests (ours over S3)"),
     ):
         if results["sweeps"].get(sweep):
-            lines += [f"## {title}", "", sweep_table(results, sweep, markdown=True), ""]
+            lines += [f"### {title}", "", sweep_table(results, sweep, markdown=True), ""]
     if results.get("fetch"):
         lines += [
-            "## Fetch-only (raw GETs, no decode)",
+            "### Fetch-only (raw GETs, no decode)",
             "",
             f"Through the proxy at +{s['fetch_latency_ms']:g} ms; client CPU is user+system "
             "time of the client process over the window, divided by the GETs in it.",
@@ -626,9 +639,9 @@ def render_markdown(results: dict[str, Any]) -> str:
             "",
         ]
     if not_run:
-        lines += ["## Not run or failed", "", *not_run, ""]
+        lines += ["### Not run or failed", "", *not_run, ""]
     if results.get("plot_in_repo"):
-        lines += ["## Plot", "", f"![throughput]({results['plot_in_repo']})", ""]
+        lines += ["### Plot", "", f"![throughput]({results['plot_in_repo']})", ""]
     return "\n".join(lines)
 
 

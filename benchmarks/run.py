@@ -479,8 +479,12 @@ def main(argv: list[str] | None = None) -> int:
             # RESULTS.md is committed; the out/ folder is not, so the plot goes beside it.
             shutil.copyfile(png_path, md_path.with_suffix(".png"))
             results["plot_in_repo"] = md_path.with_suffix(".png").name
-        kept = report.kept_sections(md_path.read_text() if md_path.exists() else "")
-        md_path.write_text(report.render_markdown(results) + kept)
+        existing = md_path.read_text() if md_path.exists() else ""
+        md_path.write_text(
+            report.kept_head(existing)
+            + report.render_markdown(results)
+            + report.kept_sections(existing)
+        )
         print(f"Results: {md_path}")
     failed = [n for n, c in results["configs"].items() if c["status"] == "error"]
     failed += [n for n, c in results["fetch"].items() if c["status"] == "error"]
