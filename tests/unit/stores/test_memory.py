@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from concurrent_loader.config import FetchConfig
-from concurrent_loader.errors import ObjectNotFound, ObjectTooLarge, Reason, ServerError
-from concurrent_loader.stores import STALL, ByteRange, MemoryConfig, ObjectInfo, Store
+from concurrent_loader.errors import ObjectNotFound, Reason, ServerError
+from concurrent_loader.stores import STALL, ByteRange, MemoryConfig, Store
 
 
 def _open(config: MemoryConfig, **fetch: int) -> Store:
@@ -33,26 +33,6 @@ def test_names_objects_under_its_name():
     config = MemoryConfig({}, name="bucket")
     assert config.url_for("dir/x.bin") == "memory://bucket/dir/x.bin"
     assert _open(config).url_for("x") == "memory://bucket/x"
-
-
-def test_missing_key_is_object_not_found_naming_the_object():
-    store = _open(MemoryConfig({}))
-    with pytest.raises(ObjectNotFound) as caught:
-        asyncio.run(store.get("gone.bin"))
-    assert caught.value.url == "memory://test/gone.bin"
-    assert caught.value.cause is Reason.NOT_FOUND
-    assert caught.value.stage == "fetch"
-
-
-def test_object_over_max_object_bytes_is_refused():
-    store = _open(MemoryConfig({"big": b"x" * 11, "ok": b"x" * 10}), max_object_bytes=10)
-    assert asyncio.run(store.get("ok")).data == b"x" * 10
-    with pytest.raises(ObjectTooLarge) as caught:
-        asyncio.run(store.get("big"))
-    assert caught.value.cause is Reason.OBJECT_TOO_LARGE
-    assert caught.value.url == "memory://test/big"
-    # a range of it that fits is fine
-    assert asyncio.run(store.get("big", ByteRange(0, 10))).data == b"x" * 10
 
 
 def test_script_decides_each_attempt_counting_from_zero_per_key():
@@ -125,18 +105,6 @@ def test_every_store_of_one_config_shares_its_stats():
     assert config.stats.gets["a"] == 2
 
 
-def test_lists_every_object_with_its_size():
-    config = MemoryConfig({"a": b"1", "d/b": b"22"})
-    store = _open(config)
-
-    async def listed() -> list[ObjectInfo]:
-        return [info async for info in store.list()]
-
-    expected = [ObjectInfo("a", 1), ObjectInfo("d/b", 2)]
-    assert sorted(asyncio.run(listed()), key=lambda i: i.key) == expected
-    assert sorted(store.list_blocking(), key=lambda i: i.key) == expected
-
-
 @pytest.mark.parametrize("remote", [True, False])
 def test_capabilities_follow_remote(remote: bool):
     config = MemoryConfig({}, remote=remote)
@@ -162,12 +130,6 @@ def test_blocking_reads_follow_the_script():
     store = _open(MemoryConfig({"a": b"A"}, remote=False, script=script))
     with pytest.raises(ServerError):
         store.get_blocking("a")
-
-
-@pytest.mark.parametrize(("start", "end"), [(-1, 3), (3, 3), (4, 3)])
-def test_invalid_byte_ranges_are_refused(start: int, end: int):
-    with pytest.raises(ValueError, match="invalid byte range"):
-        ByteRange(start, end)
 
 
 def test_byte_range_length():
