@@ -198,7 +198,7 @@ def _human_bytes(n: int) -> str:
 def cmd_cache_warm(args: argparse.Namespace) -> int:
     if args.root is None and args.manifest is None:
         raise ConfigError("cache warm needs ROOT or --manifest FILE", cause=Reason.INVALID_ARGUMENT)
-    cache = CacheConfig(args.cache, max_bytes=args.max_bytes, policy=args.policy)
+    cache = CacheConfig(args.cache, max_bytes=args.max_bytes)
     options: dict[str, Any] = {
         "endpoint_url": args.endpoint_url,
         "region": args.region,
@@ -331,7 +331,6 @@ def _cache_commands(commands: Any) -> None:
     warm.add_argument("--manifest", default=None, help="read the keys of this manifest")
     warm.add_argument("--cache", required=True, help="the cache directory")
     warm.add_argument("--max-bytes", type=int, default=None, help="the cache's byte budget")
-    warm.add_argument("--policy", default="fill", choices=("fill", "lru"))
     warm.add_argument("--endpoint-url", default=None, help="S3 endpoint (default: AWS chain)")
     warm.add_argument("--region", default=None, help="S3 region (default: AWS chain)")
     warm.add_argument("--profile", default=None, help="AWS profile name")

@@ -22,13 +22,12 @@ from ..runtime import Runtime
 from ..stores.base import StoreConfig
 from .admin import clear_cache, describe_cache, ledger_bytes
 from .cached import CachedStoreConfig, Client
-from .config import POLICIES, CacheConfig, cache_config_for
+from .config import CacheConfig, cache_config_for
 from .directory import CacheDirectory
 from .layout import CacheRefused, Handles
 from .store import CachedStore
 
 __all__ = [
-    "POLICIES",
     "CacheConfig",
     "CacheDirectory",
     "CacheRefused",

@@ -18,10 +18,7 @@ from typing import Any
 from .directory import Ledger, remove_dead_temps
 from .layout import (
     SHARD_NAME,
-    CacheRefused,
     Handles,
-    is_legacy,
-    mark_legacy,
     scan_entries,
     temp_files,
     unlink_entry,
@@ -72,7 +69,7 @@ def describe_cache(directory: str) -> dict[str, Any]:
     return {
         "directory": directory,
         "entries": len(scanned),
-        "bytes": sum(size for _, size, _ in scanned),
+        "bytes": sum(size for _, size in scanned),
         "ledger_bytes": ledger.used if ledger else None,
         "temporary_files": temps,
         "hits": ledger.hits if ledger else 0,
@@ -85,72 +82,22 @@ def describe_cache(directory: str) -> dict[str, Any]:
 def clear_cache(directory: str) -> int:
     """Remove every entry and dead writer's temporary file the cache wrote and zero the
     ledger, under its lock; returns the entries removed. Files the cache did not write
-    stay. A cache of the earlier format (before the marker) is cleared and marked.
-    ``CacheRefused`` if it is not a cache directory."""
-    directory = os.path.abspath(directory)
+    stay. ``CacheRefused`` if it is not a cache directory."""
+    handles = Handles.open(os.path.abspath(directory), create=False)
+    root, entries_fd = handles.root, handles.entries_fd
     try:
-        handles = Handles.open(directory, create=False)
-    except CacheRefused:
-        removed = _clear_legacy(directory)
-        if removed is None:
-            raise
-        return removed
-    try:
-        return _clear(handles)
-    finally:
-        handles.close()
-
-
-def _clear(handles: Handles) -> int:
-    fcntl.flock(handles.ledger_fd, fcntl.LOCK_EX)
-    try:
-        removed = _remove_files(handles)
+        fcntl.flock(handles.ledger_fd, fcntl.LOCK_EX)
+        removed = sum(
+            unlink_entry(entries_fd, name, root) for name, _ in list(scan_entries(entries_fd, root))
+        )
+        with os.scandir(entries_fd) as shards:
+            for shard in [s.name for s in shards if SHARD_NAME.fullmatch(s.name)]:
+                with contextlib.suppress(OSError):  # not empty, or a link (never followed)
+                    os.rmdir(shard, dir_fd=entries_fd)
+        remove_dead_temps(handles.tmp_fd)
         os.pwrite(handles.ledger_fd, Ledger().pack(), 0)
         return removed
     finally:
         # Explicitly: a forked child may hold a copy of this file (and so of its lock).
         fcntl.flock(handles.ledger_fd, fcntl.LOCK_UN)
-
-
-def _remove_files(handles: Handles) -> int:
-    root = handles.root
-    removed = sum(
-        unlink_entry(handles.entries_fd, name, root)
-        for name, _, _ in list(scan_entries(handles.entries_fd, root))
-    )
-    with os.scandir(handles.entries_fd) as shards:
-        for shard in [s.name for s in shards if SHARD_NAME.fullmatch(s.name)]:
-            with contextlib.suppress(OSError):  # not empty, or a link (never followed)
-                os.rmdir(shard, dir_fd=handles.entries_fd)
-    remove_dead_temps(handles.tmp_fd)
-    return removed
-
-
-def _clear_legacy(directory: str) -> int | None:
-    """A cache of the earlier format: its files removed, then the directory marked (None
-    when the directory is not one)."""
-    try:
-        root_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    try:
-        if not is_legacy(root_fd):
-            return None
-        entries_fd = tmp_fd = -1
-        try:
-            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-            for sub in ("entries", "tmp"):  # one may be gone: a clear that was refused
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(sub, 0o755, dir_fd=root_fd)
-            entries_fd = os.open("entries", flags, dir_fd=root_fd)
-            tmp_fd = os.open("tmp", flags, dir_fd=root_fd)
-            handles = Handles(directory, os.getpid(), root_fd, entries_fd, tmp_fd, -1, -1)
-            removed = _remove_files(handles)
-        finally:
-            for fd in (entries_fd, tmp_fd):
-                if fd >= 0:
-                    os.close(fd)
-        mark_legacy(root_fd, directory)
-        return removed
-    finally:
-        os.close(root_fd)
+        handles.close()

@@ -78,7 +78,7 @@ class CachedStoreConfig:
         least ``object_count`` entries and every sampled key has one (a few ``stat`` calls).
         Once it did, this process takes it as complete from then on without looking again:
         a miss on the local path is still fetched (and cached again)."""
-        if not self.object_count or self.cache.revalidate:
+        if not self.object_count:
             return False
         if self in _FOUND_COMPLETE:
             return True

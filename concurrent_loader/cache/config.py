@@ -1,4 +1,4 @@
-"""What a node-local cache is: a directory, a byte budget, a policy, and whether to revalidate.
+"""What a node-local cache is: a directory and a byte budget.
 
 :class:`CacheConfig` is a frozen, picklable value validated when it is made; a dataset's
 ``cache=`` argument (a directory, or a ``CacheConfig``) becomes one through
@@ -11,13 +11,10 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Literal
 
 from ..errors import ConfigError, Reason
 
-__all__ = ["POLICIES", "CacheConfig", "cache_config_for"]
-
-POLICIES = ("fill", "lru")
+__all__ = ["CacheConfig", "cache_config_for"]
 
 #: the share of the disk's free space (plus what the cache already holds) that a cache
 #: without ``max_bytes`` may use
@@ -31,21 +28,14 @@ class CacheConfig:
     - ``max_bytes``: the budget, in bytes on disk, honoured across every process using the
       directory. None: 80 % of the disk's free space plus what the cache already holds,
       measured when the dataset is made.
-    - ``policy``: ``"fill"`` (the default) caches what arrives until the budget is reached
-      and then never evicts, so under random sampling the hit rate is budget / dataset
-      every epoch; ``"lru"`` evicts the least recently read entries to make room, which
-      thrashes when the dataset is larger than the budget and epochs read in random order.
-    - ``revalidate``: before serving an entry, ask the store whether the object changed
-      (one GET of its first byte, whose ETag is compared with the entry's): an entry is then
-      never stale, at the cost of one request per hit (no bytes to speak of). Off by
-      default: training data does not change under a running job; clear the cache
-      (``concurrent-loader cache clear DIR``) after changing a dataset in place.
+
+    The cache fills until the budget is reached and never evicts, so under random sampling
+    the hit rate is budget / dataset every epoch. An entry is never revalidated: clear the
+    cache (``concurrent-loader cache clear DIR``) after changing a dataset in place.
     """
 
     directory: str
     max_bytes: int | None = None
-    policy: Literal["fill", "lru"] = "fill"
-    revalidate: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.directory, str) or not self.directory:
@@ -60,17 +50,6 @@ class CacheConfig:
         ):
             raise ConfigError(
                 f"cache max_bytes must be an int >= 0 or None, got {self.max_bytes!r}",
-                cause=Reason.INVALID_ARGUMENT,
-            )
-        if self.policy not in POLICIES:
-            raise ConfigError(
-                f"cache policy must be one of {', '.join(map(repr, POLICIES))}, "
-                f"got {self.policy!r}",
-                cause=Reason.INVALID_ARGUMENT,
-            )
-        if not isinstance(self.revalidate, bool):
-            raise ConfigError(
-                f"cache revalidate must be a bool, got {self.revalidate!r}",
                 cause=Reason.INVALID_ARGUMENT,
             )
 

@@ -15,7 +15,7 @@ Guarantees, across processes, without a server:
   (:func:`~.entry.read_entry_fd`). A process killed while writing leaves only a file in
   ``tmp/``, which no reader opens; the cache's own ones older than ``STALE_TEMP_S`` are
   removed when a process opens the cache.
-- The budget: every change to ``entries/`` (adding, replacing, evicting, removing an entry)
+- The budget: every change to ``entries/`` (adding, replacing, removing an entry)
   happens under an exclusive ``flock`` of the ledger, which is updated before the entry is
   renamed into place, so the bytes in ``entries/`` never exceed the budget; a process killed
   between the two leaves the ledger counting an entry that is not there (the budget is
@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 from .config import CacheConfig
 from .entry import CorruptEntry, Entry, read_entry_fd
-from .layout import Handles, open_shard, scan_entries, temp_files, unlink_entry
+from .layout import Handles, open_shard, scan_entries, temp_files
 
 __all__ = ["CacheDirectory", "Ledger", "entry_path", "name_for", "remove_dead_temps"]
 
@@ -58,9 +58,6 @@ _LEDGER = struct.Struct("<4sqqqqq")
 _LEDGER_MAGIC = b"CLL2"
 #: a temporary file this old belongs to a writer that died (a write takes milliseconds)
 STALE_TEMP_S = 600.0
-#: LRU eviction frees this share of the budget beyond what the new entry needs, so the
-#: directory is scanned once per many entries, not once per entry
-EVICT_SLACK = 0.1
 _temp_names = itertools.count()
 
 
@@ -116,7 +113,6 @@ class CacheDirectory:
     def __init__(self, config: CacheConfig) -> None:
         self.root = config.directory
         self.budget = config.budget
-        self.policy = config.policy
         self._handles = Handles.open(self.root, create=True)
         #: handles given up for newer ones (:meth:`refresh`); other threads may still use them
         self._retired: list[Handles] = []
@@ -199,19 +195,9 @@ class CacheDirectory:
 
     def looks_full(self, size: int) -> bool:
         """Whether an entry of ``size`` bytes would not fit now, read without the lock (a
-        hint that saves writing an entry the fill policy would refuse)."""
+        hint that saves writing an entry that would be refused)."""
         ledger = Ledger.unpack(os.pread(self._h().ledger_fd, _LEDGER.size, 0))
         return ledger is not None and ledger.used + size > self.budget
-
-    def touch(self, name: str) -> None:
-        """Mark an entry as just read (the LRU order)."""
-        shard_fd = open_shard(self._h().entries_fd, name, self.root, create=False)
-        if shard_fd is not None:
-            try:
-                with contextlib.suppress(FileNotFoundError):
-                    os.utime(name, dir_fd=shard_fd, follow_symlinks=False)
-            finally:
-                os.close(shard_fd)
 
     # ------------------------------------------------------------------ fill locks
 
@@ -238,7 +224,7 @@ class CacheDirectory:
                 ledger = Ledger.unpack(os.pread(handles.ledger_fd, _LEDGER.size, 0))
                 if ledger is None:
                     ledger = Ledger()
-                    for _, size, _ in scan_entries(handles.entries_fd, self.root):
+                    for _, size in scan_entries(handles.entries_fd, self.root):
                         ledger.used += size
                         ledger.entries += 1
                 yield ledger
@@ -247,9 +233,9 @@ class CacheDirectory:
                 fcntl.flock(handles.ledger_fd, fcntl.LOCK_UN)
 
     def put(self, name: str, data: bytes | bytearray, tail: bytes, *, replace: bool) -> bool:
-        """Add the entry ``name`` (``data`` then ``tail``) if the budget allows, evicting
-        for it under the LRU policy. ``replace``: the entry now in place (if any) is known
-        bad or stale, so it goes even when the new one does not fit. True if added."""
+        """Add the entry ``name`` (``data`` then ``tail``) if the budget allows (nothing is
+        evicted). ``replace``: the entry now in place (if any) is known bad, so it goes
+        even when the new one does not fit. True if added."""
         handles = self._h()
         size = len(data) + len(tail)
         temp = f"{name}.{os.getpid()}.{threading.get_ident()}.{next(_temp_names)}"
@@ -262,8 +248,6 @@ class CacheDirectory:
                 try:
                     old = _size_or_none(shard_fd, name)
                     used = ledger.used - (old or 0)
-                    if used + size > self.budget and self.policy == "lru":
-                        used = self._evict(handles, ledger, used, size, keep=name)
                     if used + size > self.budget:
                         if replace and old is not None:
                             os.unlink(name, dir_fd=shard_fd)
@@ -283,19 +267,6 @@ class CacheDirectory:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp, dir_fd=handles.tmp_fd)
-
-    def _evict(self, handles: Handles, ledger: Ledger, used: int, size: int, *, keep: str) -> int:
-        """Unlink the least recently read entries until ``size`` more bytes fit with
-        ``EVICT_SLACK`` of the budget to spare; returns the bytes left in use."""
-        target = max(0, self.budget - size - int(EVICT_SLACK * self.budget))
-        found = sorted(scan_entries(handles.entries_fd, self.root), key=lambda e: e[2])
-        for name, entry_size, _ in found:
-            if used <= target:
-                break
-            if name != keep and unlink_entry(handles.entries_fd, name, self.root):
-                used -= entry_size
-                ledger.entries -= 1
-        return used
 
     def record_reads(self, hits: int, misses: int, bytes_served: int) -> None:
         """Add this process's reads to the ledger's totals (for ``cache info``)."""

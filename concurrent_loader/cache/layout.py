@@ -51,20 +51,13 @@ ENTRY_NAME = re.compile(r"[0-9a-f]{32}")
 SHARD_NAME = re.compile(r"[0-9a-f]{2}")
 TEMP_NAME = re.compile(r"[0-9a-f]{32}\.\d+\.\d+\.\d+")
 _MARKER_TEMP = re.compile(r"\.CACHEDIR\.TAG\.\d+")
-#: what a cache made before the marker holds (its ledger tells it apart)
-_LEGACY_NAMES = {"ledger", "locks", "entries", "tmp"}
-_LEGACY_MAGIC = b"CLL1"
-_EARLIER_FORMAT = (
-    "is a concurrent-loader cache of an earlier format: run "
-    "`concurrent-loader cache clear {root}` or name another directory"
-)
 _NO_FOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | _NO_FOLLOW
 
 
 class CacheRefused(ConfigError):
-    """The directory is not a cache this version may use (not empty and not a cache, an
-    older format, or a link where the cache keeps one of its own files)."""
+    """The directory is not a cache this version may use (not empty and not a cache,
+    another format, or a link where the cache keeps one of its own files)."""
 
 
 #: what a failing cache raises: its disk's errors, and a refusal (a link where the cache
@@ -185,8 +178,6 @@ def check_marker(root_fd: int, root: str, *, create: bool) -> None:
         fd = _open_in(root_fd, MARKER, os.O_RDONLY | os.O_NONBLOCK, root)
     except FileNotFoundError:
         if not create:
-            if is_legacy(root_fd):
-                raise _refuse(root, _EARLIER_FORMAT.format(root=root)) from None
             raise _refuse(root, f"is not a cache directory (no {MARKER})") from None
         _mark(root_fd, root)
         return
@@ -213,8 +204,6 @@ def _mark(root_fd: int, root: str) -> None:
         check_marker(root_fd, root, create=False)
         return
     if any(not _MARKER_TEMP.fullmatch(n) for n in names):
-        if is_legacy(root_fd):
-            raise _refuse(root, _EARLIER_FORMAT.format(root=root))
         raise _refuse(
             root,
             f"is not empty and not a cache directory (no {MARKER}): a cache needs a "
@@ -236,44 +225,8 @@ def _mark(root_fd: int, root: str) -> None:
     check_marker(root_fd, root, create=False)
 
 
-def is_legacy(root_fd: int) -> bool:
-    """Whether the directory is a cache made before the marker: a ledger of the first
-    format, and none but a cache's names."""
-    if not set(os.listdir(root_fd)) <= _LEGACY_NAMES:
-        return False
-    try:
-        fd = os.open("ledger", os.O_RDONLY | os.O_NONBLOCK | _NO_FOLLOW, dir_fd=root_fd)
-    except OSError:
-        return False
-    try:
-        return stat.S_ISREG(os.fstat(fd).st_mode) and os.pread(fd, 4, 0) == _LEGACY_MAGIC
-    finally:
-        os.close(fd)
-
-
-def mark_legacy(root_fd: int, root: str) -> None:
-    """Mark a cache of the first format once its entries and temporary files are gone;
-    refused, the ledger kept (so a later clear still knows it), while it holds anything
-    else."""
-    for sub in ("entries", "tmp"):
-        try:
-            os.rmdir(sub, dir_fd=root_fd)
-        except FileNotFoundError:
-            pass
-        except OSError:
-            raise _refuse(
-                os.path.join(root, sub),
-                "still holds files that are not the cache's, or that a writer may still "
-                "be writing: the earlier cache is left as it is (clear it again later)",
-            ) from None
-    for name in ("ledger", "locks"):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(name, dir_fd=root_fd)
-    _mark(root_fd, root)
-
-
-def scan_entries(entries_fd: int, where: str) -> Iterator[tuple[str, int, float]]:
-    """(name, size, mtime) of every entry file: regular files of the entry pattern in shard
+def scan_entries(entries_fd: int, where: str) -> Iterator[tuple[str, int]]:
+    """(name, size) of every entry file: regular files of the entry pattern in shard
     directories, none reached through a link."""
     with os.scandir(entries_fd) as shards:
         names = [s.name for s in shards if SHARD_NAME.fullmatch(s.name)]
@@ -290,7 +243,7 @@ def scan_entries(entries_fd: int, where: str) -> Iterator[tuple[str, int, float]
                     with contextlib.suppress(FileNotFoundError):
                         st = item.stat(follow_symlinks=False)
                         if stat.S_ISREG(st.st_mode):
-                            yield item.name, st.st_size, st.st_mtime
+                            yield item.name, st.st_size
         finally:
             os.close(shard_fd)
 

@@ -3,9 +3,9 @@
 
 It sits at the bottom of the fetch client's layers, in place of the store (step 6 of the
 path of a key in ``ARCHITECTURE.md``): ``get(key)`` reads the entry from the cache
-directory (:mod:`.directory`) and, when there is none (or it is corrupt, or stale under
-revalidation), GETs the object from the wrapped store, returns it at once and writes the
-entry behind, on a writer thread. Guarantees:
+directory (:mod:`.directory`) and, when there is none (or it is corrupt), GETs the object
+from the wrapped store, returns it at once and writes the entry behind, on a writer thread.
+Guarantees:
 
 - A read is served from an entry only when the whole entry checks out (:mod:`.entry`);
   otherwise the object is fetched again. Byte ranges are served from a cached object, but a
@@ -94,9 +94,6 @@ class CachedStore:
         self.inner = inner
         self._connect = connect
         self._get: Read | None = inner.get if inner is not None else None
-        self._revalidate = cache.revalidate
-        self._lru = cache.policy == "lru"
-        self._fill_policy = cache.policy == "fill"
         self._prefix = prefix
         self._max_wait_s = min(fetch.timeouts.attempt / 2, MAX_WAIT_S)
         self._tally = cache_tally()
@@ -140,10 +137,8 @@ class CachedStore:
         source = self._prefix + self.url_for(key)
         name = name_for(source)
         entry, bad = await self._lookup(directory, name, source)
-        if entry is not None and self._revalidate and not await self._current(key, entry):
-            entry, bad = None, True
         if entry is not None:
-            return await self._serve(directory, name, entry, key, byte_range)
+            return await self._serve(entry, key, byte_range)
         if byte_range is not None:
             return await self._uncached(key, byte_range)
         return await self._fill(directory, key, name, source, replace=bad)
@@ -182,33 +177,13 @@ class CachedStore:
             self._fail(exc, "reading it")
             return None, False
 
-    async def _current(self, key: str, entry: Entry) -> bool:
-        """Whether the store still holds the entry's version (one GET of the first byte:
-        its ETag). Without an ETag to compare, an entry is never taken as current."""
-        if entry.etag is None or not entry.data:
-            return False
-        probe = await self._fetch_inner(key, ByteRange(0, 1))
-        return probe.etag == entry.etag
-
-    async def _serve(
-        self,
-        directory: CacheDirectory,
-        name: str,
-        entry: Entry,
-        key: str,
-        byte_range: ByteRange | None,
-    ) -> Body:
+    async def _serve(self, entry: Entry, key: str, byte_range: ByteRange | None) -> Body:
         data: bytes | bytearray = entry.data
         if byte_range is not None:
             if byte_range.end > len(data):  # the store says what is wrong with the range
                 return await self._uncached(key, byte_range)
             data = data[byte_range.start : byte_range.end]
         self._count_hit(len(data))
-        if self._lru:
-            try:
-                directory.touch(name)
-            except CACHE_ERRORS as exc:
-                self._fail(exc, "marking a read")
         return Body(data, None, entry.etag, round_trip=False)
 
     # ------------------------------------------------------------------ misses
@@ -225,13 +200,13 @@ class CachedStore:
         if not held and self._locking:
             entry, held = await self._wait_for_filler(directory, name, source)
             if entry is not None:
-                return await self._serve(directory, name, entry, key, None)
+                return await self._serve(entry, key, None)
         elif held and not replace:
             # Another process may have put it in place since our lookup.
             entry, _ = await self._lookup(directory, name, source)
             if entry is not None:
                 self._release(directory, name)
-                return await self._serve(directory, name, entry, key, None)
+                return await self._serve(entry, key, None)
         try:
             body = await self._uncached(key, None)
         except BaseException:
@@ -298,9 +273,7 @@ class CachedStore:
         if self._closed:
             release()
             return
-        self._writer.submit(
-            directory, name, source, body, release, replace=replace, fill_policy=self._fill_policy
-        )
+        self._writer.submit(directory, name, source, body, release, replace=replace)
 
     # ------------------------------------------------------------------ failures, counts
 
@@ -374,9 +347,6 @@ class CachedStore:
                 if byte_range is not None:
                     data = data[byte_range.start : byte_range.end]
                 self._count_hit(len(data))
-                if self._lru:
-                    with contextlib.suppress(*CACHE_ERRORS):
-                        directory.touch(name)
                 return data
 
         async def miss() -> bytes | bytearray:

@@ -77,16 +77,13 @@ class EntryWriter:
         release: Callable[[], None],
         *,
         replace: bool,
-        fill_policy: bool,
     ) -> None:
         """Write ``body`` as the entry ``name`` behind the caller; ``release`` (the fill
         lock, if held) is called once it is in place or given up."""
         data = body.data
         size = len(data)
         try:
-            skip = not self.writing() or (
-                fill_policy and not replace and directory.looks_full(size)
-            )
+            skip = not self.writing() or (not replace and directory.looks_full(size))
         except CACHE_ERRORS as exc:
             self.failed(exc)
             skip = True

@@ -1,4 +1,4 @@
-"""The shared directory: the budget under each policy, the ledger, crashes and clearing.
+"""The shared directory: the budget, the ledger, crashes and clearing.
 
 Cross-process tests fork real processes writing into one directory on the real filesystem.
 """
@@ -26,9 +26,9 @@ def _entry_size(source: str, data: bytes) -> int:
     return len(data) + len(footer(len(data), 0, None, source))
 
 
-def _open(path: Path, budget: int, policy: str = "fill") -> CacheDirectory:
+def _open(path: Path, budget: int) -> CacheDirectory:
     path.mkdir(exist_ok=True)
-    return CacheDirectory(CacheConfig(str(path), max_bytes=budget, policy=policy).resolved())  # type: ignore[arg-type]
+    return CacheDirectory(CacheConfig(str(path), max_bytes=budget).resolved())
 
 
 def _scanned_bytes(path: Path) -> int:
@@ -45,29 +45,6 @@ def test_fill_adds_until_the_budget_then_refuses(cache_dir):
         assert info["entries"] == 3 and info["bytes"] == info["ledger_bytes"] == 3 * size
         # what is in never goes: the first entries still read back
         assert read_entry(directory.path_for(name_for("s3://b/00")), "s3://b/00") is not None
-    finally:
-        directory.close()
-
-
-def test_lru_evicts_the_least_recently_read(cache_dir):
-    size = _entry_size("s3://b/00", b"x" * 1000)
-    directory = _open(cache_dir, budget=4 * size, policy="lru")
-    try:
-        for i in range(4):
-            assert _put(directory, f"s3://b/{i:02d}", b"x" * 1000)
-            os.utime(directory.path_for(name_for(f"s3://b/{i:02d}")), (1000 + i, 1000 + i))
-        directory.touch(name_for("s3://b/00"))  # read just now: the most recent
-        assert _put(directory, "s3://b/04", b"x" * 1000)
-        left = {
-            s
-            for s in (f"s3://b/{i:02d}" for i in range(5))
-            if os.path.exists(directory.path_for(name_for(s)))
-        }
-        # 10 % slack: two went to make room for one; the oldest two, not the one just read
-        assert left == {"s3://b/00", "s3://b/03", "s3://b/04"}
-        assert (
-            describe_cache(str(cache_dir))["ledger_bytes"] == _scanned_bytes(cache_dir) <= 4 * size
-        )
     finally:
         directory.close()
 
@@ -148,10 +125,9 @@ def _fill_from_another_process(path: str, budget: int, worker: int, count: int) 
         directory.close()
 
 
-@pytest.mark.parametrize("policy", ["fill", "lru"])
-def test_the_budget_holds_across_processes(cache_dir, policy):
+def test_the_budget_holds_across_processes(cache_dir):
     budget = 40_000
-    _open(cache_dir, budget, policy).close()
+    _open(cache_dir, budget).close()
     context = multiprocessing.get_context("fork")
     workers = [
         context.Process(target=_fill_from_another_process, args=(str(cache_dir), budget, w, 60))
@@ -167,7 +143,7 @@ def test_the_budget_holds_across_processes(cache_dir, policy):
     # 4 x 60 entries of ~1.3 KB would be ~5 x the budget
     assert on_disk <= budget
     assert info["ledger_bytes"] == on_disk
-    assert on_disk > budget * (0.85 if policy == "fill" else 0.7)
+    assert on_disk > budget * 0.85
 
 
 def test_a_ledger_is_a_fixed_record():

@@ -140,36 +140,6 @@ def test_clear_removes_only_what_the_cache_wrote(tmp_path):
     assert all(path.read_bytes() == b"mine" for path in kept)
 
 
-def test_an_earlier_cache_without_the_marker_is_refused_then_cleared_and_marked(tmp_path):
-    cache = tmp_path / "cache"
-    (cache / "entries" / "ab").mkdir(parents=True)
-    (cache / "tmp").mkdir()
-    (cache / "entries" / "ab" / ("ab" + "0" * 30)).write_bytes(b"an old entry")
-    (cache / "ledger").write_bytes(b"CLL1" + bytes(40))
-    (cache / "locks").write_bytes(b"")
-    with pytest.raises(CacheRefused, match="earlier format"):
-        _open(cache)
-    assert clear_cache(str(cache)) == 1
-    assert (cache / "CACHEDIR.TAG").exists()
-    _open(cache).close()
-
-
-def test_an_earlier_cache_with_a_recent_writers_file_is_cleared_once_it_is_old(tmp_path):
-    cache = tmp_path / "cache"
-    (cache / "entries" / "ab").mkdir(parents=True)
-    (cache / "tmp").mkdir()
-    (cache / "entries" / "ab" / ("ab" + "0" * 30)).write_bytes(b"an old entry")
-    (cache / "ledger").write_bytes(b"CLL1" + bytes(40))
-    recent = cache / "tmp" / f"{'ab' + '0' * 30}.1.2.3"
-    recent.write_bytes(b"half")  # its writer may be alive: kept
-    with pytest.raises(CacheRefused, match=f"{cache}/tmp still holds files"):
-        clear_cache(str(cache))
-    os.utime(recent, (OLD, OLD))
-    assert clear_cache(str(cache)) == 0  # still known as the earlier cache: cleared now
-    assert sorted(p.name for p in cache.iterdir()) == ["CACHEDIR.TAG"]
-    _open(cache).close()
-
-
 def test_another_format_is_refused(tmp_path):
     cache = tmp_path / "cache"
     _open(cache).close()

@@ -239,8 +239,6 @@ def test_with_cache_resolves_the_directory_and_a_default_budget(tmp_path, monkey
         ({"directory": ""}, "non-empty path"),
         ({"directory": "d", "max_bytes": -1}, "max_bytes"),
         ({"directory": "d", "max_bytes": True}, "max_bytes"),
-        ({"directory": "d", "policy": "mru"}, "policy"),
-        ({"directory": "d", "revalidate": "yes"}, "revalidate"),
     ],
 )
 def test_bad_options_are_config_errors(kwargs, match):
@@ -303,9 +301,6 @@ def test_the_local_path_once_the_cache_holds_the_dataset(cache_config):
 
     asyncio.run(fill_the_rest())
     assert not config.open(FetchConfig()).capabilities.remote
-    assert not dataclasses.replace(
-        config, cache=dataclasses.replace(cache_config, revalidate=True)
-    ).complete()
     # Found complete once, it stays so in this process without looking again (a miss on
     # the local path is fetched): entries gone since do not send it back to the loop.
     shutil.rmtree(Path(cache_config.directory) / "entries")
