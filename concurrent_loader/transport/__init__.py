@@ -1,60 +1,32 @@
 """HTTP clients for the GET of every object: HTTP only, nothing about any store.
 
-A transport sends ``GET target`` to an :class:`Origin` with the caller's headers and
-returns the :class:`Response` read to the end. Signing, addressing and what a status means
-for a store belong to the reader that calls it (:mod:`concurrent_loader.fetch`). Every
-transport guarantees:
+A transport sends ``GET target`` to an :class:`Origin` and returns the :class:`Response`
+read to the end; signing, addressing and what a status means belong to the fetch client
+(:mod:`concurrent_loader.fetch`). Every transport guarantees:
 
-* it writes the ``Host`` header itself, from :attr:`Origin.host_header` (the value a
-  signer must sign); a caller's own ``Host`` header is refused with ``ConfigError``, as is
-  a target or header value that could break the request's framing;
-* at most ``max_connections`` connections open at once; callers beyond that wait, in FIFO
-  order for ``"http1"``, woken when a connection is released, never by polling;
-* a connection is reused only after its response was read to the end and the server did
-  not ask to close it; any other connection is closed, and so is one that received bytes
-  past the end of its response, in the same read or later while idle, up to the moment
-  the next request is written (its socket is asked for unread bytes then), so they are
-  never read as the next response. Bytes that reach a connection only after the next
-  request was written cannot be told from its response by any HTTP/1.1 client (bytes that
-  are not a response fail its framing);
-* only the ``chunked`` transfer coding is accepted: ``gzip, chunked`` and the like are
-  refused (``FetchError``, ``Reason.UNSUPPORTED_ENCODING``, not retried) rather than hand
-  over encoded bytes as the object; no content coding is asked for (no
-  ``Accept-Encoding``), and a body is never decoded;
-* ``max_bytes`` bounds the body: checked against ``Content-Length`` before any body byte
-  is read; ``"http1"`` also stops a body of unknown length as soon as it passes the bound;
-* ``byte_range=(start, end)`` (``end`` exclusive) sends ``Range: bytes=start-(end-1)``, and
-  a success is then exactly that range: ``206 Partial Content`` whose ``Content-Range``
-  (when present) names the range and whose body is ``end - start`` bytes, else
-  ``ConnectionFailed`` with ``Reason.MALFORMED_RESPONSE``. A ``200`` (the server ignored
-  ``Range``) is refused with ``BadRequest`` (``Reason.BAD_REQUEST``, not retried) before
-  its body is read, rather than download a whole object to slice a part of it; a range
-  that reaches past the end of the object comes back shorter and is refused too.
-  Non-2xx answers (``416``) are returned like any other status;
-* transport failures raise the :mod:`concurrent_loader.errors` tree with
-  ``stage="fetch"``, ``url=url`` and a :class:`~concurrent_loader.errors.Reason`:
-  ``ConnectionFailed`` (refused, reset, closed early, TLS, malformed response),
-  ``IncompleteBody`` (fewer bytes than ``Content-Length``), ``FetchTimeout`` (connect,
-  first byte, or a read stall; ``"aiohttp"`` reports one ``TimedOut`` for the last two),
-  ``ObjectTooLarge``. Non-2xx statuses are returned, not raised: the caller maps them
-  and may need the body (S3's XML error). ``url`` labels errors only: it is never
-  requested, and must not carry credentials;
-* a cancelled ``get`` leaves no half-read connection to be reused (``"http1"`` closes it at
-  once); ``close()`` closes every socket before it returns, and a ``get`` on a closed
-  transport raises ``RuntimeError``.
+* it writes ``Host`` itself, from :attr:`Origin.host_header` (the value a signer signs); a
+  caller's ``Host``, or a target or header value that could break framing, is a ``ConfigError``;
+* at most ``max_connections`` connections at once; waiters are woken, FIFO for ``"http1"``,
+  by a released connection, never by polling;
+* a connection is reused only after its response was read to the end, the server did not
+  ask to close it, and no byte arrived past that response up to the next request's write;
+* only the ``chunked`` transfer coding is accepted (others: ``FetchError``,
+  ``Reason.UNSUPPORTED_ENCODING``, not retried); no content coding is asked for or decoded;
+* ``max_bytes`` bounds the body: checked against ``Content-Length`` before any body byte;
+  ``"http1"`` also stops a body of unknown length as soon as it passes the bound;
+* ``byte_range=(start, end)`` (``end`` exclusive) succeeds only as that exact range (``206``,
+  matching ``Content-Range``, ``end - start`` bytes; else ``ConnectionFailed``,
+  ``MALFORMED_RESPONSE``); a ``200`` is refused with ``BadRequest`` before its body is read;
+* failures raise the :mod:`concurrent_loader.errors` tree with ``stage="fetch"``, ``url``
+  (a label only, never requested, without credentials) and a ``Reason``: ``ConnectionFailed``,
+  ``IncompleteBody``, ``FetchTimeout`` (``"aiohttp"``: one ``TimedOut`` for first byte and
+  stall), ``ObjectTooLarge``. Non-2xx statuses are returned, not raised;
+* a cancelled ``get`` leaves no half-read connection to reuse; ``close()`` closes every
+  socket before it returns; ``get`` after it raises ``RuntimeError``.
 
-Transports, by name (:func:`make_transport`):
-
-- ``"http1"`` (default): :class:`ConnectionPool`, our HTTP/1.1 client on
-  ``asyncio.BufferedProtocol``, which has the kernel write a ``Content-Length`` body
-  straight into the one ``bytearray`` the caller receives; the cheapest per GET. It also
-  retries once a request that failed before any response byte on a *reused* connection
-  (one the server closed while it sat idle), and nothing else.
-- ``"aiohttp"``: :class:`~.aiohttp.AiohttpTransport`, aiohttp's client, for environments
-  that need its features.
-
-Both work on the default asyncio loop and on uvloop, over plain TCP and TLS, directly or
-through an ``http://`` forward proxy (:mod:`.proxy`).
+Transports by name (:func:`make_transport`): ``"http1"`` (default, :class:`ConnectionPool`,
+bodies written in place by the kernel) and ``"aiohttp"``. Both run on asyncio and uvloop,
+over TCP and TLS, directly or through an ``http://`` proxy (:mod:`.proxy`).
 """
 
 from __future__ import annotations

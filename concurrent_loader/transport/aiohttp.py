@@ -1,16 +1,9 @@
 """The ``"aiohttp"`` transport: aiohttp's client behind the transport contract.
 
-For environments that need aiohttp's features; it costs several times the CPU per GET of
-:class:`~.pool.ConnectionPool`. It keeps the same contract (see
-:mod:`concurrent_loader.transport`), with two differences aiohttp imposes: bodies are read
-into ``bytes``, not written in place, and ``first_byte_s`` is ``None`` (aiohttp does not
-tell when the first byte arrived).
-
-aiohttp closes a connection whose response was followed by more bytes in the same read, but
-hands out a pooled connection without looking at what reached it while it was idle: bytes
-parsed there (a whole unasked-for response waits in its queue) or still unread in the
-socket would be read as the next request's response. :class:`_CleanConnector` closes such
-a connection instead of reusing it, as ``"http1"`` does.
+It keeps the contract of :mod:`concurrent_loader.transport` except that bodies are read
+into ``bytes`` (not written in place) and ``first_byte_s`` is ``None``. A pooled connection
+that received bytes while idle is closed instead of reused (:class:`_CleanConnector`), as
+``"http1"`` does; aiohttp alone would read them as the next response.
 """
 
 from __future__ import annotations

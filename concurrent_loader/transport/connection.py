@@ -1,16 +1,12 @@
 """One keep-alive HTTP/1.1 connection, as an :class:`asyncio.BufferedProtocol`.
 
-The response state lives on the protocol, not in a task: the event loop calls
-``get_buffer`` and ``buffer_updated`` directly and the request's future is resolved from
-those callbacks, so a GET costs one future and no extra task switches. Reading and framing
-the response in flight is :class:`.reader.ResponseReader`'s; this module owns the socket,
-the timer and the pool's slot.
-
-A connection holds one slot of its :class:`ConnectionOwner` (the pool) from creation until
-it is closed; it hands itself back through ``connection_idle`` only after a response was
-read to the end on a connection the server keeps open, and every other ending closes it and
-calls ``connection_released`` exactly once. Before it is reused,
-:meth:`Connection.reusable` asks its socket for bytes no request asked for.
+The response state lives on the protocol, resolved from the loop's callbacks: one future
+per GET, no task. Framing is :class:`.reader.ResponseReader`'s; this module owns the
+socket, the timer and the pool's slot. A connection holds one slot of its
+:class:`ConnectionOwner` until closed; it goes back through ``connection_idle`` only after
+a response read to the end on a connection kept open, every other ending calls
+``connection_released`` exactly once, and :meth:`Connection.reusable` checks the socket
+for unasked-for bytes before reuse.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Where transport failures become :mod:`concurrent_loader.errors`: by exception type, never
-by message text, always with ``stage`` and the object's ``url``.
-
-This knows HTTP, sockets, TLS and aiohttp only. What a status or an error document means
-for a given store (S3's ``<Code>``, botocore's exceptions) is translated by the store's
-store, in :mod:`concurrent_loader.stores.status` and the backend's own module.
+"""Where transport failures (HTTP, sockets, TLS, aiohttp) become :mod:`concurrent_loader.errors`:
+by exception type, never by message text, always with ``stage`` and the object's ``url``.
+What a status means for a store is the store's (:mod:`concurrent_loader.stores.status`).
 """
 
 from __future__ import annotations

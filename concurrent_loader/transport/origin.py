@@ -1,8 +1,5 @@
-"""Where a request goes: scheme, host and port, and the one place the ``Host`` header is made.
-
-Every component that needs an origin or a ``Host`` header (the transports, the SigV4 signer's
-caller, the benchmarks) takes it from an :class:`Origin`, so the header that is signed is
-the header that is sent, byte for byte.
+"""Where a request goes: scheme, host and port, and the one place the ``Host`` header is made,
+so the header that is signed is the header that is sent, byte for byte.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
-"""HTTP/1.1 response framing as pure logic: the head parser, the chunked decoder and the
-checks of a response to a ranged request. No sockets, no event loop.
+"""HTTP/1.1 response framing as pure logic (no sockets, no loop): the head parser, the chunked
+decoder and the checks of a ranged response.
 
-The transports feed these what they received and turn their exceptions (all
-:class:`FramingError`) into the :mod:`concurrent_loader.errors` tree
-(:func:`.errors.framing_error`); here they carry only the detail:
-
-* :class:`ProtocolError`: the bytes are not a response we can frame (a bad status line,
-  header line, ``Content-Length``, chunk size, an unsupported ``Transfer-Encoding``, a
-  ``206`` that is not the range asked for);
-* :class:`BodyTooLarge`: a body of unknown length passed its limit;
-* :class:`RangeIgnored`: the server answered a ranged request with the whole object.
-
-:func:`parse_head` returns a plain tuple rather than an object: it runs once per GET, and
-building a small class instance costs more than the rest of a short head's parse.
+Every failure is a :class:`FramingError` carrying only the detail (the transports map it
+with :func:`.errors.framing_error`): :class:`ProtocolError` (not a response we can frame,
+or a ``206`` that is not the range asked for), :class:`BodyTooLarge` (a body of unknown
+length passed its limit), :class:`RangeIgnored` (a ranged request answered whole).
+:func:`parse_head` returns a tuple: it runs once per GET.
 """
 
 from __future__ import annotations

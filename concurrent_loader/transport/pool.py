@@ -1,16 +1,13 @@
 """The ``"http1"`` transport: a bounded pool of keep-alive HTTP/1.1 connections.
 
-Guarantees (the transport contract in :mod:`concurrent_loader.transport`, plus):
+Beyond the transport contract (:mod:`concurrent_loader.transport`):
 
-* at most ``max_connections`` connections open or opening in total, over all origins;
-  callers beyond that wait in FIFO order and are woken by a released connection or slot,
-  never by polling, and a newcomer never overtakes a queued caller;
-* an idle connection of another origin is closed to make room rather than leave a caller
-  waiting while a slot sits idle;
-* a request that fails before any response byte on a *reused* connection (the server closed
-  it while idle) is retried once on a fresh connection; nothing else is retried;
-* with a ``proxy``, connections go through it (:mod:`.proxy`); idle connections are still
-  kept per origin, so a tunnel is reused only for the origin it was opened to.
+* ``max_connections`` bounds connections open or opening over all origins; waiters are
+  woken FIFO, never by polling, and a newcomer never overtakes a queued caller;
+* an idle connection of another origin is closed to make room for a waiting caller;
+* a request that fails before any response byte on a *reused* connection is retried once
+  on a fresh one; nothing else is retried;
+* through a ``proxy`` (:mod:`.proxy`), idle connections are still kept per origin.
 
 A pool belongs to the event loop it is first used on.
 """

@@ -1,19 +1,12 @@
 """A forward proxy between the transport and every origin (``HTTP_PROXY``, ``HTTPS_PROXY``,
-botocore's ``proxies``).
+botocore's ``proxies``); only ``http://`` proxies (others: ``ConfigError``).
 
-* an ``http://`` origin is asked through the proxy in absolute form
-  (``GET http://host/path HTTP/1.1``), on a keep-alive connection to the proxy;
-* an ``https://`` origin is reached through a ``CONNECT host:port`` tunnel, and TLS with the
-  origin (its certificate, its host name) runs inside the tunnel: the proxy sees no byte of
-  the request;
-* the proxy's user and password, when its URL has them, are sent as
-  ``Proxy-Authorization: Basic`` and appear in no repr, log line or error;
-* a proxy that refuses the tunnel fails the GET with ``ConnectionFailed`` (retried: a
-  proxy's 502 or 503 passes), or ``AccessDenied`` for ``407`` (not retried), naming the
-  proxy's status line, never the credentials.
-
-Only ``http://`` proxies are supported (the usual kind; TLS to the proxy itself is refused
-with ``ConfigError``).
+* ``http://`` origins are asked in absolute form on a keep-alive connection to the proxy;
+  ``https://`` origins through a ``CONNECT`` tunnel, TLS with the origin inside it;
+* the proxy's credentials are sent as ``Proxy-Authorization: Basic`` and appear in no
+  repr, log line or error;
+* a refused tunnel fails the GET with ``ConnectionFailed`` (retried), or ``AccessDenied``
+  for ``407`` (not retried), naming the proxy's status line.
 """
 
 from __future__ import annotations

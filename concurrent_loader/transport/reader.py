@@ -1,16 +1,10 @@
 """The response in flight on one connection: its bytes framed into a head and a body.
 
-:class:`ResponseReader` is the ``asyncio.BufferedProtocol`` half of a connection that reads:
-``get_buffer`` hands the loop the unfilled tail of the buffer the next bytes belong in (for
-a ``Content-Length`` body, the one ``bytearray`` that becomes :attr:`Response.body`, so the
-kernel copies the body straight into place), and ``buffer_updated`` frames what arrived.
-Framing is decided by :mod:`.parser`; what a finished or failed response means for the
-socket, its timer and its pool is the subclass's (:class:`.connection.Connection`):
-``_complete``, ``fail`` and ``discard``.
-
-It reads no byte past the response in flight: a ``Content-Length`` body is read to its
-exact end, and bytes found past it (in the head's buffer, or after a last chunk) mark the
-connection not to be kept alive.
+:class:`ResponseReader` is the reading half of the ``asyncio.BufferedProtocol``: for a
+``Content-Length`` body, ``get_buffer`` hands the loop the tail of the one ``bytearray``
+that becomes :attr:`Response.body`. Framing is :mod:`.parser`'s; what an ending means for
+the socket is the subclass's (:class:`.connection.Connection`). It reads no byte past the
+response in flight; bytes found past it mark the connection not to be kept alive.
 """
 
 from __future__ import annotations

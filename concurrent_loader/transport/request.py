@@ -1,8 +1,7 @@
 """The bytes of one HTTP/1.1 GET, refused (``ConfigError``) if any part could break its framing.
 
-The ``Host`` header comes from the :class:`~.origin.Origin` only: a caller's own ``Host``
-header is refused rather than sent twice or silently replaced, since a signature made over
-a different value would then fail far from its cause.
+``Host`` comes from the :class:`~.origin.Origin` only; a caller's own ``Host`` is refused,
+so a signature never covers a different value than the one sent.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
-"""What the transports ask of a socket: a connection opened address by address, and
-whether bytes wait in a connection that no request asked for.
+"""What the transports ask of a socket: a connection opened address by address, and whether
+bytes no request asked for wait in it.
 
-* :func:`connect_socket` resolves with ``loop.getaddrinfo`` and connects to each address in
-  turn, awaiting every future it starts: a caller cancelled mid-way (a connect timeout, a
-  deadline, a hedge that lost) leaves no future behind whose exception nobody retrieves.
-  uvloop's ``create_connection(host, port)`` does leave one: it waits for its own lookup
-  with ``asyncio.wait``, so a ``gaierror`` after the caller left is reported at exit as
-  "Future exception was never retrieved".
-* :class:`SocketProbe` tells whether the kernel holds bytes of a socket that the event loop
-  has not read yet. A connection about to be reused must have none: HTTP/1.1 has no
-  request ids, so any byte that is there before the next request is written would be read
-  as the start of that request's response.
+* :func:`connect_socket` awaits every future it starts, so a cancelled caller leaves no
+  unretrieved exception behind (uvloop's ``create_connection`` does).
+* :class:`SocketProbe` tells whether the kernel holds bytes the loop has not read; a
+  connection about to be reused must have none.
 """
 
 from __future__ import annotations
