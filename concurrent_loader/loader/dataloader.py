@@ -43,51 +43,25 @@ from torch.utils.data import (
     Dataset,
     DistributedSampler,
     IterableDataset,
-    RandomSampler,
     Sampler,
 )
 
-from ..errors import ConfigError, Reason, SkipBudgetExceeded
+from ..errors import ConfigError, Reason
 from ..fetch.parts import PartsConfig
 from ..metrics import SharedStats, StallLedger, loader_stats
-from ..pipeline import Partial, PipelineOptions, SkippedSample, source_of
+from ..pipeline import PipelineOptions, SkippedSample, source_of
 from . import state as resume
-from .iterator import EpochIterator, _drop_tracebacks
+from .iterator import EpochIterator, Skips, check_max_skipped
 from .lookahead import predict_next_epoch
-from .plan import EpochPlan, Lock
-from .processes import WorkerProcesses, worker_error
+from .plan import Unbatched, draw_batches, draws_from_global
+from .processes import Workers
 from .starting import fresh_credentials, frozen_heap
-from .worker import PlannedBatches
 
 __all__ = ["ConcurrentDataLoader"]
 
 log = logging.getLogger(__name__)
 
 T_co = TypeVar("T_co", covariant=True)
-
-
-def _draws_from_global(sampler: object) -> bool:
-    """True if ``sampler`` (or the sampler a batch sampler wraps) shuffles with torch's global
-    RNG: then that RNG's state is part of the epoch's resumable state."""
-    for candidate in (sampler, getattr(sampler, "sampler", None)):
-        if isinstance(candidate, RandomSampler) and candidate.generator is None:
-            return True
-    return False
-
-
-def _passthrough(batch: Any) -> Any:
-    return batch
-
-
-class _Unbatched:
-    """Collate for ``batch_size=None``: each planned "batch" is one index, whose sample is
-    converted by the loader's ``collate_fn`` as torch does."""
-
-    def __init__(self, convert: Callable[[Any], Any]) -> None:
-        self.convert = convert
-
-    def __call__(self, items: list[Any]) -> Any:
-        return self.convert(items[0])
 
 
 class ConcurrentDataLoader(DataLoader[T_co]):
@@ -161,15 +135,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         parts: PartsConfig | None = None,
         prefetch_next_epoch: bool = True,
     ) -> None:
-        if isinstance(max_skipped, float) and not 0 <= max_skipped < 1:
-            raise ConfigError(
-                f"max_skipped as a fraction must be in [0, 1), got {max_skipped}",
-                cause=Reason.INVALID_ARGUMENT,
-            )
-        if isinstance(max_skipped, int) and max_skipped < 0:
-            raise ConfigError(
-                f"max_skipped must be >= 0, got {max_skipped}", cause=Reason.INVALID_ARGUMENT
-            )
+        check_max_skipped(max_skipped)
         source = source_of(dataset)
         options = PipelineOptions.derive(
             inflight_default=source.fetch_config.max_inflight_requests if source else 64,
@@ -235,10 +201,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         # The inner loader draws its workers' base seed from this one, which holds the state
         # ``generator`` had when this loader drew the same seed.
         self._inner_generator = torch.Generator()
-        self._persistent: tuple[DataLoader[Any], PlannedBatches] | None = None
-        self._persistent_started = False
-        # The worker processes of the latest inner loader (the persistent one's, if any).
-        self._workers = WorkerProcesses()
+        self._workers = Workers()
 
     # ------------------------------------------------------------------ epochs
 
@@ -278,18 +241,12 @@ class ConcurrentDataLoader(DataLoader[T_co]):
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         if self._iterable:
             return super().__iter__()
-        failure: BaseException
-        if self._persistent is not None and (deaths := self._workers.dead()):
-            # A persistent worker died between epochs (torch's SIGCHLD handler may have said
-            # so already, in whatever the main process ran): this epoch says it, the next
-            # starts new workers.
-            self._let_workers_go(self._workers)
-            failure = worker_error(deaths)
-        else:
+        failure: BaseException | None = self._workers.died_between_epochs()
+        if failure is None:
             try:
                 return self._start_epoch()
             except RuntimeError as exc:
-                failure = self._worker_failure(exc, self._workers)
+                failure = self._workers.failure(exc, self._workers.processes)
                 if failure is exc:
                     raise
         del self  # the traceback keeps this frame: not the loader (and its next workers)
@@ -297,11 +254,11 @@ class ConcurrentDataLoader(DataLoader[T_co]):
 
     def _start_epoch(self) -> EpochIterator:
         # A new inner iterator draws its workers' base seed; persistent workers keep theirs.
-        new_iterator = not (self.persistent_workers and self._persistent_started)
+        new_iterator = not (self.persistent_workers and self._workers.started)
         if self.num_workers > 0 and new_iterator:
             self.check_worker_number_rationality()
         pending, self._pending_state = self._pending_state, None
-        self._generators.use_global = self.generator is None and _draws_from_global(
+        self._generators.use_global = self.generator is None and draws_from_global(
             self._epoch_sampler()
         )
         skip = 0
@@ -311,20 +268,15 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             base_seed_drawn = bool(pending.get("base_seed_drawn", False))
         start_state = self._generators.get()
         epoch = self._epoch
-        # torch's order: the (batch) sampler's iterator, the base seed, then the indices.
-        indices = iter(self._epoch_sampler())
-        if base_seed_drawn:
-            drawn_from = self.generator if self.generator is not None else torch.default_generator
-            seed_state = drawn_from.get_state()
-            torch.empty((), dtype=torch.int64).random_(generator=self.generator)
-            if new_iterator:
-                self._inner_generator.set_state(seed_state)
-        if self.batch_sampler is not None:  # torch's automatic batching
-            batches = [list(batch) for batch in indices]
-            collate: Callable[[list[Any]], Any] = self.collate_fn
-        else:
-            batches = [[index] for index in indices]
-            collate = _Unbatched(self.collate_fn)
+        batched = self.batch_sampler is not None  # torch's automatic batching
+        batches = draw_batches(
+            self._epoch_sampler(),
+            batched=batched,
+            generator=self.generator,
+            draw_seed=base_seed_drawn,
+            seed_into=self._inner_generator if new_iterator else None,
+        )
+        collate = self.collate_fn if batched else Unbatched(self.collate_fn)
         self._epoch += 1
         if not 0 <= skip <= len(batches):
             raise ConfigError(
@@ -335,14 +287,24 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         starts_workers = self.num_workers > 0 and new_iterator
         if starts_workers:
             fresh_credentials(self.dataset)
-        inner = self._inner_loader(batches, skip, collate, predicted)
+        workers = self._workers
+        inner = workers.inner(
+            self,
+            self.dataset,
+            batches,
+            skip,
+            collate,
+            predicted,
+            self.options,
+            self._shared_stats,
+            self._inner_generator,
+        )
         with warnings.catch_warnings(), frozen_heap() if starts_workers else nullcontext():
             # Said once above, as torch says it once per iterator.
             warnings.filterwarnings("ignore", message="This DataLoader will create")
             inner_batches = iter(inner)
         if self.persistent_workers:
-            self._persistent_started = True
-        self.skipped = []
+            workers.started = True
         self._iterating_since = self._iterating_since or time.perf_counter()
         self._progress = resume.EpochProgress(
             epoch=epoch,
@@ -353,7 +315,19 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             base_seed_drawn=base_seed_drawn,
             done=skip == len(batches),
         )
-        return EpochIterator(self, inner_batches, self._progress, self._workers)
+        skips = Skips(self.on_error, self.max_skipped, self._progress.samples)
+        self.skipped = skips.skipped
+        processes = workers.processes
+        return EpochIterator(
+            inner_batches,
+            self._progress,
+            failure=lambda exc: workers.failure(exc, processes),
+            skips=skips,
+            waits=self._waits,
+            pin_memory=self.pin_memory,
+            log_every_s=self.log_every_s,
+            stats=self.stats,
+        )
 
     def _predict_next_epoch(self) -> list[list[Any]]:
         """The next epoch's batches, for persistent workers to fetch ahead (see
@@ -370,115 +344,6 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             generators=self._generators,
         )
         return predicted or []
-
-    def _inner_loader(
-        self,
-        batches: list[list[Any]],
-        skip: int,
-        collate: Callable[[list[Any]], Any],
-        predicted: list[list[Any]],
-    ) -> DataLoader[Any]:
-        """The plain DataLoader over this epoch's plan: a new one each epoch, except with
-        persistent workers, which keep the one (and the shared plans: this epoch's and the
-        predicted next one) they started with."""
-        if self._persistent is not None:
-            inner, planned = self._persistent
-            planned._cl_plan.write(batches[skip:], may_grow=False, lock=planned._cl_claims)
-            if planned._cl_next is not None:
-                try:
-                    planned._cl_next.write(predicted, may_grow=False)
-                except ConfigError:  # larger than the first epoch: not fetched ahead
-                    planned._cl_next.write([], may_grow=False)
-            return inner
-        self._workers = WorkerProcesses()
-        claims: Lock | None = None
-        if self.num_workers > 0 and not self.in_order:
-            context = self.multiprocessing_context or torch.multiprocessing
-            claims = context.Lock()
-        plan = EpochPlan()
-        plan.write(batches[skip:], may_grow=True, room=batches if skip else ())
-        next_plan: EpochPlan | None = None
-        if self.persistent_workers and claims is None:
-            next_plan = EpochPlan()
-            next_plan.write(predicted, may_grow=True, room=batches)
-        planned = PlannedBatches(
-            self.dataset, plan, collate, self.options, self._shared_stats, claims, next_plan
-        )
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="This DataLoader will create")
-            inner = DataLoader(
-                planned,
-                batch_size=None,
-                num_workers=self.num_workers,
-                collate_fn=_passthrough,
-                pin_memory=self.pin_memory,
-                timeout=self.timeout,
-                worker_init_fn=self.worker_init_fn,
-                multiprocessing_context=self._workers.context(
-                    self.multiprocessing_context or torch.multiprocessing.get_context()
-                )
-                if self.num_workers > 0
-                else None,
-                generator=self._inner_generator,
-                prefetch_factor=self.prefetch_factor,
-                persistent_workers=self.persistent_workers,
-                pin_memory_device=self.pin_memory_device,
-                in_order=self.in_order,
-            )
-        if self.persistent_workers:
-            self._persistent = (inner, planned)
-        return inner
-
-    def _worker_failure(self, exc: BaseException, workers: WorkerProcesses) -> BaseException:
-        """The error to raise for ``exc``, raised while ``workers`` ran: a ``WorkerError``
-        naming each that died without raising (torch says so with a ``RuntimeError``, from
-        its iterator or from its SIGCHLD handler, wherever the main process is), else
-        ``exc`` itself.
-
-        Their inner iterator is then let go, persistent or not: once the caller drops its
-        own reference, torch's shutdown of it joins the other workers. The next epoch starts
-        new ones, as a stock DataLoader's next epoch does.
-        """
-        deaths = workers.dead() if isinstance(exc, RuntimeError) else []
-        if not deaths:
-            return exc
-        # The frames in the tracebacks of the error and of its causes hold torch's iterator.
-        _drop_tracebacks(exc)
-        self._let_workers_go(workers)
-        failure = worker_error(deaths)
-        failure.__cause__ = exc
-        return failure
-
-    def _let_workers_go(self, workers: WorkerProcesses) -> None:
-        """Drop the persistent inner loader, if ``workers`` are its: its iterator, and so its
-        workers, end once nothing else refers to them; the next epoch starts new ones."""
-        if self._persistent is not None and workers is self._workers:
-            self._persistent = None
-            self._persistent_started = False
-
-    def _note_skipped(self, batch: Partial, budget: float) -> BaseException | None:
-        """Log and list what ``batch`` lost; the error to raise if over the budget."""
-        for sample in batch.skipped:
-            log.warning("skipped %s: %s", sample.url, sample.error)
-        self.skipped.extend(batch.skipped)
-        if len(self.skipped) <= budget:
-            return None
-        last = batch.skipped[-1]
-        failure = SkipBudgetExceeded(
-            f"{len(self.skipped)} samples skipped this epoch, more than "
-            f"max_skipped={self.max_skipped!r} allows ({budget})",
-            url=last.url,
-            cause=Reason.SKIP_BUDGET_EXCEEDED,
-        )
-        failure.__cause__ = last.error
-        return failure
-
-    def _skip_budget(self, samples: int) -> float:
-        if self.on_error != "skip":
-            return float("inf")
-        if isinstance(self.max_skipped, float):
-            return self.max_skipped * samples
-        return float(self.max_skipped)
 
     # ------------------------------------------------------------------ resumable state
 
@@ -502,7 +367,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             self._progress,
             self._epoch,
             self._generators,
-            next_draws_base_seed=not (self.persistent_workers and self._persistent_started),
+            next_draws_base_seed=not (self.persistent_workers and self._workers.started),
         )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -531,10 +396,3 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             return self.max_inflight_requests
         source = source_of(self.dataset)
         return source.fetch_config.inflight_cap if source else self.options.getitem_threads
-
-    # ------------------------------------------------------------------ introspection
-
-    @property
-    def source_dataset(self) -> Dataset[T_co]:
-        """The dataset this loader was given (``loader.dataset``)."""
-        return self.dataset

@@ -1,4 +1,4 @@
-"""One epoch of a :class:`~.dataloader.ConcurrentDataLoader`: what ``iter(loader)`` returns.
+"""One epoch of a ``ConcurrentDataLoader``: what ``iter(loader)`` returns.
 
 It takes the outcomes of the inner DataLoader one by one: a batch is returned; a
 :class:`~concurrent_loader.pipeline.Failure` is raised with the worker's exception (its type
@@ -21,23 +21,65 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
-from ..metrics import format_stats
-from ..pipeline import Failure, Partial
+from ..errors import ConfigError, Reason, SkipBudgetExceeded
+from ..metrics import StallLedger, format_stats
+from ..pipeline import Failure, Partial, SkippedSample
 from . import state as resume
 from .partial import mark, pin
+from .processes import drop_tracebacks
 
-if TYPE_CHECKING:
-    from .dataloader import ConcurrentDataLoader
-    from .processes import WorkerProcesses
-
-__all__ = ["EpochIterator"]
+__all__ = ["EpochIterator", "Skips", "check_max_skipped"]
 
 log = logging.getLogger(__name__)
+
+
+def check_max_skipped(max_skipped: int | float) -> None:
+    if isinstance(max_skipped, float) and not 0 <= max_skipped < 1:
+        raise ConfigError(
+            f"max_skipped as a fraction must be in [0, 1), got {max_skipped}",
+            cause=Reason.INVALID_ARGUMENT,
+        )
+    if isinstance(max_skipped, int) and max_skipped < 0:
+        raise ConfigError(
+            f"max_skipped must be >= 0, got {max_skipped}", cause=Reason.INVALID_ARGUMENT
+        )
+
+
+class Skips:
+    """The samples an epoch skipped (``on_error="skip"``), within ``max_skipped`` (a count,
+    or a fraction of the epoch's ``samples``)."""
+
+    def __init__(self, on_error: str, max_skipped: int | float, samples: int) -> None:
+        self.skipped: list[SkippedSample] = []
+        self.max_skipped = max_skipped
+        if on_error != "skip":
+            self.budget = float("inf")
+        elif isinstance(max_skipped, float):
+            self.budget = max_skipped * samples
+        else:
+            self.budget = float(max_skipped)
+
+    def note(self, batch: Partial) -> BaseException | None:
+        """Log and list what ``batch`` lost; the error to raise if over the budget."""
+        for sample in batch.skipped:
+            log.warning("skipped %s: %s", sample.url, sample.error)
+        self.skipped.extend(batch.skipped)
+        if len(self.skipped) <= self.budget:
+            return None
+        last = batch.skipped[-1]
+        failure = SkipBudgetExceeded(
+            f"{len(self.skipped)} samples skipped this epoch, more than "
+            f"max_skipped={self.max_skipped!r} allows ({self.budget})",
+            url=last.url,
+            cause=Reason.SKIP_BUDGET_EXCEEDED,
+        )
+        failure.__cause__ = last.error
+        return failure
 
 
 class _Raise:
@@ -48,20 +90,32 @@ class _Raise:
 
 
 class EpochIterator(Iterator[Any]):
-    """The batches of one epoch, in the sampler's order (``in_order=True``)."""
+    """The batches of one epoch, in the sampler's order (``in_order=True``).
+
+    ``failure(exc)`` is the error to raise for ``exc`` (a ``WorkerError`` when a worker
+    died); ``stats()`` is what ``log_every_s`` logs.
+    """
 
     def __init__(
         self,
-        loader: ConcurrentDataLoader[Any],
         batches: Iterator[Any],
         progress: resume.EpochProgress,
-        workers: WorkerProcesses,
+        *,
+        failure: Callable[[BaseException], BaseException],
+        skips: Skips,
+        waits: StallLedger,
+        pin_memory: bool,
+        log_every_s: float | None,
+        stats: Callable[[], dict[str, Any]],
     ) -> None:
-        self._loader = loader
         self._batches: Iterator[Any] | None = batches
         self._progress = progress
-        self._workers = workers
-        self._budget = loader._skip_budget(progress.samples)
+        self._failure = failure
+        self._skips = skips
+        self._waits = waits
+        self._pin = pin_memory and torch.cuda.is_available()
+        self._log_every_s = log_every_s
+        self._stats = stats
         self._first_batch = progress.batches_taken
         self._returned: float | None = None  # when the last batch was handed to the loop
         self._last_log = time.monotonic()
@@ -80,7 +134,7 @@ class EpochIterator(Iterator[Any]):
         except RuntimeError as raised:  # torch's SIGCHLD handler raises wherever we are
             outcome = _Raise(raised)
         if isinstance(outcome, _Raise):
-            failure = self._loader._worker_failure(outcome.exc, self._workers)
+            failure = self._failure(outcome.exc)
             if failure is not outcome.exc:  # a worker died: the others go before it is said
                 self._finish(done=False)
             del self, outcome  # the traceback keeps this frame: not the workers with it
@@ -96,7 +150,7 @@ class EpochIterator(Iterator[Any]):
         self._batches = None
 
     def _advance(self) -> Any:
-        loader, progress = self._loader, self._progress
+        progress = self._progress
         while True:
             batches = self._batches
             if batches is None:
@@ -109,49 +163,33 @@ class EpochIterator(Iterator[Any]):
                 raise
             except Exception as exc:
                 # The frames in its traceback (and its causes') hold torch's iterator.
-                _drop_tracebacks(exc)
+                drop_tracebacks(exc)
                 return _Raise(exc)
             got = time.perf_counter()
             # The first batch of an epoch waits for the pipeline to fill: the verdict judges
             # the steady state.
-            loader._waits.record(
+            self._waits.record(
                 got - asked,
                 asked - self._returned if self._returned is not None else 0.0,
                 warmup=progress.batches_taken == self._first_batch,
             )
             progress.batches_taken += 1
             if isinstance(item, Failure):
-                _drop_tracebacks(item.exc)
+                drop_tracebacks(item.exc)
                 return _Raise(item.exc)
             if isinstance(item, Partial):
-                failure = loader._note_skipped(item, self._budget)
+                failure = self._skips.note(item)
                 if failure is not None:
                     self._finish(done=False)
                     return _Raise(failure)
                 if item.batch is None:
                     continue  # every sample of it failed: counted and logged
-                contents = item.batch
-                if loader.pin_memory and torch.cuda.is_available():
-                    # torch's pin thread passed this wrapper through unpinned.
-                    contents = pin(contents)
+                # torch's pin thread passed this wrapper through unpinned.
+                contents = pin(item.batch) if self._pin else item.batch
                 item = mark(contents, item.skipped)
-            if loader.log_every_s is not None and (
-                time.monotonic() - self._last_log >= loader.log_every_s
-            ):
+            every = self._log_every_s
+            if every is not None and time.monotonic() - self._last_log >= every:
                 self._last_log = time.monotonic()
-                log.info("%s", format_stats(loader.stats()))
+                log.info("%s", format_stats(self._stats()))
             self._returned = time.perf_counter()
             return item
-
-
-def _drop_tracebacks(exc: BaseException | None) -> None:
-    """The tracebacks of an error and of its causes hold the frames they passed through (the
-    pipeline, torch's iterator and so the worker processes) alive for as long as the caller
-    keeps the error."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        exc.__traceback__ = None
-        if exc.__context__ is not None and exc.__context__ is not exc.__cause__:
-            _drop_tracebacks(exc.__context__)
-        exc = exc.__cause__

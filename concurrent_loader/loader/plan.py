@@ -17,14 +17,15 @@ Workers get their batches in one of two ways:
 from __future__ import annotations
 
 import pickle
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 import torch
+from torch.utils.data import RandomSampler
 
 from ..errors import ConfigError, Reason
 
-__all__ = ["EpochPlan", "Lock"]
+__all__ = ["EpochPlan", "Lock", "Unbatched", "draw_batches", "draws_from_global"]
 
 # Slots of ``EpochPlan.control``.
 _COUNT, _GENERATION, _NEXT_CLAIM, _BLOB_BYTES = range(4)
@@ -36,6 +37,50 @@ class Lock(Protocol):
     def __enter__(self) -> Any: ...
 
     def __exit__(self, *exc: object) -> Any: ...
+
+
+def draw_batches(
+    sampler: Iterable[Any],
+    *,
+    batched: bool,
+    generator: torch.Generator | None,
+    draw_seed: bool,
+    seed_into: torch.Generator | None,
+) -> list[list[Any]]:
+    """The epoch's batches from ``sampler`` (of batches when ``batched``, else of indices,
+    each then a batch of one), drawn in torch's order: the sampler's iterator, then, when
+    ``draw_seed``, the workers' base seed from ``generator`` (torch's default one when None;
+    ``seed_into`` takes the state it was drawn from), then the indices."""
+    indices = iter(sampler)
+    if draw_seed:
+        drawn_from = generator if generator is not None else torch.default_generator
+        seed_state = drawn_from.get_state()
+        torch.empty((), dtype=torch.int64).random_(generator=generator)
+        if seed_into is not None:
+            seed_into.set_state(seed_state)
+    if batched:
+        return [list(batch) for batch in indices]
+    return [[index] for index in indices]
+
+
+def draws_from_global(sampler: object) -> bool:
+    """True if ``sampler`` (or the sampler a batch sampler wraps) shuffles with torch's global
+    RNG: then that RNG's state is part of the epoch's resumable state."""
+    for candidate in (sampler, getattr(sampler, "sampler", None)):
+        if isinstance(candidate, RandomSampler) and candidate.generator is None:
+            return True
+    return False
+
+
+class Unbatched:
+    """Collate for ``batch_size=None``: each planned "batch" is one index, whose sample is
+    converted by the loader's ``collate_fn`` as torch does."""
+
+    def __init__(self, convert: Callable[[Any], Any]) -> None:
+        self.convert = convert
+
+    def __call__(self, items: list[Any]) -> Any:
+        return self.convert(items[0])
 
 
 def _all_ints(batches: Sequence[Sequence[Any]]) -> bool:

@@ -9,19 +9,32 @@ killed is named with its pid and signal even once torch has reaped it.
 
 Only weak references are kept: the processes live exactly as long as torch's iterator keeps
 them, and end by its shutdown.
+
+:class:`Workers` holds the inner DataLoader of each epoch (a new one each epoch, or the one
+persistent workers keep) and turns a ``RuntimeError`` of torch's into a ``WorkerError``
+naming the workers that died.
 """
 
 from __future__ import annotations
 
 import signal
+import warnings
 import weakref
+from collections.abc import Callable
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any, NamedTuple
 
-from ..errors import Reason, WorkerError
+import torch.multiprocessing
+from torch.utils.data import DataLoader, Dataset
 
-__all__ = ["Death", "WorkerProcesses", "worker_error"]
+from ..errors import ConfigError, Reason, WorkerError
+from ..metrics import SharedStats
+from ..pipeline import PipelineOptions
+from .plan import EpochPlan, Lock
+from .worker import PlannedBatches
+
+__all__ = ["Death", "WorkerProcesses", "Workers", "drop_tracebacks", "worker_error"]
 
 
 class Death(NamedTuple):
@@ -101,3 +114,126 @@ class _Noting(BaseContext):
 
     def get_start_method(self, allow_none: Any = False) -> Any:
         return self._base.get_start_method(allow_none)
+
+
+def drop_tracebacks(exc: BaseException | None) -> None:
+    """The tracebacks of an error and of its causes hold the frames they passed through (the
+    pipeline, torch's iterator and so the worker processes) alive for as long as the caller
+    keeps the error."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        exc.__traceback__ = None
+        if exc.__context__ is not None and exc.__context__ is not exc.__cause__:
+            drop_tracebacks(exc.__context__)
+        exc = exc.__cause__
+
+
+def _passthrough(batch: Any) -> Any:
+    return batch
+
+
+class Workers:
+    """The inner DataLoader over each epoch's plan, and its worker processes.
+
+    A new inner loader each epoch; with persistent workers, the one (and the shared plans:
+    the epoch's and the predicted next one) the first epoch started, rewritten each epoch.
+    """
+
+    def __init__(self) -> None:
+        self.processes = WorkerProcesses()  # the latest inner loader's
+        self._persistent: tuple[DataLoader[Any], PlannedBatches] | None = None
+        self.started = False  # the persistent inner loader's workers have started
+
+    def inner(
+        self,
+        outer: DataLoader[Any],
+        dataset: Dataset[Any],
+        batches: list[list[Any]],
+        skip: int,
+        collate: Callable[[list[Any]], Any],
+        predicted: list[list[Any]],
+        options: PipelineOptions,
+        stats: SharedStats,
+        generator: torch.Generator,
+    ) -> DataLoader[Any]:
+        """The plain DataLoader that yields this epoch's batches from ``skip`` on, with the
+        ``outer`` loader's torch settings and ``generator`` for its workers' base seed."""
+        if self._persistent is not None:
+            inner, planned = self._persistent
+            planned._cl_plan.write(batches[skip:], may_grow=False, lock=planned._cl_claims)
+            if planned._cl_next is not None:
+                try:
+                    planned._cl_next.write(predicted, may_grow=False)
+                except ConfigError:  # larger than the first epoch: not fetched ahead
+                    planned._cl_next.write([], may_grow=False)
+            return inner
+        self.processes = WorkerProcesses()
+        workers = outer.num_workers
+        claims: Lock | None = None
+        if workers > 0 and not outer.in_order:
+            claims = (outer.multiprocessing_context or torch.multiprocessing).Lock()
+        plan = EpochPlan()
+        plan.write(batches[skip:], may_grow=True, room=batches if skip else ())
+        next_plan: EpochPlan | None = None
+        if outer.persistent_workers and claims is None:
+            next_plan = EpochPlan()
+            next_plan.write(predicted, may_grow=True, room=batches)
+        planned = PlannedBatches(dataset, plan, collate, options, stats, claims, next_plan)
+        context = outer.multiprocessing_context or torch.multiprocessing.get_context()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="This DataLoader will create")
+            inner = DataLoader(
+                planned,
+                batch_size=None,
+                num_workers=workers,
+                collate_fn=_passthrough,
+                pin_memory=outer.pin_memory,
+                timeout=outer.timeout,
+                worker_init_fn=outer.worker_init_fn,
+                multiprocessing_context=self.processes.context(context) if workers else None,
+                generator=generator,
+                prefetch_factor=outer.prefetch_factor,
+                persistent_workers=outer.persistent_workers,
+                pin_memory_device=outer.pin_memory_device,
+                in_order=outer.in_order,
+            )
+        if outer.persistent_workers:
+            self._persistent = (inner, planned)
+        return inner
+
+    def failure(self, exc: BaseException, processes: WorkerProcesses) -> BaseException:
+        """The error to raise for ``exc``, raised while ``processes`` ran: a ``WorkerError``
+        naming each that died without raising (torch says so with a ``RuntimeError``, from
+        its iterator or from its SIGCHLD handler, wherever the main process is), else
+        ``exc`` itself.
+
+        Their inner iterator is then let go, persistent or not: once the caller drops its
+        own reference, torch's shutdown of it joins the other workers. The next epoch starts
+        new ones, as a stock DataLoader's next epoch does.
+        """
+        deaths = processes.dead() if isinstance(exc, RuntimeError) else []
+        if not deaths:
+            return exc
+        # The frames in the tracebacks of the error and of its causes hold torch's iterator.
+        drop_tracebacks(exc)
+        self.let_go(processes)
+        failure = worker_error(deaths)
+        failure.__cause__ = exc
+        return failure
+
+    def died_between_epochs(self) -> WorkerError | None:
+        """A ``WorkerError`` if a persistent worker died since the last epoch (torch's SIGCHLD
+        handler may have said so already, in whatever the main process ran); the next epoch
+        then starts new workers."""
+        if self._persistent is None or not (deaths := self.processes.dead()):
+            return None
+        self.let_go(self.processes)
+        return worker_error(deaths)
+
+    def let_go(self, processes: WorkerProcesses) -> None:
+        """Drop the persistent inner loader, if ``processes`` are its: its iterator, and so
+        its workers, end once nothing else refers to them; the next epoch starts new ones."""
+        if self._persistent is not None and processes is self.processes:
+            self._persistent = None
+            self.started = False

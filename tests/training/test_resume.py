@@ -232,7 +232,7 @@ def test_resume_with_persistent_workers_into_the_next_epoch(hashed):
     def persistent() -> ConcurrentDataLoader:
         loader = make_loader(url, keys, num_workers=2)
         return ConcurrentDataLoader(
-            loader.source_dataset,
+            loader.dataset,
             batch_size=BATCH_SIZE,
             shuffle=True,
             generator=torch.Generator().manual_seed(SEED),

@@ -108,7 +108,7 @@ def test_the_dataset_reads_through(helpers):
     dataset = ObjectDataset(MemoryConfig(helpers.numbered_objects(3)))
     loader = ConcurrentDataLoader(dataset)
     assert loader.dataset.keys is dataset.keys
-    assert loader.source_dataset is dataset
+    assert loader.dataset is dataset
 
 
 def test_error_is_raised_with_its_type_and_object_after_earlier_batches(helpers):
