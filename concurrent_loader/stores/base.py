@@ -1,21 +1,14 @@
 """The contract between the loader and a storage backend.
 
-A backend is two objects:
+A backend is a **store config** (:class:`StoreConfig`: frozen, hashable, picklable; names a
+root and holds the backend's options; travels to workers with the dataset) and a **store**
+(:class:`Store`), made by :meth:`StoreConfig.open` inside the process (and, when remote, the
+event loop) that uses it, so no socket, client or resolved credential crosses a ``fork``.
 
-- a **store config** (:class:`StoreConfig`): a frozen, hashable, picklable value that names
-  a root (``s3://bucket/prefix``, ``https://host/base/``, a directory) and holds the
-  backend's own options (endpoint, credentials source, ...). It travels to worker
-  processes with the dataset and names objects in messages (:meth:`StoreConfig.url_for`);
-- a **store** (:class:`Store`), made from the config by :meth:`StoreConfig.open` inside the
-  process (and, for remote stores, the event loop) that uses it, so no socket, client or
-  resolved credential ever crosses a ``fork``.
-
-A store does one attempt per call: ``get`` returns the object's bytes (or the requested
-byte range of them) or raises a :class:`~concurrent_loader.errors.FetchError` naming the
-object. Retries, limits, hedging and metrics are policies of the fetch client that wraps a
-store (:mod:`concurrent_loader.fetch`), never of the store itself.
-
-Callers check :class:`Capabilities` instead of the URL scheme.
+A store does one attempt per call: ``get`` returns the object's bytes (or the byte range
+asked for) or raises a :class:`~concurrent_loader.errors.FetchError` naming the object.
+Retries, limits, hedging and metrics belong to the fetch client (:mod:`concurrent_loader.fetch`).
+Callers check :class:`Capabilities`, never the URL scheme.
 """
 
 from __future__ import annotations
@@ -77,12 +70,12 @@ class ObjectInfo:
 @dataclass(slots=True)
 class Body:
     """A successful read: the bytes, the time to first byte when the transport knows it, the
-    object's ETag when the store gives one (a cache keys and revalidates entries by it),
+    object's ETag when the store gives one (a cache keeps it with the entry),
     whether a round trip to the store served it (False: a wrapper served it from bytes it
     holds, so its time says nothing about the store's latency, and the in-flight limit and
     the hedge delay take no sample from it), and, for a byte range only, the whole object's
     checksum as the store gave it, unchecked (a whole body is checked by its store before it
-    is returned; the range's reader checks the object once its parts are assembled,
+    is returned; the fetch client checks the object once its parts are assembled,
     :mod:`concurrent_loader.fetch.parts`)."""
 
     data: bytes | bytearray

@@ -1,36 +1,19 @@
-"""Checking a body against the checksum its store gave for the object.
+"""Checking a body against the checksum its store gave for the whole object.
 
-A store that offers a checksum of the whole object in its response headers lets a reader
-prove that the bytes it hands on are the object's, whatever happened on the way (a
-flipped bit in a proxy, a NIC or a kernel buffer; a response read from the wrong
-connection). :func:`s3_checksum` and :func:`http_checksum` pick the one checksum of a
-response worth checking (the cheapest to compute, see ``benchmarks/integrity.py``), and
-:meth:`Checksum.check` raises :class:`~concurrent_loader.errors.IntegrityError` (retried
-by the fetch client) when the body does not match.
+:func:`s3_checksum` and :func:`http_checksum` pick the cheapest checksum of a response worth
+checking; :meth:`Checksum.check` raises :class:`~concurrent_loader.errors.IntegrityError`
+(retried by the fetch client) on a mismatch. What is checked:
 
-What is checked:
-
-* S3 (``x-amz-checksum-mode: ENABLED`` on the GET): ``x-amz-checksum-crc64nvme``,
-  ``-crc32c``, ``-crc32``, ``-sha1``, ``-sha256``, whichever the object carries. A
-  composite checksum of a multipart upload (``x-amz-checksum-type: COMPOSITE``, a value
-  like ``base64-N``) is a checksum of the parts' checksums, not of the body, and is
-  skipped. Opt-in, a single-part ETag (32 hex digits, no ``-N``) as the body's MD5: it is
-  not one for SSE-KMS or SSE-C objects, whose ETags are opaque.
-* Plain HTTP(S): GCS's ``x-goog-hash: crc32c=...,md5=...`` and ``Content-MD5``; neither
-  when GCS sent the object decoded (``x-goog-stored-content-encoding: gzip`` without the
-  same ``Content-Encoding``): its hashes are of the stored, compressed bytes.
-* A range is checked by its length against ``Content-Range`` (the transports do that),
-  and the whole object once its parts are assembled (:mod:`concurrent_loader.fetch.parts`),
-  against the whole object's checksum that came with a part: GCS's ``x-goog-hash`` or an
-  S3 ETag taken as MD5. S3's ``x-amz-checksum-*`` on a range is not the object's: S3
-  sends one only for a range that is exactly one part of a multipart upload, that part's,
-  so it is checked against the range's body (as botocore does). A range that is the
-  whole object (``bytes 0-(n-1)/n``) is checked as a whole body. ``Content-MD5`` on a
-  ``206`` may be the range's or the object's (servers differ), so it is only checked on a
-  ``200``.
-
-CRCs are computed by ``anycrc`` (carry-less multiplication, all three CRCs at a few
-microseconds per 110 KB), digests by ``hashlib``.
+* S3 (``x-amz-checksum-mode: ENABLED``): ``x-amz-checksum-crc64nvme``, ``-crc32c``,
+  ``-crc32``, ``-sha1``, ``-sha256``; a ``COMPOSITE`` checksum (of the parts, not the body) is
+  skipped. Opt-in: a single-part ETag as the MD5 (not one for SSE-KMS or SSE-C objects).
+* HTTP(S): GCS's ``x-goog-hash`` and ``Content-MD5``; neither when GCS decoded a stored
+  ``gzip`` object (its hashes are of the stored bytes).
+* Ranges: the length by ``Content-Range`` (the transports), and the assembled object
+  (:mod:`concurrent_loader.fetch.parts`) against a whole-object checksum sent with a part
+  (``x-goog-hash``, an S3 ETag as MD5). S3's ``x-amz-checksum-*`` on a range is that part's
+  and is checked against the range; a range that is the whole object is checked as a whole
+  body; ``Content-MD5`` only on a ``200``.
 """
 
 from __future__ import annotations

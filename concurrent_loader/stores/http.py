@@ -1,8 +1,7 @@
 """The plain HTTP(S) backend: ``GET {base}{key}`` for keys the caller lists (no listing).
 
-A whole body is checked against the checksum the server sends, when it sends one (GCS's
-``x-goog-hash``, ``Content-MD5``; see :mod:`.checksum`) before it is returned; a mismatch
-is an ``IntegrityError``, retried by the fetch client. ``verify_checksums=False`` skips it.
+A whole body is checked against the checksum the server sends, if any (:mod:`.checksum`),
+before it is returned; ``verify_checksums=False`` skips it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The local-directory backend: the baseline every remote store is held to.
 
-Reads are blocking (``capabilities.remote`` is False), so the pipeline reads and decodes an
+Reads are blocking (``capabilities.remote`` is False): the pipeline reads and decodes an
 object in one thread-pool job, without the event loop.
 """
 

@@ -1,11 +1,10 @@
-"""An in-memory store with scripted latency and failures, for tests of the loader's own
-logic (ordering, exactly-once, retries, limits, budgets) without a server.
+"""An in-memory store with scripted latency and failures, for tests of the loader's own logic.
 
-It is a real :class:`~concurrent_loader.stores.base.Store` behind the same fetch client and
-pipeline as S3; only the bytes come from a dict. ``script(key, attempt)`` decides each GET
-(``attempt`` counts from 0 per key): return None to answer normally, a number of seconds to
-answer that much later, an exception to raise it, or :data:`STALL` to never answer (until
-cancelled). Every open store of one config shares its :class:`MemoryStats` (same process).
+A real :class:`~concurrent_loader.stores.base.Store` behind the same fetch client and
+pipeline as S3. ``script(key, attempt)`` (``attempt`` from 0 per key) decides each GET:
+None answers normally, a number of seconds answers that much later, an exception is
+raised, :data:`STALL` never answers (until cancelled). Every open store of one config shares
+its :class:`MemoryStats` (same process).
 """
 
 from __future__ import annotations

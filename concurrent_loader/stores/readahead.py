@@ -1,37 +1,20 @@
 """Read-ahead: small ranges of large objects read as larger aligned spans kept in memory.
 
-A reader that walks a large object (a tar shard streamed in shard order, see
-:class:`~concurrent_loader.streaming.ShardOrderSampler`) asks for many small ranges close
-together, each of them a GET of its own. :class:`ReadaheadStore`, a store around a store,
-answers a range from the span it falls in (the aligned block of :attr:`Readahead.span_bytes`
-bytes, cut at the object's end), which it GETs once and keeps, so the next ranges of that
-span cost no request. Guarantees:
+:class:`ReadaheadStore` (a store around a store) answers a range from its aligned span of
+:attr:`Readahead.span_bytes` (cut at the object's end), GET once and kept. Guarantees:
 
-- a range's bytes are exactly those a ranged GET of it returns (one that crosses a span
-  boundary is put together from both spans);
-- one GET per span at a time: ranges of a span asked for while its GET is in flight wait
-  for that GET, and a reader cancelled meanwhile (a hedge that lost) does not cancel it;
-- bounded: the spans kept and in flight hold at most :attr:`Readahead.max_bytes`. When the
-  caller says which ranges it will read (``ranges``: a dataset's sample ranges, each read
-  once an epoch), a span is dropped as soon as every range in it has been read; a span
-  not read while ranges of ``max_bytes`` in all were read through this store is dropped as
-  stale (the reader has moved on); for an object without ``ranges``, the least recently
-  read span goes first. A range
-  whose span finds no room is read from the wrapped store as it is, so a window of ranges
-  in use wider than ``max_bytes`` costs single GETs for the overflow, never spans fetched
-  again and again;
-- a whole-object read, a range longer than a span, and a range of an object whose size is
-  not known go to the wrapped store as they are;
-- a span whose GET failed is not kept: the error reaches every reader waiting for it, and
-  the next read of that span (the fetch client's retry) GETs it again;
-- a range served from a kept span is marked as no ``round_trip`` (it took no request: no
-  latency sample for the in-flight limit or the hedge delay).
+- a range's bytes are exactly a ranged GET's (across a span boundary, from both spans);
+- one GET per span at a time; a caller cancelled meanwhile (a lost hedge) does not cancel it;
+- spans kept and in flight hold at most :attr:`Readahead.max_bytes`. A span is dropped once
+  every range the caller declared in it (``ranges``) was read, or as stale once
+  ``max_bytes`` of other ranges were read; without ``ranges``, the least recently read goes
+  first. A range whose span finds no room is read as it is (never spans fetched again and
+  again);
+- whole-object reads, ranges longer than a span and objects of unknown size pass through;
+- a failed span GET is not kept: every waiter gets the error, the next read GETs it again;
+- a range served from a kept span has ``round_trip=False`` (no latency sample).
 
-It suits reading in order (a shard-order stream, with a shuffle window whose samples fit in
-``max_bytes``), and random order when ``max_bytes`` holds every span of the objects in use
-(random order touches them all early, and each is then one GET); with less room, spans fill
-``max_bytes`` and the ranges beyond go one GET each as without it. Its memory is outside
-the loader's byte budget (``max_inflight_bytes``), per process.
+Its memory is per process and outside ``max_inflight_bytes``.
 """
 
 from __future__ import annotations
@@ -61,7 +44,7 @@ Offsets = Sequence[int] | np.ndarray
 @dataclass(frozen=True)
 class Readahead:
     """Read ranges as aligned spans of ``span_bytes``, with at most ``max_bytes`` of spans
-    kept and in flight per process. ``max_bytes`` should hold the spans a reader's window
+    kept and in flight per process. ``max_bytes`` should hold the spans a shuffle window
     touches: for a shuffle buffer of ``buffer_size`` samples, about ``buffer_size`` times
     the mean sample size plus two spans."""
 
@@ -238,7 +221,7 @@ class ReadaheadStore:
             self._fetching_bytes += span.length
             expected = self._expected(key, n, size)
             task.add_done_callback(partial(self._arrive, span_id, span.length, expected))
-        body = await asyncio.shield(task)  # a cancelled reader leaves the GET to the others
+        body = await asyncio.shield(task)  # a cancelled caller leaves the GET to the others
         return body.data, True
 
     def _arrive(
@@ -251,7 +234,7 @@ class ReadaheadStore:
         del self._fetching[span_id]
         self._fetching_bytes -= length
         if task.cancelled() or task.exception() is not None:
-            return  # its readers got the error; the next read of the span GETs it again
+            return  # its waiters got the error; the next read of the span GETs it again
         data = task.result().data
         self._kept[span_id] = _Span(data, expected, set(), self._clock)
         self._kept_bytes += len(data)

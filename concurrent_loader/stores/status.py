@@ -1,8 +1,6 @@
-"""HTTP status -> error class, for every backend that speaks HTTP.
-
-The one place where a non-2xx status becomes a :mod:`concurrent_loader.errors` class;
-backends with their own error codes (S3's ``<Code>``) refine it in their own module and fall
-back to this table.
+"""HTTP status -> error class, for every backend that speaks HTTP: the one place a non-2xx
+status becomes a :mod:`concurrent_loader.errors` class (S3's codes refine it in
+:mod:`.s3.errors`, falling back to this table).
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """AWS credentials: resolved once in the main process through botocore's chain, never printed.
 
-:class:`CredentialSource` is what travels to worker processes: the profile name, the
-``anonymous`` flag, the keys the user passed explicitly, and a :class:`CredentialSnapshot`
-of what botocore's chain (env vars, shared config/credentials files, SSO, container and
-instance roles, assumed roles) gave the main process when the dataset was made. Its
-``repr`` hides them all.
-
-A worker signs with the snapshot and builds no botocore session at all, so starting one
-costs no botocore import, no credential resolver and no ``SSLContext`` (botocore's
-resolver makes two for its container and instance-metadata fetchers). Credentials that
-expire (instance roles, SSO, assumed roles) are refreshed in the worker, once their
-snapshot comes within botocore's advisory refresh window of its expiry, by that worker's
-own botocore chain, made then (after the worker started) and re-read at most once a second
-on the hot path. A snapshot reaches a worker by inheritance (fork) or in the process start
-(spawn, forkserver); any other pickle of a dataset leaves it out, and the process that
-unpickles it resolves its own.
+:class:`CredentialSource` travels to workers: the profile, ``anonymous``, explicit keys and a
+:class:`CredentialSnapshot` of what botocore's chain gave the main process; its ``repr``
+hides them. A worker signs with the snapshot and builds no botocore session (no
+``SSLContext``) until the snapshot nears expiry (botocore's advisory window): then its own
+chain refreshes it, re-read at most once a second. The snapshot reaches a worker by fork or
+in the process start; any other pickle leaves it out, and the unpickling process resolves
+its own.
 """
 
 from __future__ import annotations

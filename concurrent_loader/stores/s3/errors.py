@@ -1,8 +1,5 @@
-"""S3's error codes and botocore's exceptions -> :mod:`concurrent_loader.errors`.
-
-S3 names the failure in the ``<Code>`` of its XML error document (and botocore parses the
-same code for the control plane). Translation is by that code and the HTTP status, never by
-message text; codes not listed here fall back to the status table of
+"""S3's error codes and botocore's exceptions -> :mod:`concurrent_loader.errors`, by the
+``<Code>`` and HTTP status, never by message text; unlisted codes fall back to
 :mod:`concurrent_loader.stores.status`.
 """
 

@@ -1,21 +1,11 @@
 """Where GETs for a bucket go: resolved once, by botocore's own machinery, never re-derived.
 
-:func:`resolve_route` builds a botocore S3 client exactly as the control plane (listing)
-does, from the same session (profile, its per-service sections, ``AWS_ENDPOINT_URL_S3`` /
-``AWS_ENDPOINT_URL``, region), the same explicit options and the same addressing style, and
-asks it to prepare a ``GetObject``; the request is captured before it is sent (nothing goes
-on the network). The URL botocore would use gives the origin and the path in front of the
-key: endpoint paths (``https://host/s3``), IPv6 literals, virtual-hosted vs path style,
-bucket names that are not DNS-compatible, dotted buckets and the regional host names all
-come out as botocore decides them, so listing and GETs cannot disagree.
-
-Proxies follow botocore too (the client config's ``proxies``, else ``HTTP(S)_PROXY`` and
-``NO_PROXY`` for the endpoint), and so does the trust store: an explicit ``ca_bundle``, else
-the profile's ``ca_bundle`` / ``AWS_CA_BUNDLE``, else ``REQUESTS_CA_BUNDLE``, else the
-system's.
-
-The route holds no credential. A proxy URL may hold a user and password: the route's repr
-hides them.
+:func:`resolve_route` builds a botocore S3 client as the control plane (listing) does (same
+session, options, addressing style) and captures a prepared ``GetObject`` before it is sent:
+its URL gives the origin and the path in front of the key, so listing and GETs cannot
+disagree. Proxies and the trust store follow botocore too (``ca_bundle``, the profile's or
+``AWS_CA_BUNDLE``, ``REQUESTS_CA_BUNDLE``, the system's). The route holds no credential; its
+repr hides a proxy's user and password.
 """
 
 from __future__ import annotations

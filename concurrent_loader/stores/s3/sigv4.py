@@ -1,20 +1,14 @@
 """A lean AWS Signature Version 4 signer for S3 ``GET`` requests.
 
-It exists because botocore's general signer costs about 0.3 ms of CPU per request, while a
-GET of a small object needs only one SHA-256 of the canonical request and one HMAC once the
-signing key is known. :class:`SigV4Signer` produces exactly the ``Authorization`` header
-botocore's ``S3SigV4Auth`` would for the same request, credentials and second (the tests
-check this), and guarantees:
+:class:`SigV4Signer` produces exactly the ``Authorization`` header botocore's
+``S3SigV4Auth`` would for the same request, credentials and second, and guarantees:
 
-* the derived signing key is computed once per (secret key, UTC day, region, service) and
-  reused until the day or the secret changes;
-* the ``x-amz-date`` string is formatted at most once per second;
+* the signing key is derived once per (secret key, UTC day, region, service);
+* ``x-amz-date`` is formatted at most once per second;
 * a call does one SHA-256 and one HMAC-SHA256, plus string formatting.
 
-Only bodiless requests are supported: the payload hash is always that of the empty body.
-A signer made with ``checksum_mode=True`` also sends and signs ``x-amz-checksum-mode:
-ENABLED``, which asks S3 for the object's checksum headers (signed, as botocore signs it).
-Paths must already be URI-encoded the way S3 expects, which :func:`encode_s3_path` does.
+Bodiless requests only (the empty payload hash). ``checksum_mode=True`` also sends and signs
+``x-amz-checksum-mode: ENABLED``. Paths must be encoded by :func:`encode_s3_path`.
 """
 
 from __future__ import annotations

@@ -1,26 +1,15 @@
 """The S3 backend: :class:`S3Config` (where and how to reach a bucket) and :class:`S3Store`.
 
-The hot path (one GET per object or range) signs with the lean
-:class:`~concurrent_loader.stores.s3.sigv4.SigV4Signer` and sends through a pooled
-:class:`~concurrent_loader.transport.Transport`. Everything else is botocore's: the route
-(endpoint, addressing style, region, proxy, trust store; :mod:`.route`) is what a botocore
-client of the same configuration would use, resolved once when the dataset is made, and
-aiobotocore serves the control plane (listing) from the same configuration, so the two can
-never disagree. Credentials are resolved by botocore's chain when the dataset is made, and
-workers sign with that snapshot (:mod:`.credentials`): a worker opening its store builds no
-botocore session unless its route was not resolved or its credentials need refreshing, and
-no ``SSLContext`` for a plain-http endpoint.
+GETs are signed by :class:`~.sigv4.SigV4Signer` and sent through a pooled
+:class:`~concurrent_loader.transport.Transport`; the route (:mod:`.route`) and credentials
+(:mod:`.credentials`) are botocore's, resolved once when the dataset is made, and
+aiobotocore lists from the same configuration. A worker builds no botocore session unless
+its route is unresolved or its credentials need refreshing.
 
-A bucket in another region answers ``301 PermanentRedirect`` naming its region in
-``x-amz-bucket-region``: the store re-resolves its route for that region once, remembers it
-and retries; any other wrong-region answer is a ``BadRequest`` with ``Reason.WRONG_REGION``
-naming the region when the store told it.
-
-Every GET asks for the object's checksum (``x-amz-checksum-mode: ENABLED``) and a body is
-checked against the one its response carries before it is returned (``verify_checksums``,
-on by default; ``verify_etag_md5`` also checks a single-part ETag as the MD5, off by
-default: SSE-KMS and SSE-C ETags are not MD5s); see :mod:`..checksum`. A mismatch is an
-``IntegrityError``, retried by the fetch client.
+A ``301 PermanentRedirect`` naming another region re-resolves the route for it once and
+retries; any other wrong-region answer is ``BadRequest`` with ``Reason.WRONG_REGION``. Every
+GET asks for the object's checksum and checks the body (``verify_checksums``, on;
+``verify_etag_md5``, off; :mod:`..checksum`) before it is returned.
 """
 
 from __future__ import annotations
