@@ -1,14 +1,10 @@
 """A node-local object cache shared by every worker process and job on the node.
 
-``ObjectDataset(root, cache="/nvme/cache")`` (or ``cache=CacheConfig(...)``) reads the
-root's objects through a cache on local disk: the first epoch fills it, later epochs read
-from it. It is a store wrapping the root's store (:class:`CachedStoreConfig`, on the seam of
-:mod:`concurrent_loader.stores.base`), so retries, limits, the pipeline and the loader do
-not change. What it guarantees is stated in :mod:`.store` (reads), :mod:`.directory`
+The cache is a store wrapping the root's store (:class:`CachedStoreConfig`), so retries,
+limits, the pipeline and the loader do not change. It fills until its budget is reached and
+never evicts. Its guarantees are stated in :mod:`.store` (reads), :mod:`.directory`
 (sharing, the budget, crashes, fork), :mod:`.layout` (a directory of its own, no link
-followed), :mod:`.writer` (writes behind reads, resumed after a failure) and :mod:`.entry`
-(integrity); :mod:`.config` holds the options, :mod:`.admin` describes and clears a cache,
-and :mod:`.warm` fills a cache ahead of training.
+followed), :mod:`.writer` (writes behind reads) and :mod:`.entry` (integrity).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
-"""A cache directory from the command line and the main process: what it holds
-(:func:`describe_cache`, :func:`ledger_bytes`, :func:`ledger_entries`) and emptying it
-(:func:`clear_cache`).
+"""A cache directory from the command line and the main process: what it holds and emptying it.
 
-Only a marked cache directory (:mod:`.layout`) is described or cleared, and clearing
-removes only what the cache wrote: entry files and their shard directories, and the
-temporary files of writers that died (those older than ``STALE_TEMP_S``). A directory
-that is not a cache is refused with :class:`~.layout.CacheRefused`, naming it.
+Only a marked cache directory (:mod:`.layout`) is described or cleared; anything else is
+refused with :class:`~.layout.CacheRefused`, naming it. Clearing removes only what the cache
+wrote: entries, their shard directories, and dead writers' temporary files.
 """
 
 from __future__ import annotations

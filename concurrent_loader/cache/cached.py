@@ -1,10 +1,9 @@
 """A remote store's config read through the node-local cache: :class:`CachedStoreConfig`.
 
-What a dataset holds and pickles to its workers (the store it opens is
-:class:`~.store.CachedStore`). It also tells whether the cache holds the whole dataset
-(:meth:`CachedStoreConfig.complete`), which sends the pipeline down the local directories'
-path, and which whole reads the cache wants in one piece
-(``Capabilities.whole_reads_up_to``).
+What a dataset holds and pickles to its workers; the store it opens is
+:class:`~.store.CachedStore`. It tells whether the cache holds the whole dataset
+(:meth:`CachedStoreConfig.complete`: then the pipeline takes the local directories' path),
+and asks for whole reads in one piece (``Capabilities.whole_reads_up_to``).
 """
 
 from __future__ import annotations

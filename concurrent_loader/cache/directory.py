@@ -10,27 +10,18 @@ Layout (:mod:`.layout` says how it is marked and opened)::
 
 Guarantees, across processes, without a server:
 
-- Readers take no lock: an entry appears whole (written under ``tmp/``, then
-  ``os.replace``d into place) or not at all, and a reader checks every entry it reads
-  (:func:`~.entry.read_entry_fd`). A process killed while writing leaves only a file in
-  ``tmp/``, which no reader opens; the cache's own ones older than ``STALE_TEMP_S`` are
-  removed when a process opens the cache.
-- The budget: every change to ``entries/`` (adding, replacing, removing an entry)
-  happens under an exclusive ``flock`` of the ledger, which is updated before the entry is
-  renamed into place, so the bytes in ``entries/`` never exceed the budget; a process killed
-  between the two leaves the ledger counting an entry that is not there (the budget is
-  under-used by one object, never overrun). A missing or unreadable ledger is rebuilt from
-  a scan.
-- Fill locks: a process about to fetch an object holds an exclusive ``lockf`` lock on one
-  byte of ``locks`` (chosen by the object's name) until its entry is in place, so other
-  processes missing the same object wait for it instead of fetching it again. The kernel
-  drops the lock of a process that dies. The locks only save GETs; correctness never
-  depends on them.
-- Per process: a ``flock`` belongs to the open file description, which a forked child
-  shares with its parent, so a child never uses its parent's files: it closes the copies it
-  inherited as it starts (``os.register_at_fork``) and opens its own on first use; the
-  thread lock that orders this process's threads is made anew in the child too (a parent's
-  thread may have held it at the fork, and that thread does not exist in the child).
+- Reads take no lock: an entry is written under ``tmp/`` and ``os.replace``d into place, and
+  every read checks it. A killed writer leaves only a ``tmp/`` file, removed after
+  ``STALE_TEMP_S`` when a process opens the cache.
+- The budget: every change to ``entries/`` happens under an exclusive ``flock`` of the
+  ledger, updated before the rename, so ``entries/`` never exceeds the budget (a kill in
+  between under-uses it by one object). A bad ledger is rebuilt from a scan.
+- Fill locks: a process fetching an object holds a ``lockf`` lock on one byte of ``locks``
+  until its entry is in place, so others wait instead of fetching it again. They only save
+  GETs; correctness never depends on them.
+- Fork: a child closes the files it inherited (``os.register_at_fork``; a ``flock`` belongs
+  to the shared open file description), opens its own on first use, and makes its thread
+  locks anew.
 """
 
 from __future__ import annotations

@@ -5,12 +5,10 @@ Layout (little-endian)::
     data | etag (UTF-8) | source (UTF-8) | data length u64 | etag length u16 |
     source length u16 | crc32 u32 | b"CLC1"
 
-``source`` names the object (the store's endpoint and ``s3://bucket/key``); ``crc32``
-covers the data, the ETag and the source. An entry is read whole in one call into a buffer
-that becomes the body (the tail is cut off in place: no copy). Guarantees: a file that is
-truncated, has a byte flipped anywhere, or belongs to another object (a name collision) is
-refused with :class:`CorruptEntry` and never served; only a file whose every field checks
-out is returned.
+``source`` names the object (its store's endpoint and URL); ``crc32`` covers data, ETag and
+source. An entry is read whole into the buffer that becomes the body (the tail cut off in
+place). A file truncated, with any byte flipped, or of another object is refused with
+:class:`CorruptEntry`, never served.
 """
 
 from __future__ import annotations

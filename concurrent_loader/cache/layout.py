@@ -1,16 +1,12 @@
 """What a cache directory is made of, and how it is opened without following a link.
 
-A directory is a cache when it holds the marker ``CACHEDIR.TAG`` (the Cache Directory
-Tagging convention, so backup tools skip it) whose second line names this cache and its
-format. The marker is created, atomically (written aside, then hard-linked into place),
-only in a directory that is new or empty; a non-empty directory without it is refused
-(:class:`CacheRefused`, naming it), so ``cache=`` never takes over a user's directory.
-
-Everything under the directory is opened relative to file descriptors, with
-``O_NOFOLLOW`` (``O_DIRECTORY`` for directories): a symbolic link in place of ``ledger``,
-``locks``, ``entries``, ``tmp`` or a shard is refused, never followed, so no write lands
-outside the directory. Only names of the cache's own patterns are ever removed
-(:data:`ENTRY_NAME`, :data:`SHARD_NAME`, :data:`TEMP_NAME`); anything else is left alone.
+A directory is a cache when it holds ``CACHEDIR.TAG`` (the Cache Directory Tagging
+convention) naming this cache and its format. The marker is made atomically (written aside,
+hard-linked into place) only in a new or empty directory; a non-empty directory without it
+is refused (:class:`CacheRefused`, naming it), so ``cache=`` never takes over a user's
+directory. Everything under it is opened relative to file descriptors with ``O_NOFOLLOW``:
+a link in place of the cache's own files is refused, never followed. Only names of the
+cache's own patterns (:data:`ENTRY_NAME`, :data:`SHARD_NAME`, :data:`TEMP_NAME`) are removed.
 """
 
 from __future__ import annotations

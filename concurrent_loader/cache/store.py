@@ -1,35 +1,24 @@
-"""The cache as a store wrapping a store: :class:`CachedStore` (opened by its config,
-:class:`~.cached.CachedStoreConfig`).
+"""The cache as a store wrapping a store: :class:`CachedStore`, opened by
+:class:`~.cached.CachedStoreConfig` at the bottom of the fetch client's layers.
 
-It sits at the bottom of the fetch client's layers, in place of the store (step 6 of the
-path of a key in ``ARCHITECTURE.md``): ``get(key)`` reads the entry from the cache
-directory (:mod:`.directory`) and, when there is none (or it is corrupt), GETs the object
-from the wrapped store, returns it at once and writes the entry behind, on a writer thread.
+``get(key)`` serves the entry (:mod:`.directory`); without an intact one it GETs the object
+from the wrapped store, returns it at once and writes the entry behind (:mod:`.writer`).
 Guarantees:
 
-- A read is served from an entry only when the whole entry checks out (:mod:`.entry`);
-  otherwise the object is fetched again. Byte ranges are served from a cached object, but a
-  range of an object not cached is fetched as a range and not cached.
-- One GET per object across the node's processes when several miss it at once: the first
-  takes the object's fill lock; the others wait (backing off from 1 ms to 50 ms, up to half
-  of ``Timeouts.attempt``) for its entry, then read it. If the filler gives up or its
-  entry does not fit the budget, a waiter fetches the object itself.
-- A failing cache (a full disk, a permission, a deleted directory) never fails a read:
-  it logs one WARNING per process and store, then reads go to the wrapped store (a failed
-  read stops the use of the cache; a failed write pauses writing, retried after a back-off:
-  :mod:`.writer`).
-- A miss is counted once per read: GETs of one object (or range) in flight at once in a
-  process, as a GET and its hedge are, count as one miss however many complete.
-- Entries are written behind reads, bounded (:mod:`.writer`). ``close()`` finishes the
-  pending writes and joins the writer.
+- an entry is served only when the whole of it checks out (:mod:`.entry`); a range of a
+  cached object is served from it, a range of an object not cached is fetched, not cached;
+- one GET per object across the node's processes missing it at once: the fill lock's holder
+  fetches, others poll for its entry (1 ms to 50 ms, up to half of ``Timeouts.attempt``),
+  then fetch it themselves if it never comes;
+- a failing cache never fails a read: one WARNING per process and store, then reads go to
+  the wrapped store (a failed write only pauses writing);
+- a miss counts once per read, however many GETs of it (a GET and its hedge) complete;
+- ``close()`` finishes the pending writes and joins the writer.
 
-It is given what it wraps: the open store (``inner``) on the remote path; elsewhere
-``connect``, which gives (on the runtime's loop, at the first miss) what reads through this
-process's fetch client for that store, with the client's retries, limits and hedges. Once
-the cache holds the whole dataset (:meth:`CachedStoreConfig.complete`), a store opened then
-has ``remote=False`` and is read through ``get_blocking`` on the pipeline's decode threads
-(the local directories' path): hits skip the event loop altogether; a miss goes through
-:meth:`get` on the runtime's loop, fetched, locked and written as on the remote path.
+It wraps ``inner`` (an open store, the remote path) or what ``connect`` gives (this process's
+fetch client). Once the cache holds the whole dataset a store opened then has
+``remote=False``: ``get_blocking`` serves hits on the decode threads without the event loop,
+and sends a miss through :meth:`get` on the runtime's loop.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Filling a cache ahead of training: every object of a dataset read once through it.
 
-Misses are read through this process's fetch client for the wrapped store (its retries,
-limits and hedges under ``FetchConfig``) on its runtime, ``max_inflight_requests`` at a
-time; every ``FLUSH_EVERY`` objects the warm-up waits for the cache's writer, so a disk
-slower than the network slows the warm-up down instead of leaving objects out. An object
-that fails to read fails the warm-up with its error (naming it), as it would fail training.
+Misses go through this process's fetch client (its retries, limits and hedges),
+``max_inflight_requests`` at a time; every ``FLUSH_EVERY`` objects it waits for the writer,
+so a slow disk slows the warm-up instead of leaving objects out. An object that fails to
+read fails the warm-up with its error.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
-"""Writing entries behind reads: one thread per store, a bound on the bytes waiting for
-it, and a pause after a failure that ends.
+"""Writing entries behind reads: one thread per store, bounded, paused after a failure.
 
-A miss's bytes go back to the reader at once and are handed here; the entry is written on
-the writer thread (:meth:`~.directory.CacheDirectory.put`), and the fill lock taken for the
-object is released once it is in place (or given up). Guarantees:
+A miss's bytes go back to the caller at once; the entry is written on the writer thread
+(:meth:`~.directory.CacheDirectory.put`) and the object's fill lock released once it is in
+place or given up. Guarantees:
 
-- Bounded: at most ``MAX_PENDING_BYTES`` wait for the writer; beyond that an object is not
-  cached.
-- A failed write (a full disk, a race with ``clear``, a deleted directory) pauses writing,
-  not for good: writes are tried again once ``RETRY_FIRST_S`` has passed, the pause
-  doubling with each failure in a row up to ``RETRY_MAX_S`` (in time, not in counts, so a
-  slow trickle of misses retries as often as a flood). Before a retry, the directory is
-  opened again if it was removed or made again. The first write that succeeds ends the
-  pause.
+- at most ``MAX_PENDING_BYTES`` wait for the writer; beyond that an object is not cached;
+- a failed write pauses writing for ``RETRY_FIRST_S``, doubling per failure in a row up to
+  ``RETRY_MAX_S`` (in time, not counts); a retry first reopens a directory removed or made
+  again; the first success ends the pause.
 """
 
 from __future__ import annotations
