@@ -55,10 +55,6 @@ FLOORS: list[tuple[str, frozenset[str]]] = [
 #: an entry has gone stale).
 ALLOWED: frozenset[tuple[str, str]] = frozenset(
     {
-        # A circle of type-only imports: the iterator names the DataLoader that made it,
-        # the DataLoader makes the iterator. Being split so the iterator takes what it needs.
-        ("loader.iterator", "loader.dataloader"),
-        ("loader.dataloader", "loader.iterator"),
         # A circle of type-only imports: ``SampleSource.coalescing`` is typed with
         # ``Coalescing``, whose module builds on ``Read`` from ``sources.base``.
         ("sources.base", "sources.coalesce"),

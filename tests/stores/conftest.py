@@ -23,6 +23,7 @@ from concurrent_loader.stores.readahead import Readahead, ReadaheadConfig
 from concurrent_loader.stores.s3 import S3Config
 from concurrent_loader.testing import LocalS3Server, MotoS3Server, S3ServerProcess
 from concurrent_loader.testing.files import FileServer
+from tests.helpers import helpers, no_loader_threads_left
 
 _rng = random.Random(20260601)
 
@@ -176,4 +177,11 @@ def case(request: pytest.FixtureRequest) -> Case:
     return made
 
 
-__all__ = ["CASES", "OBJECTS", "Case", "store_case"]
+__all__ = [
+    "CASES",
+    "OBJECTS",
+    "Case",
+    "helpers",
+    "no_loader_threads_left",
+    "store_case",
+]
