@@ -30,7 +30,7 @@ import multiprocessing.util
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 from ..config import FetchConfig
-from ..metrics.cache import cache_tally
+from ..metrics.stats import cache_tally
 from ..runtime import Runtime
 from ..stores.base import Body, ByteRange, Capabilities, ObjectInfo, Store, StoreConfig
 from .config import CacheConfig

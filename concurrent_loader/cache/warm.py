@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..config import FetchConfig
-from ..metrics.cache import cache_tally
+from ..metrics.stats import cache_tally
 from ..runtime import acquire_runtime
 from .cached import CachedStoreConfig
 

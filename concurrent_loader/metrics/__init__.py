@@ -1,13 +1,11 @@
 """What the loader measures: per-process counters and histograms merged through shared
-memory (:mod:`.stats`), the consumer's stall ledger (:mod:`.stall`), the one percentile
-function (:mod:`.percentile`), the bottleneck verdict (:mod:`.verdict`) and the
-``stats()`` report (:mod:`.report`)."""
+memory and the cache tally (:mod:`.stats`), the one percentile function
+(:mod:`.percentile`), the stall ledger, the verdict and the ``stats()`` report
+(:mod:`.report`)."""
 
 from .percentile import percentile
-from .report import format_stats, loader_stats
-from .stall import StallLedger
+from .report import StallLedger, format_stats, loader_stats, verdict
 from .stats import SharedStats, StageStats, histogram_percentiles
-from .verdict import verdict
 
 __all__ = [
     "SharedStats",

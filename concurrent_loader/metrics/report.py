@@ -1,15 +1,119 @@
-"""``loader.stats()``: the processes' merged counters and the consumer's stall ledger, as one
-dictionary, and as one log line."""
+"""``loader.stats()``: the processes' merged counters and the consumer's stall ledger as one
+dictionary and one log line, with the verdict naming the stage that limits throughput.
+
+:class:`StallLedger` is the one stall ledger (the loader's ``stats()`` and
+:class:`~concurrent_loader.gpu.StallMeter` use it): a step is ``(wait, compute)``, the time
+``next()`` took and the time until the loop asked again; warm-up steps (a pipeline filling
+at an epoch's start, autotuning) are counted apart, so shares and percentiles describe the
+steady state. :func:`verdict` is a pure function of three shares.
+"""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
-from .stall import StallLedger
+from .percentile import percentile
 from .stats import histogram_percentiles
-from .verdict import verdict
 
-__all__ = ["format_stats", "loader_stats"]
+__all__ = ["StallLedger", "format_stats", "loader_stats", "verdict"]
+
+
+class StallLedger:
+    """Per-step waits and computes, warm-up steps kept apart. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.waits: list[float] = []
+        self.computes: list[float] = []
+        self.samples = 0
+        self.warmup_steps = 0
+        self.warmup_s = 0.0
+
+    def record(
+        self, wait: float, compute: float, samples: int = 0, *, warmup: bool = False
+    ) -> None:
+        """One step; a warm-up step only adds to ``warmup_steps`` and ``warmup_s``."""
+        with self._lock:
+            if warmup:
+                self.warmup_steps += 1
+                self.warmup_s += wait + compute
+                return
+            self.waits.append(wait)
+            self.computes.append(compute)
+            self.samples += samples
+
+    def reset(self) -> None:
+        with self._lock:
+            self.waits, self.computes = [], []
+            self.samples = self.warmup_steps = 0
+            self.warmup_s = 0.0
+
+    @property
+    def steps(self) -> int:
+        return len(self.waits)
+
+    @property
+    def wait_s(self) -> float:
+        return sum(self.waits)
+
+    @property
+    def compute_s(self) -> float:
+        return sum(self.computes)
+
+    @property
+    def wait_share(self) -> float:
+        """The steady state's share of time spent waiting (0 before any step)."""
+        total = self.wait_s + self.compute_s
+        return self.wait_s / total if total > 0 else 0.0
+
+    def wait_percentile(self, q: float) -> float | None:
+        return percentile(self.waits, q)
+
+    def step_percentile(self, q: float) -> float | None:
+        return percentile([w + c for w, c in zip(self.waits, self.computes, strict=True)], q)
+
+
+def verdict(
+    *,
+    wait_share: float,
+    fetch_busy: float,
+    decode_busy: float,
+    cache_hit_rate: float | None = None,
+) -> str:
+    """One line naming the bottleneck and what to change.
+
+    ``wait_share``: the training loop's share of time waiting for batches (steady state);
+    ``fetch_busy``: GETs in flight / allowed, averaged; ``decode_busy``: decode threads busy
+    / available, averaged; ``cache_hit_rate``: the share of reads the node-local cache
+    served, None without a cache. When storage is the bottleneck the line names the cache:
+    what it served, or that there is none.
+    """
+    if wait_share < 0.1:
+        return f"training step: the loader keeps up (the loop waited {wait_share:.0%} of the time)"
+    if max(fetch_busy, decode_busy) < 0.5:
+        return (
+            f"loader: the loop waited {wait_share:.0%} of the time, yet fetch slots were only "
+            f"{fetch_busy:.0%} and decode threads {decode_busy:.0%} busy; raise "
+            "prefetch_batches or num_workers"
+        )
+    if fetch_busy >= decode_busy:
+        line = (
+            f"storage: the loop waited {wait_share:.0%} of the time and fetch slots were "
+            f"{fetch_busy:.0%} busy; raise max_inflight_requests or num_workers"
+        )
+        if cache_hit_rate is None:
+            return f"{line}, or cache= the dataset on local disk for the epochs after the first"
+        if cache_hit_rate < 0.95:
+            return (
+                f"{line}; the cache served {cache_hit_rate:.0%} of reads: a larger cache "
+                "budget (CacheConfig.max_bytes) serves more from local disk from the next epoch"
+            )
+        return f"{line}; the cache served {cache_hit_rate:.0%} of reads"
+    return (
+        f"decode: the loop waited {wait_share:.0%} of the time and decode threads were "
+        f"{decode_busy:.0%} busy; raise num_workers or decode_threads, or use image_size"
+    )
 
 
 def loader_stats(

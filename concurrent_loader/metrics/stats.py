@@ -1,12 +1,15 @@
 """Per-stage counters and latency histograms, cheap to update and merged across processes.
 
-Each process's pipeline counts into a :class:`StageStats` and, after every batch, copies it
-as one flat vector into its own row of a shared-memory matrix (:class:`SharedStats`) that
-the main process sums on demand: no queue, no message, no lock between processes.
+Each process's pipeline counts into a :class:`StageStats` and after every batch copies it
+into its own row of a shared-memory matrix (:class:`SharedStats`) that the main process
+sums on demand: no queue, message or lock between processes. Latencies go into fixed
+log-scale histograms (10 buckets per decade, 1 us to 1000 s): merging is adding arrays, and
+a percentile is the upper edge of its bucket (about 26 % wide).
 
-Latencies go into fixed log-scale histograms (10 buckets per decade from 1 microsecond to
-1000 s), so merging is adding arrays and percentiles are exact to the bucket (about 26 %
-wide; we report the bucket's upper edge).
+A node-local cache counts into its process's one :class:`CacheTally` (no pipeline observer
+reaches inside a store); a pipeline's :class:`StageStats` reports what the tally gained
+since the pipeline started, so two loaders caching at once in one process both see the
+process's combined counts.
 """
 
 from __future__ import annotations
@@ -18,10 +21,17 @@ from typing import Any
 import torch
 
 from ..errors import FetchError
-from .cache import CacheTally, cache_tally
 from .percentile import percentile
 
-__all__ = ["COUNTERS", "HISTOGRAMS", "SharedStats", "StageStats", "histogram_percentiles"]
+__all__ = [
+    "COUNTERS",
+    "HISTOGRAMS",
+    "CacheTally",
+    "SharedStats",
+    "StageStats",
+    "cache_tally",
+    "histogram_percentiles",
+]
 
 _PER_DECADE = 10
 _LOW = 1e-6
@@ -59,6 +69,40 @@ EDGES = [_LOW * 10 ** (i / _PER_DECADE) for i in range(BUCKETS)]
 def histogram_percentiles(counts: list[float]) -> dict[str, float | None]:
     """p50, p95 and p99 of a histogram, each the upper edge of its bucket (seconds)."""
     return {f"p{q}": percentile(EDGES, q, counts) for q in (50, 95, 99)}
+
+
+class CacheTally:
+    """Thread-safe counters: reads served from the cache (``hits``, ``bytes``), reads that
+    went to the store (``misses``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+        self.bytes = 0
+
+    def hit(self, size: int) -> None:
+        with self._lock:
+            self.hits += 1
+            self.bytes += size
+
+    def miss(self) -> None:
+        with self._lock:
+            self.misses += 1
+
+    def snapshot(self) -> tuple[int, int, int]:
+        """(hits, misses, bytes), read together."""
+        with self._lock:
+            return self.hits, self.misses, self.bytes
+
+
+_TALLY = CacheTally()
+
+
+def cache_tally() -> CacheTally:
+    """This process's tally (a forked child goes on from its parent's counts; pipelines
+    count from their own start, so that does not matter)."""
+    return _TALLY
 
 
 class StageStats:

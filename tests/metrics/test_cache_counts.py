@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 
 from concurrent_loader.metrics import SharedStats, StageStats, StallLedger, loader_stats, verdict
-from concurrent_loader.metrics.cache import CacheTally, cache_tally
-from concurrent_loader.metrics.stats import COUNTERS
+from concurrent_loader.metrics.stats import COUNTERS, CacheTally, cache_tally
 
 
 def _counters(stats: StageStats) -> dict[str, float]:
