@@ -1,25 +1,29 @@
 """The shard-order stream of one epoch, as pure functions of (lengths, seed, epoch, world).
 
-A sharded dataset numbers its samples shard by shard, in shard order: shard ``s`` holds the
-global indices ``offsets[s] .. offsets[s] + lengths[s] - 1``. Streaming reads whole shards,
-one after another, so the store sees large sequential reads. This module decides, for one
-epoch:
+Samples are numbered shard by shard (shard ``s`` holds ``offsets[s] .. offsets[s] +
+lengths[s] - 1``); streaming reads whole shards one after another. For one epoch:
+:func:`shard_permutation` orders the shards (the same on every rank); :func:`assign_shards`
+gives each shard, whole, to exactly one rank, balanced by sample count; :func:`rank_stream`
+lists a rank's indices shard by shard, equalised to the same count on every rank (padded
+with its own first samples, or truncated). Nothing reads ``torch.distributed``: every result
+is reproducible from the arguments alone.
 
-- :func:`shard_permutation`: the order of the shards (the same on every rank);
-- :func:`assign_shards`: which rank reads which shards: whole shards only, each shard to
-  exactly one rank, balanced by sample count;
-- :func:`rank_stream`: the indices of one rank's shards, shard by shard, equalised to the
-  same count on every rank (padded with the rank's own first samples, or truncated).
-
-Nothing here holds state or reads ``torch.distributed``: the sampler passes rank and world
-size in, so every result is reproducible from its arguments alone.
+:func:`shuffle_within_window` is a seeded shuffle buffer (WebDataset's) that also bounds how
+far a sample travels: one read at stream position ``q`` is emitted by the time ``q + window``
+is read. So the buffered samples lie within ``window + 1`` consecutive positions (with
+shards of ``n`` samples, ``ceil(window / n) + 1`` shards); the buffer holds
+``ceil(window / 2)`` samples and each emission is a uniform draw among them unless one
+reaches the window's end (about 14 %); every element is emitted exactly once, in an order
+that is a pure function of the stream and the seed.
 """
 
 from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TypeVar
 
 from ..errors import ConfigError, Reason
 
@@ -29,8 +33,11 @@ __all__ = [
     "interleave_batches",
     "rank_stream",
     "shard_permutation",
+    "shuffle_within_window",
     "target_count",
 ]
+
+T = TypeVar("T")
 
 
 def epoch_random(purpose: str, seed: int, epoch: int, rank: int = 0) -> random.Random:
@@ -109,3 +116,42 @@ def interleave_batches(streams: Sequence[Iterator[int]], batch_size: int) -> Ite
             del live[turn]  # exhausted: the next stream takes this turn
         else:
             turn += 1
+
+
+def shuffle_within_window(stream: Iterable[T], window: int, rng: random.Random) -> Iterator[T]:
+    """The elements of ``stream``, shuffled within ``window`` positions (see the module)."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    hold = -(-window // 2)
+    # Slots: the buffered (position, item) pairs; emitted slots become None and are dropped
+    # from the left of ``ages`` lazily, so finding the oldest buffered sample is O(1).
+    slots: list[tuple[int, T]] = []
+    ages: deque[int] = deque()  # positions in the buffer, oldest first (with stale ones)
+    where: dict[int, int] = {}  # position -> index in slots
+    position = 0
+
+    def take(i: int) -> T:
+        q, item = slots[i]
+        last = slots.pop()
+        if i < len(slots):
+            slots[i] = last
+            where[last[0]] = i
+        del where[q]
+        return item
+
+    for item in stream:
+        where[position] = len(slots)
+        slots.append((position, item))
+        ages.append(position)
+        position += 1
+        if len(slots) < hold:
+            continue
+        while ages[0] not in where:
+            ages.popleft()
+        if ages[0] <= position - 1 - window:
+            # The oldest sample would leave the window with the next read: it goes now.
+            yield take(where[ages.popleft()])
+        else:
+            yield take(rng.randrange(len(slots)))
+    while slots:
+        yield take(rng.randrange(len(slots)))

@@ -1,37 +1,29 @@
 """Streaming as a sampler: shard order, a shuffle buffer, and DDP splitting by whole shards.
 
-:class:`ShardOrderSampler` yields the global indices of a sharded dataset (samples numbered
-shard by shard, in shard order, as ``ShardDataset`` numbers them) in the order a streaming
-reader would produce them: shards shuffled per epoch, each rank reading its own whole
-shards one after another, samples mixed by a seeded shuffle buffer. Because it is a
-sampler, a :class:`~concurrent_loader.ConcurrentDataLoader` given it keeps everything it
-promises: batch ``i`` is the sampler's batch ``i``, exact resume, the skip policy, every
-start method. Reads of one batch fall in a few neighbouring shards, which the shard source
-coalesces into large ranged GETs.
+:class:`ShardOrderSampler` yields a sharded dataset's global indices (numbered as
+``ShardDataset`` numbers them) in streaming order: shards shuffled per epoch, each rank
+reading its own whole shards one after another, samples mixed by a seeded shuffle buffer
+(:mod:`.order`). As a sampler it keeps every promise of
+:class:`~concurrent_loader.ConcurrentDataLoader` (batch ``i`` is the sampler's batch ``i``,
+exact resume, the skip policy, every start method). A batch's reads fall in a few
+neighbouring shards, served with few GETs by read-ahead (or, without it, by coalescing).
 
 Guarantees, for given (``shard_lengths``, ``seed``, epoch, rank, world size):
 
-- the order is a pure function of them (``set_epoch`` picks the epoch, as with
-  ``DistributedSampler``), so a loader resumed from its ``state_dict()`` with the same
-  epoch set redraws the same order and continues exactly;
-- one rank (world size 1): every sample exactly once per epoch;
-- several ranks: each shard is read by exactly one rank; every rank yields the same
-  number of samples, ``len(sampler)``: with ``drop_last=False`` ranks with fewer samples
-  repeat their own first samples up to the largest rank's count (every sample at least
-  once), with ``drop_last=True`` ranks with more stop at the smallest rank's count (every
-  sample at most once), as ``DistributedSampler`` pads or drops. Shards go to ranks in the
-  epoch's shard order, each to the rank with the fewest samples so far, so the counts
-  differ by at most one shard's length before equalising;
-- locality: at any point the samples waiting in the buffer lie within ``buffer_size``
-  consecutive samples of the rank's shard-order stream, so within
-  ``ceil(buffer_size / shard_length) + 1`` shards (see :mod:`.buffer`);
-- with ``workers=W`` and ``batch_size=B`` (the loader's ``num_workers`` and
-  ``batch_size``), a rank's shards are split again, whole, between ``W`` streams, each
-  with its own buffer, and batch ``k`` is taken from stream ``k % W``: the loader's worker
-  ``k % W``, which makes batch ``k``, reads only the shards of its own stream, until the
-  shortest stream runs out near the epoch's end (the streams' sample counts differ by at
-  most the longest shard). Every sample still comes once (per rank, before equalising).
-  With fewer non-empty shards than workers there is one stream.
+- the order is a pure function of them (``set_epoch`` picks the epoch), so a loader resumed
+  from its ``state_dict()`` with the same epoch continues exactly;
+- one rank: every sample exactly once per epoch;
+- several ranks: each shard goes to exactly one rank (in shard order, to the rank with the
+  fewest samples so far); every rank yields ``len(sampler)`` samples, padding with its own
+  first samples (``drop_last=False``: every sample at least once) or stopping at the
+  smallest rank's count (``drop_last=True``: at most once), as ``DistributedSampler`` does;
+- locality: the buffered samples lie within ``buffer_size`` consecutive samples of the
+  rank's stream, so within ``ceil(buffer_size / shard_length) + 1`` shards;
+- given the loader's ``W`` workers (:meth:`ShardOrderSampler.set_batching`), a rank's shards
+  are split again, whole, into ``W`` streams with a buffer each, and batch ``k`` comes from
+  stream ``k % W``, so worker ``k % W`` reads only its own stream's shards until the
+  shortest stream runs out near the epoch's end. Every sample still comes once (per rank,
+  before equalising); with fewer non-empty shards than workers there is one stream.
 """
 
 from __future__ import annotations
@@ -39,23 +31,30 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Sequence
 
+import torch.distributed as dist
 from torch.utils.data import Sampler
 
 from ..errors import ConfigError, Reason
-from ..loader.state import world
-from .buffer import shuffle_within_window
 from .order import (
     assign_shards,
     epoch_random,
     interleave_batches,
     rank_stream,
     shard_permutation,
+    shuffle_within_window,
     target_count,
 )
 
 __all__ = ["ShardOrderSampler"]
 
 DEFAULT_BUFFER_SIZE = 4096
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size) under torch.distributed, else (0, 1); read when called."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
 
 
 class ShardOrderSampler(Sampler[int]):
@@ -66,8 +65,8 @@ class ShardOrderSampler(Sampler[int]):
     it, shard order and tar order. ``buffer_size``: the shuffle window, in samples.
     ``rank`` / ``world_size``: None reads them from ``torch.distributed`` when iteration
     starts (or ``len()`` is taken), so the sampler may be made before
-    ``init_process_group``. ``workers`` / ``batch_size``: give the loader's ``num_workers``
-    and ``batch_size`` so that each worker reads whole shards of its own (see the module).
+    ``init_process_group``. The loader tells the sampler its workers and batch size
+    (:meth:`set_batching`), so that each worker reads whole shards of its own.
     """
 
     def __init__(
@@ -80,8 +79,6 @@ class ShardOrderSampler(Sampler[int]):
         drop_last: bool = False,
         rank: int | None = None,
         world_size: int | None = None,
-        workers: int = 1,
-        batch_size: int = 1,
     ) -> None:
         lengths = [int(n) for n in shard_lengths]
         if any(n < 0 for n in lengths):
@@ -95,11 +92,6 @@ class ShardOrderSampler(Sampler[int]):
                 f"buffer_size must be an int >= 1, got {buffer_size!r}",
                 cause=Reason.INVALID_ARGUMENT,
             )
-        for name, value in (("workers", workers), ("batch_size", batch_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(
-                    f"{name} must be an int >= 1, got {value!r}", cause=Reason.INVALID_ARGUMENT
-                )
         if (rank is None) != (world_size is None):
             raise ConfigError(
                 "give both rank and world_size, or neither", cause=Reason.INVALID_ARGUMENT
@@ -116,19 +108,30 @@ class ShardOrderSampler(Sampler[int]):
         self.drop_last = drop_last
         self.rank = rank
         self.world_size = world_size
-        self.workers = workers
-        self.batch_size = batch_size
+        self.workers = 1
+        self.batch_size = 1
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
         """Use epoch ``epoch``'s order from the next iteration on (the same on every rank)."""
         self.epoch = epoch
 
+    def set_batching(self, *, batch_size: int, num_workers: int) -> None:
+        """Batch ``k`` of ``batch_size`` samples is made by worker ``k % num_workers``: each
+        worker's batches come from whole shards of its own. ``ConcurrentDataLoader`` calls
+        it as each epoch starts; another loader's user may call it before iterating."""
+        for name, value in (("batch_size", batch_size), ("num_workers", num_workers)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(
+                    f"{name} must be an int >= 1, got {value!r}", cause=Reason.INVALID_ARGUMENT
+                )
+        self.batch_size = batch_size
+        self.workers = num_workers
+
     def _world(self) -> tuple[int, int]:
         if self.rank is not None and self.world_size is not None:
             return self.rank, self.world_size
-        rank, world_size = world()
-        return rank, world_size
+        return world()
 
     def plan(self) -> tuple[list[int], int]:
         """This rank's shards this epoch, in reading order, and its sample count."""

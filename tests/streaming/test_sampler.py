@@ -11,7 +11,7 @@ import pytest
 
 from concurrent_loader.errors import ConfigError
 from concurrent_loader.streaming import ShardOrderSampler
-from concurrent_loader.streaming.buffer import shuffle_within_window
+from concurrent_loader.streaming.order import shuffle_within_window
 
 EQUAL = [25] * 12
 UNEQUAL = [31, 7, 40, 12, 25, 1, 33, 18, 9, 27, 14, 22, 5]
@@ -22,11 +22,16 @@ def shard_of(lengths: list[int]) -> list[int]:
     return [s for s, n in enumerate(lengths) for _ in range(n)]
 
 
-def ranks(lengths: list[int], world_size: int, **kwargs: object) -> list[list[int]]:
-    return [
-        list(ShardOrderSampler(lengths, rank=r, world_size=world_size, **kwargs))  # type: ignore[arg-type]
+def ranks(
+    lengths: list[int], world_size: int, workers: int = 1, batch_size: int = 1, **kwargs: object
+) -> list[list[int]]:
+    samplers = [
+        ShardOrderSampler(lengths, rank=r, world_size=world_size, **kwargs)  # type: ignore[arg-type]
         for r in range(world_size)
     ]
+    for sampler in samplers:
+        sampler.set_batching(batch_size=batch_size, num_workers=workers)
+    return [list(sampler) for sampler in samplers]
 
 
 @pytest.mark.parametrize("lengths", [EQUAL, UNEQUAL, [1], [0, 5, 0, 3]])
@@ -161,14 +166,38 @@ def test_rank_and_world_size_are_read_when_iteration_starts(monkeypatch):
         {"shard_lengths": [3], "buffer_size": 2.5},
         {"shard_lengths": [3], "rank": 0},
         {"shard_lengths": [3], "rank": 2, "world_size": 2},
-        {"shard_lengths": [3], "workers": 0},
-        {"shard_lengths": [3], "batch_size": True},
     ],
 )
 def test_bad_arguments_are_config_errors(kwargs):
     lengths = kwargs.pop("shard_lengths")
     with pytest.raises(ConfigError):
         ShardOrderSampler(lengths, **kwargs)
+
+
+@pytest.mark.parametrize(("batch_size", "num_workers"), [(1, 0), (True, 1), (2, 1.5)])
+def test_bad_batching_is_a_config_error(batch_size, num_workers):
+    with pytest.raises(ConfigError):
+        ShardOrderSampler([3]).set_batching(batch_size=batch_size, num_workers=num_workers)
+
+
+def test_the_loader_hands_the_sampler_its_workers_and_batch_size():
+    from concurrent_loader import ConcurrentDataLoader
+
+    sampler = ShardOrderSampler(EQUAL)
+    dataset = list(range(sum(EQUAL)))
+    loader = ConcurrentDataLoader(dataset, batch_size=4, sampler=sampler, collate_fn=list)  # type: ignore[arg-type]
+    next(iter(loader))
+    assert (sampler.batch_size, sampler.workers) == (4, 1)
+    loader = ConcurrentDataLoader(
+        dataset,  # type: ignore[arg-type]
+        batch_size=3,
+        sampler=sampler,
+        num_workers=2,
+        collate_fn=list,
+        multiprocessing_context="fork",
+    )
+    assert sorted(i for batch in loader for i in batch) == dataset
+    assert (sampler.batch_size, sampler.workers) == (3, 2)
 
 
 def test_more_ranks_than_shards_is_a_config_error():
@@ -185,9 +214,8 @@ def test_with_workers_each_workers_batches_come_from_shards_of_its_own(
 ):
     shard = shard_of(lengths)
     for epoch in range(2):
-        sampler = ShardOrderSampler(
-            lengths, workers=workers, batch_size=batch_size, shuffle=shuffle, buffer_size=16
-        )
+        sampler = ShardOrderSampler(lengths, shuffle=shuffle, buffer_size=16)
+        sampler.set_batching(batch_size=batch_size, num_workers=workers)
         sampler.set_epoch(epoch)
         got = list(sampler)
         assert sorted(got) == list(range(sum(lengths)))  # every sample once
@@ -210,7 +238,8 @@ def test_with_workers_each_workers_batches_come_from_shards_of_its_own(
 
 
 def test_workers_beyond_the_shards_share_one_stream():
-    sampler = ShardOrderSampler([5, 5], workers=4, batch_size=2)
+    sampler = ShardOrderSampler([5, 5])
+    sampler.set_batching(batch_size=2, num_workers=4)
     assert sorted(sampler) == list(range(10))
 
 
