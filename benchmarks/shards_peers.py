@@ -13,7 +13,7 @@ Two parts, each printed as a table and written to ``--out``/``shards_peers.json`
    - ``ours-stream``: ``ConcurrentDataLoader`` with ``ShardOrderSampler`` over a shard
      dataset (each sample one ranged GET of its member, a batch's reads coalesced);
    - ``ours-stream-readahead``: the same with ``ShardDataset(readahead=Readahead())`` and
-     ``ShardOrderSampler(workers=W, batch_size=B)``: each worker reads shards of its own,
+     ``ShardOrderSampler``, told the workers by the loader: each worker reads shards of its own,
      in aligned 8 MiB spans, and serves the samples from them;
    - ``ours-random-readahead``: random access, a seeded permutation of all samples
      (map-style), with read-ahead room for every span of the shards in each worker;
@@ -226,13 +226,10 @@ def ours_dataset(setup: Setup, decode: Callable[[Any], Any], **options: Any) -> 
 def build_ours(
     setup: Setup,
     decode: Callable[[Any], Any],
-    sampler_options: dict[str, Any] | None = None,
     **options: Any,
 ) -> DataLoader[Any]:
     dataset = ours_dataset(setup, decode, **options)
-    sampler = ShardOrderSampler(
-        dataset.shard_lengths, buffer_size=setup.args.buffer, seed=0, **(sampler_options or {})
-    )
+    sampler = ShardOrderSampler(dataset.shard_lengths, buffer_size=setup.args.buffer, seed=0)
     return _ours_loader(setup, dataset, sampler)
 
 
@@ -249,7 +246,7 @@ def _ours_loader(setup: Setup, dataset: Any, sampler: Any) -> DataLoader[Any]:
 
 def build_ours_readahead(setup: Setup, decode: Callable[[Any], Any]) -> DataLoader[Any]:
     """Ours streaming with read-ahead: each worker reads shards of its own
-    (``ShardOrderSampler(workers=, batch_size=)``) in aligned spans (``Readahead()``
+    (``ShardOrderSampler``, given the workers by the loader) in aligned spans (``Readahead()``
     defaults: 8 MiB spans, 128 MiB kept per process)."""
     from concurrent_loader import Readahead
 

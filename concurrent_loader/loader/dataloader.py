@@ -21,9 +21,8 @@ them. Every start method works: workers need only the picklable dataset and the 
 An ``IterableDataset`` is iterated as a stock DataLoader iterates it (sharding through
 ``get_worker_info()`` is the dataset's own), with none of the pipeline.
 
-This module holds the arguments and the epochs; an epoch's iteration (:mod:`.iterator`), the
-plan (:mod:`.plan`), resumable state (:mod:`.state`), skip marking (:mod:`.partial`) and
-metrics (:mod:`concurrent_loader.metrics`) live beside it.
+Beside it: the epoch's plan (:mod:`.plan`), the worker dataset (:mod:`.worker`), the
+iterator (:mod:`.iterator`) and its resumable state (:mod:`.state`).
 """
 
 from __future__ import annotations
@@ -53,7 +52,7 @@ from ..pipeline import PipelineOptions, SkippedSample, source_of
 from . import state as resume
 from .iterator import EpochIterator, Skips, check_max_skipped
 from .lookahead import predict_next_epoch
-from .plan import Unbatched, draw_batches, draws_from_global
+from .plan import Unbatched, draw_batches, draws_from_global, tell_sampler
 from .processes import Workers
 from .starting import fresh_credentials, frozen_heap
 
@@ -269,6 +268,9 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         start_state = self._generators.get()
         epoch = self._epoch
         batched = self.batch_sampler is not None  # torch's automatic batching
+        tell_sampler(
+            self.sampler, self.batch_sampler, num_workers=self.num_workers, in_order=self.in_order
+        )
         batches = draw_batches(
             self._epoch_sampler(),
             batched=batched,

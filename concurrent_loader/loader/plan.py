@@ -25,7 +25,14 @@ from torch.utils.data import RandomSampler
 
 from ..errors import ConfigError, Reason
 
-__all__ = ["EpochPlan", "Lock", "Unbatched", "draw_batches", "draws_from_global"]
+__all__ = [
+    "EpochPlan",
+    "Lock",
+    "Unbatched",
+    "draw_batches",
+    "draws_from_global",
+    "tell_sampler",
+]
 
 # Slots of ``EpochPlan.control``.
 _COUNT, _GENERATION, _NEXT_CLAIM, _BLOB_BYTES = range(4)
@@ -61,6 +68,21 @@ def draw_batches(
     if batched:
         return [list(batch) for batch in indices]
     return [[index] for index in indices]
+
+
+def tell_sampler(
+    sampler: object, batch_sampler: object, *, num_workers: int, in_order: bool
+) -> None:
+    """Tell a sampler that orders its indices by worker (it has ``set_batching``, as
+    ``ShardOrderSampler``) which worker makes which batch: batch ``k`` of ``batch_size`` is
+    made by worker ``k % num_workers`` (one worker without workers, or when workers claim
+    batches as they go, ``in_order=False``)."""
+    if batch_sampler is not None:  # torch's, around ``sampler``, or the user's
+        sampler = getattr(batch_sampler, "sampler", None)
+    set_batching = getattr(sampler, "set_batching", None)
+    if callable(set_batching):
+        batch_size = getattr(batch_sampler, "batch_size", None) or 1
+        set_batching(batch_size=batch_size, num_workers=max(1, num_workers) if in_order else 1)
 
 
 def draws_from_global(sampler: object) -> bool:

@@ -152,10 +152,8 @@ def test_readahead_in_shard_order_reads_each_span_once_per_process(
         endpoint_url=proxy.endpoint_url,
         fetch_config=FetchConfig(hedge=HedgeConfig(enabled=False)),  # every GET a span's
     )
-    # A stream per worker: each worker reads whole shards of its own (the advised setup).
-    sampler = ShardOrderSampler(
-        ds.shard_lengths, buffer_size=64, seed=3, workers=max(1, num_workers), batch_size=16
-    )
+    # The loader hands the sampler its workers: each reads whole shards of its own.
+    sampler = ShardOrderSampler(ds.shard_lengths, buffer_size=64, seed=3)
     loader = ConcurrentDataLoader(
         ds,
         batch_size=16,
