@@ -1,6 +1,5 @@
-"""Stage 2 of the pipeline: turning bytes into samples, on a thread pool.
-
-:mod:`.encoded` is the other choice: ship the bytes and decode the batch in the main process.
+"""Turning bytes into samples on the pipeline's thread pool (:mod:`.image`), or shipping the
+bytes to decode the batch in the main process (:mod:`.encoded`).
 """
 
 from .encoded import (

@@ -1,32 +1,16 @@
 """Encoded images: workers ship a sample's JPEG bytes, the main process decodes the batch.
 
-With ``decode_on`` set (``ImageFolder(..., decode_on="cuda")``), the worker-side decoder is an
-:class:`EncodedImageDecoder`: it does not decode pixels, it returns the object's bytes as an
-:class:`EncodedImage`, a ``bytes`` subclass that also carries the target size ``(h, w)``,
-the object's URL (for errors) and where it is to be decoded. ``default_collate`` keeps
-``bytes`` (and subclasses) as they are, so a batch reaches the main process as
-``[list[EncodedImage], labels]``; :class:`~concurrent_loader.gpu.CUDAPrefetcher` decodes
-the list in one batched call (see :mod:`concurrent_loader.gpu.decode`).
+With ``decode_on`` the worker-side decoder (:class:`EncodedImageDecoder`) returns an
+:class:`EncodedImage`: the object's bytes (a ``bytes`` subclass, kept as is by
+``default_collate``) with the target size, the URL and ``decode_on``; its attributes survive
+pickling, under every start method. :class:`~concurrent_loader.gpu.CUDAPrefetcher` decodes
+the batch's list in one call (:mod:`concurrent_loader.gpu.decode`): nvJPEG for ``"cuda"``,
+the :class:`PILBatchDecoder` stand-in on one thread for ``"cpu"`` (for tests, not speed).
 
-Where the decode happens, ``decode_on``:
-
-* ``"cuda"``: one batched nvJPEG call per batch on the GPU (``torchvision.io.decode_jpeg``);
-  what it needs (CUDA, torchvision) is checked in the main process, at the first batch.
-* ``"cpu"``: the same plumbing with the :class:`PILBatchDecoder` stand-in, on the
-  prefetcher's producer thread in the main process (one thread: for tests and small runs,
-  not for speed; the fused worker-side decode, ``decode_on=None``, is the fast CPU path).
-
-Errors. The worker reads only the image header (Pillow's ``Image.open`` parses the header
-and decodes no pixels): an empty object or one that is not an image at all is a
-:class:`~concurrent_loader.errors.DecodeError` raised in the worker, so the loader's skip
-policy (``on_error="skip"``, ``SkippedSample``, the skip budget) applies to it as usual. An
-image whose header is valid but whose data is not is found only when the main process
-decodes the batch: that raises a ``DecodeError`` naming the object's URL and ends the pass,
-whatever ``on_error`` says (the loader's skip budget never sees it; no sample is dropped or
-replaced silently).
-
-An :class:`EncodedImage` keeps its attributes through pickling (its ``__reduce__`` names
-them), so it crosses ``fork``, ``spawn`` and ``forkserver`` worker queues intact.
+The worker parses only the header: an object that is not an image is a
+:class:`~concurrent_loader.errors.DecodeError` in the worker, under the skip policy. Data
+that fails only when decoded raises a ``DecodeError`` naming the URL in the main process
+and ends the pass, whatever ``on_error`` says (nothing is dropped or replaced silently).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Image decoding: bytes in, a uint8 CHW tensor (or a user transform's output) out.
 
-The fused path (``image_size`` given) is what a training loop wants from a JPEG: it asks
-libjpeg to decode at a reduced DCT scale (draft mode: 1/2, 1/4 or 1/8) when the target is
-smaller than the source, then resizes and centre-crops in one ``Image.resize(box=...)`` call,
-which matches torchvision's ``Resize(s) + CenterCrop(s)`` without the intermediate image.
-Pillow releases the GIL while decoding and resizing, so a thread pool scales across cores.
+The fused path (``image_size`` given) decodes a JPEG at a reduced DCT scale when the target
+is smaller, then resizes and centre-crops in one ``Image.resize(box=...)``, matching
+torchvision's ``Resize(s) + CenterCrop(s)``. Pillow releases the GIL, so threads scale.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """The GPU stage: batches copied to the device while the model computes, and stall metrics.
 
-* :class:`CUDAPrefetcher` wraps any iterable of batches; a producer thread stages each
-  batch in a small ring of pinned host buffers, copies it on a dedicated CUDA stream and
-  converts the uint8 images to normalised float there, at most ``depth`` batches ahead.
-  Without CUDA the same code runs on the CPU, still overlapping conversion with loading.
-* :class:`StallMeter` and :func:`measure_stalls` split a training loop's step time into
-  waiting for data and computing, and compare the loader-fed rate with a synthetic one.
-* :class:`EncodedBatchDecoder` decodes the encoded images of a ``decode_on`` dataset, a
-  batch in one call (nvJPEG on CUDA), for the prefetcher.
+:class:`CUDAPrefetcher` (:mod:`.prefetch`) stages, copies and normalises batches ahead of the
+loop (on the host without CUDA); :class:`EncodedBatchDecoder` (:mod:`.decode`) decodes a
+``decode_on`` dataset's batches for it; :class:`StallMeter` and :func:`measure_stalls`
+(:mod:`.stall`) measure how long the loop waits for data.
 """
 
 from .decode import EncodedBatchDecoder, resize_crop

@@ -1,30 +1,19 @@
 """Decoding a batch of :class:`~concurrent_loader.decode.EncodedImage` in the main process.
 
-A batch from a dataset made with ``decode_on`` (see :mod:`concurrent_loader.decode.encoded`)
-holds, at some top-level position or key, a list of ``EncodedImage`` instead of an image
-tensor. The prefetcher's transfer (:mod:`concurrent_loader.gpu.transfer`) replaces every
-such list with a uint8 ``N, 3, h, w`` tensor before the batch is moved and normalised, on its
-producer thread (on CUDA: on its copy stream), so the loop receives exactly what the CPU
-decode path gives it.
+The prefetcher's transfer (:mod:`.transfer`) replaces each top-level list of
+``EncodedImage`` with a uint8 ``N, 3, h, w`` tensor, on its producer thread (on CUDA, its
+copy stream). Guarantees of :class:`EncodedBatchDecoder`:
 
-Guarantees of :class:`EncodedBatchDecoder`:
-
-* One batched call per batch to the decoder of ``decode_on``: for ``"cuda"``
-  ``torchvision.io.decode_jpeg(list, device=...)`` (nvJPEG); for ``"cpu"`` the Pillow
-  stand-in (:class:`~concurrent_loader.decode.PILBatchDecoder`). Objects that are not JPEG
-  (PNG, WebP...) are decoded by the stand-in and moved to the device.
-* Geometry is the CPU fused path's: resize the shorter side to cover ``(h, w)`` (bilinear,
-  antialiased, in float32, rounded back to uint8), then centre-crop; done image by image,
-  each full-size decoded image dropped as soon as its crop is written into the batch.
-  Pixels differ from the CPU fused decode by a few levels (different IDCT and resampler).
-* Item ``i`` of the tensor is item ``i`` of the list: order and identity are kept.
-* When the batched call fails, each image is decoded alone (then with the stand-in) to
-  find the culprit; an image that no decoder reads raises
-  :class:`~concurrent_loader.errors.DecodeError` naming its URL. Nothing is dropped or
-  replaced; the loader's skip policy does not apply at this stage.
-* What ``decode_on`` needs is checked at the first batch, in the main process: ``"cuda"``
-  without a CUDA device to deliver to, or without torchvision, is a
-  :class:`~concurrent_loader.errors.ConfigError` saying what is missing.
+* one batched call per batch: nvJPEG (``torchvision.io.decode_jpeg``) for ``"cuda"``, the
+  Pillow stand-in (:class:`~concurrent_loader.decode.PILBatchDecoder`) for ``"cpu"`` and for
+  objects that are not JPEG;
+* the CPU fused path's geometry (cover-resize, bilinear antialiased in float32, centre-crop),
+  image by image, each full-size image dropped once cropped; pixels differ by a few levels;
+* item ``i`` of the tensor is item ``i`` of the list;
+* a failed batched call is retried image by image to find the culprit, which raises
+  :class:`~concurrent_loader.errors.DecodeError` naming its URL; nothing is dropped or
+  replaced, and the skip policy does not apply here;
+* ``"cuda"`` without a CUDA device or torchvision is a ``ConfigError`` at the first batch.
 """
 
 from __future__ import annotations

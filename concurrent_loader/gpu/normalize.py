@@ -1,22 +1,14 @@
 """The image conversion done on the device after the copy: uint8 -> float, normalise, layout.
 
-Decoded images cross the host-device bus as uint8, a quarter of the bytes of float32; the
-device then turns them into what the model eats in one pass over memory that it does much
-faster than the host could.
+Images cross the bus as uint8 (a quarter of float32's bytes). Guarantees:
 
-Guarantees:
-
-* Only the image leaf is touched: a tensor found at one of ``keys`` at the top level of the
-  batch (position for a tuple or list, key for a mapping; a bare tensor batch is the image
-  itself) that is ``uint8``, has 3 (``C, H, W``) or 4 (``N, C, H, W``) dimensions and,
-  when ``mean`` is given, ``len(mean)`` channels. Every other leaf is left as it is.
-* With ``mean`` and ``std`` (in 0-1 units, as published for ImageNet models) the image
-  becomes ``(x / 255 - mean) / std`` in ``dtype``, computed in float32 (float64 when
-  ``dtype`` is float64) and rounded once at the end; without them its values and dtype are
-  kept.
-* With ``channels_last`` a 4-dimensional image comes out in ``torch.channels_last``
-  memory format (the format change rides on the same pass as the dtype conversion); a
-  3-dimensional one stays contiguous.
+* only the image leaf is touched: a ``uint8`` tensor at one of ``keys`` at the batch's top
+  level (a bare tensor batch is the image), of 3 or 4 dimensions and, with ``mean``,
+  ``len(mean)`` channels; every other leaf is left as it is;
+* with ``mean`` and ``std`` (0-1 units) it becomes ``(x / 255 - mean) / std`` in ``dtype``,
+  computed in float32 (float64 for float64) and rounded once; without them it is unchanged;
+* with ``channels_last`` a 4-dimensional image comes out in ``torch.channels_last``
+  (in the same pass); a 3-dimensional one stays contiguous.
 """
 
 from __future__ import annotations

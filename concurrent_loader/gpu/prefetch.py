@@ -1,35 +1,20 @@
 """Prefetching batches onto the GPU while the model computes: :class:`CUDAPrefetcher`.
 
-Each pass over a :class:`CUDAPrefetcher` starts one producer thread that pulls batches from
-the source iterable and stages them (see :mod:`concurrent_loader.gpu.transfer`: on CUDA a
-pinned ring, a copy stream and the image conversion on the GPU; elsewhere the conversion on
-the host), and hands them to the training loop in order.
+Each pass starts one producer thread that pulls batches from the source and stages them
+(:mod:`.transfer`). Guarantees of one pass (a :class:`PrefetchIterator`):
 
-Guarantees of one pass (a :class:`PrefetchIterator`):
+* bounded: ``pulled - handed_over <= depth`` at all times (a semaphore holds
+  ``permits + (pulled - handed_over) == depth``), so at most ``depth`` batches sit in device
+  memory besides the loop's own, and the pinned ring has ``depth + 1`` slots;
+* batches come out in source order; an exception of the source (or of a move) reaches the
+  consumer after every earlier batch, with a note naming the batch, and ends the pass;
+* nothing polls, and the producer always queues an end marker (``finally``), so the
+  consumer is never left waiting;
+* ending early (``break``, ``close()``, leaving ``with``, garbage collection) stops and
+  joins the producer (after a ``next()`` already under way), closes the source iterator if
+  it can be closed, drops it and frees the ring.
 
-* Read-ahead is bounded: ``pulled - handed_over <= depth`` at all times, where ``pulled``
-  counts ``next()`` calls the producer made on the source and ``handed_over`` the batches
-  the consumer has taken. A semaphore holds the invariant
-  ``permits + (pulled - handed_over) == depth``; the producer takes a permit before it pulls
-  and the consumer gives one back after it takes a batch. So at most ``depth`` batches are
-  held in device memory on top of the one the loop is using, and the pinned ring has
-  ``depth + 1`` slots.
-* Batches come out in source order. An exception raised by the source (or while moving a
-  batch) is raised to the consumer, with a note naming the batch, after every batch that
-  came before it, and ends the pass.
-* Nothing is polled: the producer blocks on the semaphore or in the source, the consumer
-  on the queue; the producer always ends by queueing an end marker (from a ``finally``),
-  so a failing producer never leaves the consumer waiting.
-* Ending the pass early (``break``, :meth:`PrefetchIterator.close`,
-  :meth:`CUDAPrefetcher.close`, leaving a ``with`` block, or the iterator being garbage
-  collected) stops and joins the producer thread, closes the source iterator when it has a
-  ``close()`` method (generators do), drops the last reference to it (a
-  ``torch.utils.data.DataLoader`` iterator then shuts its workers down), and frees the
-  ring. The producer finishes a ``next()`` call already under way on the source first:
-  that call cannot be interrupted.
-
-Passes are independent: each has its own thread, stream and ring, so two loops over the same
-prefetcher (an epoch loop calling ``iter`` again) never share a buffer.
+Passes are independent: each has its own thread, stream and ring.
 """
 
 from __future__ import annotations

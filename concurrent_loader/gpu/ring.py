@@ -1,25 +1,16 @@
 """A small ring of reusable pinned host buffers that batches are staged in before their copy.
 
-Pinning memory is slow (it maps and locks pages), so a batch that is not pinned already is
-copied into a buffer pinned once and reused, and the device copies from there with
-``non_blocking=True``.
-
 Guarantees:
 
-* A slot is handed out again only after the fence of the copy that last read it has
-  completed (:meth:`PinnedRing.acquire` waits on that fence, a wait on one event, never a
-  device-wide synchronise), so a buffer is never overwritten while a copy still reads it.
-  Whatever the slot was asked to keep alive (:meth:`RingSlot.keep`, e.g. an already pinned
-  batch copied straight from) is released at the same point, not earlier.
-* Within a slot, the ``i``-th tensor staged since :meth:`PinnedRing.acquire` gets the
-  slot's ``i``-th buffer; a buffer is reallocated only when a tensor needs more bytes than
-  it has, so batches of stable shape (and a smaller last batch) allocate nothing after the
-  first pass around the ring.
-* ``pinned_bytes <= slots * sum_i(max bytes of the i-th staged tensor)``: the ring size and
-  the batch shapes bound the pinned memory.
+* a slot is handed out again only after the fence of the copy that last read it completed
+  (a wait on one event, never a device-wide synchronise); what the slot keeps alive
+  (:meth:`RingSlot.keep`) is released at that point, not earlier;
+* the ``i``-th tensor staged in a slot gets its ``i``-th buffer, reallocated only when too
+  small, so batches of stable shape allocate nothing after one pass around the ring;
+* ``pinned_bytes <= slots * sum_i(max bytes of the i-th staged tensor)``.
 
-The ring is used by one thread at a time (the prefetcher's producer thread);
-``pinned_bytes`` and ``allocations`` may be read from any thread.
+One thread uses the ring (the producer); ``pinned_bytes`` and ``allocations`` may be read
+from any thread.
 """
 
 from __future__ import annotations

@@ -1,24 +1,14 @@
 """Measuring data stalls: how much of a training loop's time is spent waiting for batches.
 
-:class:`StallMeter` wraps the iterable a training loop runs over and splits each step in
-two: *wait*, the time ``next()`` takes to return the batch, and *compute*, the time from
-then until the loop asks for the next batch. On CUDA the meter synchronises the device at
-each step boundary (and only there), so kernels still queued from a step count as that
-step's compute rather than as the next step's wait: the split is the real one, at the cost
-of the host not queueing the next step while the device finishes the last.
+:class:`StallMeter` splits each step of the iterable it wraps into *wait* (``next()``
+returning the batch) and *compute* (until the next ``next()``); on CUDA it synchronises the
+device at step boundaries only, so queued kernels count as compute. :func:`measure_stalls`
+also replays one batch from memory (the differential method of DS-Analyzer) and reports the
+loader-fed rate as a fraction of that loading-free rate.
 
-:func:`measure_stalls` adds the differential method of the data-stall literature (the
-DS-Analyzer approach): it runs the same training step on one batch replayed from memory, a
-pipeline with no loading at all, and reports the loader-fed rate as a fraction of that
-loading-free rate. The fraction needs no instrumentation inside the loader and also
-catches costs the per-step split cannot see (loader threads competing with the step for
-CPU, for instance).
-
-Guarantees: for every recorded step ``wait_s + compute_s`` is the wall time from the loop
-asking for the batch to it asking for the next one; a step is recorded when the loop asks
-for the next batch (or the step limit is reached), so a step cut short by ``break`` or an
-exception is not recorded; the first ``warmup_steps`` steps are timed but left out of
-the report.
+Guarantees: a recorded step's ``wait_s + compute_s`` is the wall time between the loop's
+two requests; a step cut short by ``break`` or an exception is not recorded; the first
+``warmup_steps`` steps are left out of the report.
 """
 
 from __future__ import annotations

@@ -1,29 +1,19 @@
 """Moving one batch to the device: the work the prefetcher's producer thread does per batch.
 
-A transfer has two halves. :meth:`stage` runs on the producer thread and starts the move
-(on CUDA: stage into pinned memory, issue the copy and the image conversion on a dedicated
-stream); :meth:`hand_over` runs on the consumer's thread when the batch is taken and makes
-it safe to use there (on CUDA: the consumer's stream waits on the batch's event).
+:meth:`stage` starts the move on the producer thread (on CUDA: pinned staging, the copy and
+the image conversion on a stream of its own); :meth:`hand_over` makes the batch safe on the
+consumer's thread. Guarantees of :class:`CUDATransfer`:
 
-Guarantees of :class:`CUDATransfer`:
-
-* Copies and conversions run on one stream of their own, with ``non_blocking=True``; the
-  consumer's current stream waits on an event recorded after them
-  (``Stream.wait_event``), so neither side ever synchronises the whole device.
-* A pinned staging buffer is not rewritten until the copy reading it has completed
-  (:class:`~concurrent_loader.gpu.ring.PinnedRing`); an already pinned, contiguous source
-  tensor is copied from directly and kept alive until that copy has completed.
-* Every device tensor the transfer allocates is marked with ``record_stream`` for the
-  consumer's stream when handed over, so the caching allocator does not give its memory to
-  a later batch while kernels queued by the consumer may still read it.
-* Leaves that are not CPU tensors (tensors already on a device, strings, numbers) are
-  passed through untouched, and so is the image leaf when it is already on a device.
-  CPU tensors of a non-strided layout (sparse) are moved by the consumer's thread, on its
-  stream, when the batch is handed over.
-* A top-level list of :class:`~concurrent_loader.decode.EncodedImage` (a dataset made with
-  ``decode_on``) is first decoded into a uint8 image tensor on the producer thread, on the
-  copy stream for CUDA (see :mod:`concurrent_loader.gpu.decode`); that tensor is then
-  normalised like any image leaf.
+* copies and conversions run ``non_blocking`` on their own stream; the consumer's stream
+  waits on an event recorded after them: the device is never synchronised whole;
+* a pinned buffer is not rewritten before its copy completed (:class:`.ring.PinnedRing`); an
+  already pinned, contiguous tensor is copied directly and kept alive until then;
+* every device tensor it allocates is ``record_stream``-ed for the consumer's stream, so
+  the allocator does not reuse its memory while the consumer's kernels may read it;
+* leaves that are not CPU tensors (the image leaf included) pass through untouched; sparse
+  CPU tensors are moved on the consumer's thread and stream;
+* a top-level list of :class:`~concurrent_loader.decode.EncodedImage` is decoded first
+  (:mod:`.decode`), then normalised like any image leaf.
 """
 
 from __future__ import annotations

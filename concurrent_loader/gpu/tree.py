@@ -1,18 +1,10 @@
 """Walking the nested containers a batch is made of.
 
-A batch is a leaf or any nesting of tuples (named or not), lists and mappings whose leaves
-are tensors or any other objects. :func:`map_batch` rebuilds the same structure, with the
-same container types where they can be rebuilt, with each leaf replaced by
-``fn(path, leaf)``.
-
-Guarantees:
-
-* The path of a leaf is the tuple of positions (for tuples and lists, including named
-  tuples) and keys (for mappings) that lead to it from the root; a bare leaf has path ``()``.
-* Leaves are visited depth first in container order, so the ``n``-th tensor of a batch is
-  the same ``n``-th tensor in every batch of the same structure.
-* ``str`` and ``bytes`` are leaves, not sequences; so is any object of another type
-  (a dataclass, a custom class): it is handed to ``fn`` whole.
+:func:`map_batch` rebuilds a batch (any nesting of tuples, named or not, lists and
+mappings) with the same container types, each leaf replaced by ``fn(path, leaf)``. A
+leaf's path is the tuple of positions and keys leading to it (``()`` for a bare leaf);
+leaves are visited depth first in container order; ``str``, ``bytes`` and objects of any
+other type are leaves.
 """
 
 from __future__ import annotations
