@@ -1,13 +1,26 @@
 """No silent hang: a loader whose work stops raises LoaderStalled naming what it waited on."""
 
+import gc
 import logging
 import threading
+import time
 
 import pytest
 from torch.utils.data import Dataset
 
 from concurrent_loader import ConcurrentDataLoader, ConfigError, LoaderStalled, ObjectDataset
 from concurrent_loader.stores import STALL, MemoryConfig
+
+
+def _wait_for_loader_threads_to_end(before: set[threading.Thread], timeout_s: float = 10.0) -> None:
+    """A stalled pipeline's threads end once its iterator is dropped and the stalled work is
+    cancelled or released; wait for that here, so no test leaves them behind."""
+    gc.collect()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(
+        t.name.startswith("concurrent-loader") and t not in before for t in threading.enumerate()
+    ):
+        time.sleep(0.02)
 
 
 def _stalled_store(stalled_key: str) -> MemoryConfig:
@@ -17,6 +30,7 @@ def _stalled_store(stalled_key: str) -> MemoryConfig:
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_get_that_never_answers_ends_in_loader_stalled(num_workers, caplog):
+    before = set(threading.enumerate())
     ds = ObjectDataset(_stalled_store("005"), keys=[f"{i:03d}" for i in range(8)])
     loader = ConcurrentDataLoader(
         ds, batch_size=2, num_workers=num_workers, stall_timeout_s=1.5, collate_fn=list
@@ -32,6 +46,8 @@ def test_a_get_that_never_answers_ends_in_loader_stalled(num_workers, caplog):
     assert "memory://test/005" in message  # the oldest GET in flight is the stalled one
     assert "concurrent-loader-io" in message  # every thread's stack is included
     assert info.value.cause == "Stalled"
+    del loader, info
+    _wait_for_loader_threads_to_end(before)
     if num_workers == 0:
         assert any("has waited" in r.getMessage() for r in caplog.records)
 
@@ -54,6 +70,7 @@ def block_here_forever(event: threading.Event) -> None:
 
 
 def test_a_blocked_getitem_is_named_by_its_stack():
+    before = set(threading.enumerate())
     ds = _Blocking()
     loader = ConcurrentDataLoader(ds, batch_size=1, stall_timeout_s=1.0)
     iterator = iter(loader)
@@ -63,6 +80,9 @@ def test_a_blocked_getitem_is_named_by_its_stack():
         next(iterator)
     assert "block_here_forever" in str(info.value)
     ds.release.set()  # let the pool thread finish so nothing is left behind
+    iterator.close()
+    del iterator, loader, info
+    _wait_for_loader_threads_to_end(before)
 
 
 def test_stall_timeout_is_validated():
