@@ -9,31 +9,12 @@ Commands::
     concurrent-loader cache info DIR [--json]
     concurrent-loader cache clear DIR
 
-``manifest`` lists ``ROOT`` once (paginated) and writes one key per line, relative to
-``ROOT``, sorted, so that ``ObjectDataset.from_manifest(FILE, root=ROOT)`` (or
-``ImageFolder(ROOT, keys=...)``) starts without listing again. A progress bar is shown
-on stderr while listing when ``tqdm`` is installed (``--no-progress`` turns it off).
-
-``inspect`` prints the number of objects and their total size under ``ROOT``; with
-``--image-folder`` also the classes of the ``ROOT/<class>/<file>`` layout and how many
-images each holds, counted exactly as :class:`~concurrent_loader.ImageFolder` counts them.
-
-``pack`` writes the objects under ``SRC`` into tar shards (``shard-000000.tar``...) with
-their indexes (``shard-000000.tar.idx``) under ``DEST`` (a local directory or an ``s3://``
-prefix), deterministically, readable by ``ShardDataset`` and the ``webdataset`` library;
-``--image-folder`` adds a ``.cls`` label member per image; an earlier pack in ``DEST`` is
-refused unless ``--overwrite``; store options apply to the side(s) on S3
-(:mod:`concurrent_loader.shards.packcli`, :mod:`concurrent_loader.shards.pack`).
-
-``cache warm`` reads every object under ``ROOT`` (or every key of ``--manifest``) once
-through the node-local cache in ``DIR`` (:mod:`concurrent_loader.cache`), with a progress
-bar, so that training starts with it full; ``cache info`` shows what a cache holds and the
-reads it served; ``cache clear`` empties it: only a directory marked as a cache
-(``CACHEDIR.TAG``), and only the files the cache wrote.
-
-``ROOT`` is ``s3://bucket/prefix`` or a local directory. Credentials and the endpoint
-follow the standard AWS chain (``AWS_ENDPOINT_URL`` included) unless given as options.
-Errors print one line, ``concurrent-loader: error: <message>``, and exit with status 1.
+Each command's ``--help`` says what it does. ``ROOT`` is ``s3://bucket/prefix`` or a local
+directory; credentials and endpoint follow the AWS chain unless given as options. A
+manifest lists keys relative to ``ROOT``, sorted, one per line, read back exactly by
+``ObjectDataset.from_manifest``. ``cache clear`` removes only what the cache wrote, only in
+a directory marked as a cache. Errors print one line, ``concurrent-loader: error:
+<message>``, and exit with status 1.
 """
 
 from __future__ import annotations

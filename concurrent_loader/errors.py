@@ -24,19 +24,12 @@
     ├── LoaderStalled (TimeoutError) no batch for ``stall_timeout_s``; says what waited on what
     └── WorkerError                  a worker process died without raising
 
-Backend exceptions are translated to this tree by type and status code, never by message
-text, in two places: failures of the HTTP exchange (sockets, TLS, timeouts, aiohttp) in
-:mod:`concurrent_loader.transport.errors`, and what a store's answer means (S3 statuses and
-error codes, botocore) in :mod:`concurrent_loader.stores.status` and each backend's own
-module (:mod:`concurrent_loader.stores.s3.errors`).
-
-Every error names the object it is about (``s3://bucket/key``), the stage that failed and
-its :class:`Reason` (one fixed spelling per cause; the server's own error code, such as S3's
-``NoSuchKey``, is kept apart in ``code``), keeps the original exception as ``__cause__``,
-and survives pickling, so one raised in a worker process reaches the training loop with its
-type, message and attributes intact. Every class can also be built from a single message
-string, which is what ``torch.utils.data.DataLoader`` does when it re-raises a worker's
-exception.
+Backend exceptions are translated by type and status, never by message text
+(:mod:`concurrent_loader.transport.errors`, :mod:`concurrent_loader.stores.status`,
+:mod:`concurrent_loader.stores.s3.errors`). Every error names its object, stage and
+:class:`Reason` (the server's own code apart, in ``code``), keeps the original as
+``__cause__``, survives pickling from a worker intact, and can be built from one message
+string (as ``DataLoader`` re-raises a worker's exception).
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """A compact, fork-friendly table of object keys.
 
-A dataset of a million objects held as a Python ``list[str]`` costs ~100 MB per process and,
-because every access touches the strings' reference counts, forked workers copy those
-pages one by one (PyTorch issue #13246). :class:`KeyTable` keeps the keys in one UTF-8 blob
-plus an offsets array: two buffers, no per-key objects, cheap to pickle to ``spawn`` workers.
+:class:`KeyTable` keeps keys in one UTF-8 blob plus an offsets array: no per-key objects,
+so forked workers do not copy pages by touching reference counts (PyTorch issue #13246),
+and pickling to ``spawn`` workers is cheap.
 """
 
 from __future__ import annotations

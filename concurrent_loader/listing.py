@@ -1,9 +1,8 @@
-"""Listing a store's root, with an optional progress bar.
+"""Listing a store's root, with an optional progress bar, for datasets and the command line.
 
-One implementation for datasets (which need keys, and use the sizes for the byte budget)
-and the command line: keys are relative to the root, sorted (the same order locally and on
-S3, so item ``i`` is the same object in both), without S3 "directory" marker objects; an
-empty root is a ``ConfigError`` naming it, and so is a store that cannot list.
+Keys are relative to the root and sorted (the same order locally and on S3), without S3
+"directory" markers; an empty root, or a store that cannot list, is a ``ConfigError``
+naming it.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """The runtime's event loop, which knows its connections.
 
-Connections. The loop knows every connection made on it (``create_connection``,
-``start_tls``) until the connection is lost, and a closing runtime closes the loop only
-after the last one: a connection closed gracefully may still be closing when its client
-has closed (aiohttp closes a ``Connection: close`` HTTPS connection with a TLS shutdown,
-which waits for the server's ``close_notify``), and a loop closed under it leaks its socket
-(uvloop's ``loop.close()`` then fails with EBUSY). Connections still closing after
-``CONNECTIONS_CLOSE_TIMEOUT_S``, and those nobody closes (their owner is gone), are
-aborted. Not covered: servers' connections and ``create_unix_connection``'s, which nothing
-makes on this loop.
+The loop tracks every connection made on it (``create_connection``, ``start_tls``) until it
+is lost, and a closing runtime closes the loop only after the last one (a loop closed under
+a connection still closing, as a TLS shutdown waiting for ``close_notify``, leaks its
+socket). Connections still closing after ``CONNECTIONS_CLOSE_TIMEOUT_S``, and those nobody
+closes, are aborted. Servers' and unix connections are not tracked (none are made here).
 """
 
 from __future__ import annotations

@@ -1,44 +1,25 @@
-"""The per-process runtime: one asyncio event loop on a background thread.
+"""The per-process runtime: one asyncio event loop (uvloop when installed) on a background thread.
 
-Each process (the main process when ``num_workers=0``, otherwise every DataLoader worker)
-gets its own runtime, created on first use inside that process, so nothing made before a
-``fork``, ``spawn`` or ``forkserver`` start is ever used after it. The loop runs uvloop when
-it is installed.
+Each process gets its own runtime, made on first use inside it, so nothing made before a
+``fork``, ``spawn`` or ``forkserver`` start is used after it. It is reference counted
+(:func:`acquire_runtime`, :meth:`Runtime.release`): when the last lease returns, the
+fetch clients cached on it are closed, the loop is closed once its last
+connection is gone (:mod:`concurrent_loader.loops`) and its threads joined, so a finished
+or abandoned iteration leaves no thread, loop or socket behind.
 
-The runtime is reference counted: users take a lease (:func:`acquire_runtime`) and give it
-back (:meth:`Runtime.release`); when the last lease is returned the loop's resources
-(readers, sockets) are closed and the thread joined, so a finished or abandoned iteration
-leaves no thread, loop or socket behind. Objects that belong to the loop (readers) are
-cached on the runtime and closed with it.
+Fork safety: a forked child inherits C-library locks as they were, and OpenSSL 3 takes
+global locks when a thread makes an ``SSLContext``, draws random bytes or ends. So none of
+the runtime's threads is inside a C library when its process forks:
 
-Connections: the loop is :mod:`concurrent_loader.loops`'s, which knows every connection made
-on it, so a closing runtime closes the loop only after the last one is lost (or aborted).
+- once the last lease returns, its threads have ended *at the OS level*, not only been
+  joined (OpenSSL's thread-exit destructor holds a lock the next ``SSLContext`` takes);
+- while it is live, a fork parks the loop thread between two turns and waits for the
+  executor's running jobs (new ones wait), and does the same for every
+  :class:`~concurrent_loader.forkgate.GatedThreadPool` of the process (decode and
+  ``__getitem__`` threads, whose user code may be in any C library).
 
-Fork safety. A process that forks (DataLoader workers under the ``fork`` start method)
-copies every lock in its C libraries in the state it is in at that instant, and a lock
-held by another thread stays held in the child forever. OpenSSL 3 takes global locks
-whenever a thread makes an ``SSLContext``, draws random bytes or ends (its per-thread
-cleanup). So the runtime guarantees that none of its threads is inside a C library when
-its process forks:
-
-- a runtime's threads (the loop's and its executor's) have ended *at the OS level* when
-  the last lease returns. ``Thread.join()`` is not enough: it returns once the thread's
-  interpreter state is gone, before the OS thread runs its thread-local destructors, and
-  OpenSSL's destructor holds OpenSSL's thread registry lock (the one the next
-  ``SSLContext`` of a new thread takes) for the time it frees the thread's state. A worker
-  forked in that window hung in ``SSLContext.__new__`` on its first client;
-- while a runtime is live, a fork first parks its loop thread in a callback between two
-  turns of the loop and waits for the jobs running on its executor threads (new ones wait
-  at the start), so neither is in the middle of a TLS handshake, an ``SSLContext`` or a
-  credential refresh at the fork; both go on in the parent after it;
-- the same for the jobs of every :class:`GatedThreadPool` of the process: the decode and
-  ``__getitem__`` threads of a pipeline in the main process (a ``num_workers=0`` loader
-  iterating while another loader forks its workers), whose user code may be inside any C
-  library (a boto3 call in a ``__getitem__``: OpenSSL).
-
-Not covered: threads the runtime does not run jobs on (libuv's ``getaddrinfo`` pool under
-uvloop, threads the user starts). A fork that waits past ``QUIESCE_TIMEOUT_S`` goes on
-with a warning rather than hang.
+Not covered: threads the runtime runs no jobs on (uvloop's ``getaddrinfo`` pool, the
+user's). A fork that waits past ``QUIESCE_TIMEOUT_S`` goes on with a warning.
 """
 
 from __future__ import annotations
