@@ -25,7 +25,7 @@
     └── WorkerError                  a worker process died without raising
 
 Backend exceptions are translated by type and status, never by message text
-(:mod:`concurrent_loader.transport.errors`, :mod:`concurrent_loader.stores.status`,
+(:mod:`concurrent_loader.transport.errors`, :mod:`concurrent_loader.stores.shared`,
 :mod:`concurrent_loader.stores.s3.errors`). Every error names its object, stage and
 :class:`Reason` (the server's own code apart, in ``code``), keeps the original as
 ``__cause__``, survives pickling from a worker intact, and can be built from one message

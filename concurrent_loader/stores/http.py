@@ -15,8 +15,7 @@ from ..errors import ConfigError, Reason
 from ..transport import Origin, Transport, make_transport
 from .base import Body, ByteRange, Capabilities, ObjectInfo
 from .checksum import covers_whole_object, http_checksum
-from .status import error_for_status
-from .tls import ssl_context_for
+from .shared import error_for_status, ssl_context_for
 
 __all__ = ["HttpConfig", "HttpStore"]
 

@@ -1,6 +1,6 @@
 """Where transport failures (HTTP, sockets, TLS, aiohttp) become :mod:`concurrent_loader.errors`:
 by exception type, never by message text, always with ``stage`` and the object's ``url``.
-What a status means for a store is the store's (:mod:`concurrent_loader.stores.status`).
+What a status means for a store is the store's (:mod:`concurrent_loader.stores.shared`).
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from concurrent_loader.stores.s3.errors import (
     error_for_exception,
     error_for_response,
 )
-from concurrent_loader.stores.status import error_for_status
+from concurrent_loader.stores.shared import error_for_status
 
 URL = "s3://bucket/dir/key.jpg"
 

@@ -1,6 +1,6 @@
 """S3's error codes and botocore's exceptions -> :mod:`concurrent_loader.errors`, by the
 ``<Code>`` and HTTP status, never by message text; unlisted codes fall back to
-:mod:`concurrent_loader.stores.status`.
+:mod:`concurrent_loader.stores.shared`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ...errors import (
     Reason,
     Throttled,
 )
-from ..status import error_class_for_status, error_for_status
+from ..shared import error_class_for_status, error_for_status
 
 __all__ = ["error_for_code", "error_for_exception", "error_for_response", "refused_certificate"]
 

@@ -27,7 +27,7 @@ from ...errors import BadRequest, ConfigError, FetchError, Reason
 from ...transport import Transport, make_transport
 from ..base import Body, ByteRange, Capabilities, ObjectInfo
 from ..checksum import covers_whole_object, s3_checksum
-from ..tls import ssl_context_for
+from ..shared import ssl_context_for
 from .credentials import CredentialCache, CredentialSource, redact_botocore_logs
 from .errors import error_for_exception, error_for_response, refused_certificate
 from .route import S3Route, resolve_route

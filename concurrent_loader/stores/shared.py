@@ -1,10 +1,13 @@
-"""HTTP status -> error class, for every backend that speaks HTTP: the one place a non-2xx
-status becomes a :mod:`concurrent_loader.errors` class (S3's codes refine it in
+"""What every backend that speaks HTTP shares: the TLS client context, and the one place a
+non-2xx status becomes a :mod:`concurrent_loader.errors` class (S3's codes refine it in
 :mod:`.s3.errors`, falling back to this table).
 """
 
 from __future__ import annotations
 
+import ssl
+
+from ..config import FetchConfig
 from ..errors import (
     AccessDenied,
     BadRequest,
@@ -16,7 +19,7 @@ from ..errors import (
     Throttled,
 )
 
-__all__ = ["error_class_for_status", "error_for_status"]
+__all__ = ["error_class_for_status", "error_for_status", "ssl_context_for"]
 
 
 def error_class_for_status(status: int) -> type[FetchError]:
@@ -53,3 +56,12 @@ REASONS: dict[type[FetchError], Reason] = {
     Throttled: Reason.THROTTLED,
     ServerError: Reason.SERVER_ERROR,
 }
+
+
+def ssl_context_for(config: FetchConfig, ca_bundle: str | None = None) -> ssl.SSLContext:
+    """The client context: the system's trust store, or ``ca_bundle``'s certificates."""
+    context = ssl.create_default_context(cafile=ca_bundle)
+    if not config.verify_tls:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
