@@ -59,10 +59,6 @@ ALLOWED: frozenset[tuple[str, str]] = frozenset(
         # ``Coalescing``, whose module builds on ``Read`` from ``sources.base``.
         ("sources.base", "sources.coalesce"),
         ("sources.coalesce", "sources.base"),
-        # The tar-shard source reads the shard format from the floor above; it belongs
-        # with the rest of the tar-shard feature in ``shards/``.
-        ("sources.shards", "shards.index"),
-        ("sources.shards", "shards.tar"),
     }
 )
 

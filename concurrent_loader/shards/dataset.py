@@ -5,7 +5,7 @@ tar order); :attr:`ShardDataset.shard_lengths` (samples per shard) and
 :attr:`ShardDataset.shards` (their keys) state that order, so a sampler can draw indices
 shard by shard. Because it is map-style, everything ``ConcurrentDataLoader`` promises holds
 unchanged: batch ``i`` is the sampler's batch ``i``, DDP sharding, exact resume, the skip
-policy. Its :attr:`~ShardDataset.source` (:class:`~concurrent_loader.sources.shards.ShardSource`)
+policy. Its :attr:`~ShardDataset.source` (:class:`~.source.ShardSource`)
 reads a sample as one byte range of its shard; the pipeline merges a batch's ranges of one
 shard into fewer GETs (``coalescing``).
 
@@ -28,11 +28,11 @@ from ..listing import list_store
 from ..listing import progress as progress_bar
 from ..runtime import Runtime
 from ..sources.coalesce import Coalescing
-from ..sources.shards import SampleDecoder, ShardSource
 from ..stores import StoreConfig, store_config_for
 from ..stores.base import BlockingStore
 from ..stores.readahead import Readahead, ReadaheadConfig
 from .index import index_shards
+from .source import SampleDecoder, ShardSource
 
 __all__ = ["ImageSample", "ShardDataset"]
 

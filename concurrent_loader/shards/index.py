@@ -22,7 +22,7 @@ refused; in a shorter one, the samples past its end fail as truncated); when a s
 read, that the shard's own headers, walked from where the previous sample ends (the
 shard's start, for its first sample) through the next sample's first headers (to the
 shard's end, for its last), are exactly the members it lists there, with no sample member
-it leaves out (:mod:`concurrent_loader.sources.shards`).
+it leaves out (:mod:`concurrent_loader.shards.source`).
 
 A shard without an index is indexed once by scanning it with ranged GETs
 (:func:`index_shards`), 4 MiB at a time, stepping over members larger than that, up to 8

@@ -21,7 +21,7 @@ in a tar) must misplace an earlier member of the same shard.
 
 Samples are dicts as ``webdataset`` makes them: ``{"__key__": key, "__url__": shard URL,
 extension: bytes, ...}``, passed to ``decode`` when one is given. The source merges a
-batch's reads of one shard (:attr:`coalescing`, see :mod:`.coalesce`).
+batch's reads of one shard (:attr:`coalescing`, see :mod:`concurrent_loader.sources.coalesce`).
 """
 
 from __future__ import annotations
@@ -34,8 +34,11 @@ import numpy as np
 from ..config import FetchConfig
 from ..errors import DecodeError, LoaderError, Reason, ShardError
 from ..keys import KeyTable
-from ..shards.index import ShardIndex
-from ..shards.tar import (
+from ..sources.base import Read
+from ..sources.coalesce import Coalescing
+from ..stores.base import ByteRange, StoreConfig
+from .index import ShardIndex
+from .tar import (
     Member,
     TarWalk,
     group_samples,
@@ -43,9 +46,6 @@ from ..shards.tar import (
     padded,
     split_name,
 )
-from ..stores.base import ByteRange, StoreConfig
-from .base import Read
-from .coalesce import Coalescing
 
 __all__ = ["ShardSource"]
 
