@@ -5,28 +5,33 @@ A GET goes through layers, outermost first::
     RetryLayer      retry transient FetchErrors with full-jitter backoff (a throttled
                     one until the store accepts a GET again, or its own backoff ends),
                     within the object's time budget (``max_total_seconds``)
-    LimitLayer      at most ``limit`` attempts in flight (FIFO slots); the limit is pinned
-                    by ``max_inflight_requests`` or self-tuned (:mod:`.tuning`)
-    DeadlineLayer   one attempt ends within ``Timeouts.attempt``, whatever the server does
-    TimingLayer     the attempt's own duration and size, told to the caller's observer
+    AttemptLayer    at most ``limit`` attempts in flight (FIFO slots; the limit is pinned
+                    by ``max_inflight_requests`` or self-tuned, :mod:`.tuning`); one
+                    attempt ends within ``Timeouts.attempt`` and the object's deadline,
+                    whatever the server does; its own duration and size are told to the
+                    caller's observer
     HedgeLayer      a slow GET gets one more for the same object; the first to finish wins
                     (:mod:`.hedge`; absent when ``FetchConfig.hedge.enabled`` is False)
     OutcomeLayer    each GET's outcome (latency, throttle, failure) is fed to the limit's
                     controller; a throttle is also told to the observer
     Store           one GET: bytes or a FetchError naming the object
 
-Each layer is a :class:`Getter` around the next, so a new policy (a cache in front of the
-store) is one more wrapper, not a change to the others. A retried object is fetched whole
-again, never stitched from a partial body. A body that does not match the store's checksum
-is an ``IntegrityError`` raised by the store, retried like an incomplete body.
+Each layer is a :class:`Getter` around the next, so a new policy is one more wrapper, not
+a change to the others (a cache is a store wrapper, below them all); every layer costs a
+coroutine frame that each of the GET's wake-ups passes through, so there are few. A
+retried object is fetched whole again, never stitched from a partial body. A body that
+does not match the store's checksum is an ``IntegrityError`` raised by the store, retried
+like an incomplete body.
 
 Deadlines: the object's clock starts when its first attempt is sent (it holds a request
 slot), not while it waits behind the process's other GETs; from then on everything counts,
 and ``FetchClient.get`` returns or raises within ``max_total_seconds``, whether the server
-answers, stalls after the headers, trickles a byte at a time or never answers. Both
-deadlines are ``asyncio`` timeouts that cancel the attempt (the transport closes a
-cancelled connection) and raise :class:`~concurrent_loader.errors.FetchTimeout` naming the
-object, with ``Reason.ATTEMPT_TIMEOUT`` (retried) or ``Reason.DEADLINE_EXCEEDED`` (final).
+answers, stalls after the headers, trickles a byte at a time or never answers. An
+attempt has one ``asyncio`` timeout, at the sooner of the two deadlines; the retry layer
+adds one for the object's only after a first failure. They cancel the attempt (the
+transport closes a cancelled connection) and raise
+:class:`~concurrent_loader.errors.FetchTimeout` naming the object, with
+``Reason.ATTEMPT_TIMEOUT`` (retried) or ``Reason.DEADLINE_EXCEEDED`` (final).
 """
 
 from __future__ import annotations
@@ -34,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from dataclasses import replace
 
 from ..config import FetchConfig, RetryConfig
 from ..errors import FetchError, FetchTimeout, Reason, Throttled
@@ -47,34 +51,60 @@ from .limits import AdaptiveLimit
 __all__ = ["FetchClient", "Getter", "Request"]
 
 
-class StoreGetter:
-    def __init__(self, store: Store) -> None:
-        self.store = store
+class AttemptLayer:
+    """At most ``limit.limit`` attempts in flight: an attempt waits (FIFO) for a slot and is
+    sent. From its send it ends within ``seconds`` (``Timeouts.attempt``) and the object's
+    deadline, set at its first send ``total`` seconds ahead (one timer for both): past it,
+    it is cancelled and fails with a ``FetchTimeout`` naming the object, with
+    ``Reason.ATTEMPT_TIMEOUT`` (retried) or ``Reason.DEADLINE_EXCEEDED`` (final). A
+    successful attempt's duration, size and time to first byte are told to the observer;
+    the attempts in flight (object and start) are kept for stall reports."""
 
-    async def get(self, request: Request) -> Body:
-        return await self.store.get(request.key, request.byte_range)
-
-
-class TimingLayer:
-    """Tells the observer each successful attempt's duration, size and time to first byte,
-    and keeps the attempts in flight (object and start) for stall reports."""
-
-    def __init__(self, inner: Getter) -> None:
+    def __init__(self, inner: Getter, limit: AdaptiveLimit, seconds: float, total: float) -> None:
         self.inner = inner
+        self.limit = limit
+        self.seconds = seconds
+        self.total = total
         self.in_flight: dict[int, tuple[str, float]] = {}
 
     async def get(self, request: Request) -> Body:
-        started = time.perf_counter()
+        await self.limit.acquire()
         token = id(request)
-        self.in_flight[token] = (request.url, started)
         try:
-            body = await self.inner.get(request)
+            now = asyncio.get_running_loop().time()
+            deadline = request.deadline
+            if deadline is None:
+                deadline = request.deadline = now + self.total
+            end = min(now + self.seconds, deadline)
+            started = time.perf_counter()
+            self.in_flight[token] = (request.url, started)
+            timeout = asyncio.timeout_at(end)
+            try:
+                async with timeout:
+                    body = await self.inner.get(request)
+            except TimeoutError as exc:
+                if isinstance(exc, FetchError) or not timeout.expired():
+                    raise
+                raise self._expired(request, end >= deadline) from None
+            request.observer.on_response(
+                time.perf_counter() - started, len(body.data), body.first_byte_s
+            )
+            return body
         finally:
-            del self.in_flight[token]
-        request.observer.on_response(
-            time.perf_counter() - started, len(body.data), body.first_byte_s
+            self.in_flight.pop(token, None)
+            self.limit.release()
+
+    def _expired(self, request: Request, object_deadline: bool) -> FetchTimeout:
+        if object_deadline:  # the retry layer says more
+            return FetchTimeout(
+                "no complete object in time", url=request.url, cause=Reason.DEADLINE_EXCEEDED
+            )
+        return FetchTimeout(
+            f"no complete response within Timeouts.attempt={self.seconds:g} s",
+            url=request.url,
+            stage="fetch",
+            cause=Reason.ATTEMPT_TIMEOUT,
         )
-        return body
 
     def oldest(self) -> tuple[str, float] | None:
         """(object, seconds in flight) of the oldest attempt in flight, if any."""
@@ -85,61 +115,20 @@ class TimingLayer:
         return url, time.perf_counter() - started
 
 
-class DeadlineLayer:
-    """Each attempt ends within ``seconds``: past it, it is cancelled and fails with a
-    retryable ``FetchTimeout`` (``Reason.ATTEMPT_TIMEOUT``) naming the object."""
-
-    def __init__(self, inner: Getter, seconds: float) -> None:
-        self.inner = inner
-        self.seconds = seconds
-
-    async def get(self, request: Request) -> Body:
-        timeout = asyncio.timeout(self.seconds)
-        try:
-            async with timeout:
-                return await self.inner.get(request)
-        except TimeoutError as exc:
-            if isinstance(exc, FetchError) or not timeout.expired():
-                raise
-            raise FetchTimeout(
-                f"no complete response within Timeouts.attempt={self.seconds:g} s",
-                url=request.url,
-                stage="fetch",
-                cause=Reason.ATTEMPT_TIMEOUT,
-            ) from None
-
-
-class LimitLayer:
-    """At most ``limit.limit`` GETs in flight: an attempt waits (FIFO) for a slot, is sent
-    (``request.on_send``), and gives the slot back when it ends."""
-
-    def __init__(self, inner: Getter, limit: AdaptiveLimit) -> None:
-        self.inner = inner
-        self.limit = limit
-
-    async def get(self, request: Request) -> Body:
-        await self.limit.acquire()
-        try:
-            request.on_send()
-            return await self.inner.get(request)
-        finally:
-            self.limit.release()
-
-
 class OutcomeLayer:
     """Each GET (hedges included) is marked as sent to the limit's controller and its
     outcome told to it: its latency when it succeeds, a throttle (also told to the
     observer), or a failure. The controller lowers or raises the limit from these."""
 
-    def __init__(self, inner: Getter, limit: AdaptiveLimit) -> None:
-        self.inner = inner
+    def __init__(self, store: Store, limit: AdaptiveLimit) -> None:
+        self.store = store
         self.limit = limit
 
     async def get(self, request: Request) -> Body:
         mark = self.limit.sent()
         started = time.perf_counter()
         try:
-            body = await self.inner.get(request)
+            body = await self.store.get(request.key, request.byte_range)
         except Throttled:
             request.observer.on_throttle()
             self.limit.done(mark, latency=None, throttled=True)
@@ -159,12 +148,13 @@ class RetryLayer:
     A failure counts towards ``max_attempts``; a throttle does not: it is retried after the
     throttle backoff, or as soon as another GET to the store succeeds if that comes first,
     for as long as the object's time budget allows (the in-flight limit, cut by the
-    throttles, paces those retries). The budget starts at
-    the first attempt's send and is enforced by a timeout around all of it, so neither a
-    server that never finishes nor a wait for a request slot can outlast it. However it
-    runs out (an attempt cut off, or a retry that could not start before it), the object
-    fails with ``FetchTimeout`` (``Reason.DEADLINE_EXCEEDED``) whose ``__cause__`` is the
-    last failed attempt's error.
+    throttles, paces those retries). The budget starts at the first attempt's send
+    (``Request.deadline``): the attempt layer holds each attempt to it, and after a first
+    failure a timeout around the rest (backoffs, waits for a slot) does too, so that
+    the common GET, answered at once, has no timer of its own here. However the budget runs
+    out (an attempt cut off, or a retry that could not start before it), the object fails
+    with ``FetchTimeout`` (``Reason.DEADLINE_EXCEEDED``) whose ``__cause__`` is the last
+    failed attempt's error.
     """
 
     def __init__(self, inner: Getter, config: RetryConfig, limit: AdaptiveLimit) -> None:
@@ -174,46 +164,48 @@ class RetryLayer:
         self._rng = random.Random()
 
     async def get(self, request: Request) -> Body:
+        try:
+            return await self.inner.get(request)
+        except FetchError as exc:
+            error = exc
         retry = self.config
         loop = asyncio.get_running_loop()
-        budget = asyncio.timeout(None)  # scheduled when the first attempt is sent
-
-        def on_send() -> None:
-            if budget.when() is None:
-                budget.reschedule(loop.time() + retry.max_total_seconds)
-
-        request = replace(request, on_send=on_send)
+        if request.deadline is None:  # failed before it was sent
+            request.deadline = loop.time() + retry.max_total_seconds
+        budget = asyncio.timeout_at(request.deadline)
         failures = throttles = 0
-        last: FetchError | None = None
+        last: FetchError | None = None  # the last failed attempt
         try:
             async with budget:
                 while True:
-                    try:
-                        return await self.inner.get(request)
-                    except FetchError as exc:
-                        last = exc
-                        if isinstance(exc, Throttled):
-                            throttles += 1
-                            delay = retry.throttle_backoff(throttles - 1, self._rng)
-                        else:
-                            failures += 1
-                            delay = retry.backoff(failures - 1, self._rng)
-                        attempts = failures + throttles
-                        if not exc.retryable or failures >= retry.max_attempts:
-                            if attempts > 1:
-                                exc.add_note(f"gave up after {attempts} attempts")
-                            raise
-                        deadline = budget.when()
-                        if deadline is not None and loop.time() + delay >= deadline:
-                            # The retry could not start in time: out of time, as below.
-                            raise self._out_of_time(request, attempts, exc) from exc
-                        request.observer.on_retry(exc)
-                    if isinstance(last, Throttled):
+                    if isinstance(error, FetchTimeout) and error.cause is Reason.DEADLINE_EXCEEDED:
+                        raise self._out_of_time(request, failures + throttles + 1, last) from last
+                    last = error
+                    if isinstance(error, Throttled):
+                        throttles += 1
+                        delay = retry.throttle_backoff(throttles - 1, self._rng)
+                    else:
+                        failures += 1
+                        delay = retry.backoff(failures - 1, self._rng)
+                    attempts = failures + throttles
+                    if not error.retryable or failures >= retry.max_attempts:
+                        if attempts > 1:
+                            error.add_note(f"gave up after {attempts} attempts")
+                        raise error
+                    if loop.time() + delay >= request.deadline:
+                        # The retry could not start in time: out of time, as below.
+                        raise self._out_of_time(request, attempts, error) from error
+                    request.observer.on_retry(error)
+                    if isinstance(error, Throttled):
                         # A store that accepts GETs again needs no more waiting: the
                         # limit, cut by the throttles, paces the retries.
                         await self.limit.wait_for_success(delay)
                     else:
                         await asyncio.sleep(delay)
+                    try:
+                        return await self.inner.get(request)
+                    except FetchError as exc:
+                        error = exc
         except TimeoutError as exc:
             if isinstance(exc, FetchError) or not budget.expired():
                 raise
@@ -254,13 +246,14 @@ class FetchClient:
             hedges=config.max_hedges_in_flight,
             cooldown=config.retry.throttle_cooldown,
         )
-        getter: Getter = OutcomeLayer(StoreGetter(store), self.limit)
+        getter: Getter = OutcomeLayer(store, self.limit)
         self.hedging: HedgeLayer | None = None
         if config.hedge.enabled:
             getter = self.hedging = HedgeLayer(getter, self.limit, config.hedge)
-        self._timing = TimingLayer(getter)
-        attempt = DeadlineLayer(self._timing, config.timeouts.attempt)
-        self._getter: Getter = RetryLayer(LimitLayer(attempt, self.limit), config.retry, self.limit)
+        self._attempts = AttemptLayer(
+            getter, self.limit, config.timeouts.attempt, config.retry.max_total_seconds
+        )
+        self._getter: Getter = RetryLayer(self._attempts, config.retry, self.limit)
 
     @property
     def in_flight(self) -> int:
@@ -269,7 +262,7 @@ class FetchClient:
 
     def describe(self) -> str:
         """What this client is waiting for, in one line (read from any thread)."""
-        oldest = self._timing.oldest()
+        oldest = self._attempts.oldest()
         text = f"{self.in_flight} GETs in flight (limit {self.limit.limit})"
         if oldest is not None:
             text += f", the oldest for {oldest[1]:.1f} s: {oldest[0]}"
@@ -282,7 +275,8 @@ class FetchClient:
         *,
         observer: FetchObserver = NO_OBSERVER,
     ) -> bytes | bytearray:
-        return (await self.get_body(key, byte_range, observer=observer)).data
+        request = Request(key, byte_range, self.store.url_for(key), observer)
+        return (await self._getter.get(request)).data  # not through get_body: a frame less
 
     async def get_body(
         self,

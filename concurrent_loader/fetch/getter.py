@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -12,20 +11,16 @@ from .hooks import FetchObserver
 __all__ = ["Getter", "Request"]
 
 
-def _nothing() -> None:
-    pass
-
-
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Request:
-    """One object asked of the client. ``on_send`` is called each time an attempt at it gets
-    its request slot, just before it is sent (the retry layer starts its clock there)."""
+    """One object asked of the client. ``deadline`` is when its time budget runs out (loop
+    time), set when its first attempt is sent: the object's clock starts there."""
 
     key: str
     byte_range: ByteRange | None
     url: str
     observer: FetchObserver
-    on_send: Callable[[], None] = _nothing
+    deadline: float | None = None
 
 
 class Getter(Protocol):

@@ -17,26 +17,30 @@ accounting, so:
   hedge that waited for a slot behind its own stalled GET would never be sent. At most
   ``FetchConfig.max_hedges_in_flight`` hedges are in flight beyond the limit, so the GETs
   in flight stay within ``limit + max_hedges_in_flight`` (the transport's connection cap);
+  without a token or a slot, the GET is looked at again one delay later;
 - hedges are paced: at most one per ``delay / PACE`` seconds (:data:`PACE`); GETs that
   come due meanwhile wait their turn, oldest first. This tells a queue from a tail: a
   burst of GETs that only queue at the store (the first round of a process, sent at
   once) passes the delay together and mostly completes within a fraction of it, while a
   stalled GET is still unanswered when its turn comes. Unpaced, such a burst took the
   budget's tokens in one instant and left none for the stalls among it;
-- at most one hedge per attempt. The first of the two to return bytes wins; the other is
-  cancelled (the transport closes a cancelled connection) and awaited, so its slot is
-  free again when the attempt returns. An error that a retry cannot mend (404, 403, ...)
-  from either ends the attempt at once. A transient error of the first GET waits for the
-  hedge; a transient error of the hedge ends the attempt with it (and the first GET is
-  cancelled), because the first GET has outlasted the delay and the hedge's whole life,
-  so it is most likely stalled: the retry layer sends a fresh attempt after its backoff,
-  rather than waiting for the stall to end or for ``Timeouts.read``;
-- a GET runs in its caller's task: only a late one gets a race, a task of its own that
-  sends its hedge and waits for the first of the two (until then, one timer per layer
-  watches every GET not late yet, oldest first). Most GETs answer within the delay, and a
-  task and a race around each one cost more CPU than the rest of the fetch client's
-  layers. To cancel the GET in the caller's task, the race cancels that task, which tells
-  this cancellation from its own caller's (``Task.uncancel``, as ``asyncio.timeout`` does);
+- at most two hedges per attempt, the second only when the first is as late, and it
+  replaces the first GET (cancelled), so an object has at most two GETs in flight. The
+  first GET to return bytes wins; the others are cancelled (the transport closes a
+  cancelled connection) and awaited, so their slots are free when the attempt returns. An
+  error that a retry cannot mend (404, 403, ...) from any ends the attempt at once. A
+  transient error of the first GET waits for the hedge; a transient error of the youngest
+  GET ends the attempt with it (the older one is cancelled), because the older one has
+  outlasted the delay and the hedge's whole life, so it is most likely stalled: the retry
+  layer sends a fresh attempt after its backoff, rather than waiting for the stall to end
+  or for ``Timeouts.read``;
+- the first GET runs in its caller's task, and a task exists only for a hedge actually
+  sent: most GETs answer within the delay, and a task per GET costs more CPU than the
+  rest of the fetch client's layers. One timer per layer watches every attempt in flight
+  (oldest first: they come due in the order they were sent) and gives the turns. When a
+  hedge ends the race, or replaces the first GET, the GET in the caller's task is
+  cancelled there, and the caller tells this cancellation from its own caller's
+  (``Task.uncancel``, as ``asyncio.timeout`` does); it then waits for its hedges itself;
 - the attempt is one object to the layers above: one response reported, one deadline, and,
   in the pipeline, one byte reservation (made before the client is called). The loser's
   body, bounded like every body by ``max_object_bytes`` (the store refuses a larger one
@@ -50,14 +54,13 @@ when one wins.
 from __future__ import annotations
 
 import asyncio
-import contextvars
+import math
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any
 
 from ..config import HedgeConfig
 from ..errors import FetchError
-from ..metrics.percentile import percentile
 from ..stores.base import Body
 from .getter import Getter, Request
 from .limits import AdaptiveLimit
@@ -88,24 +91,16 @@ START_TOKENS = 5.0
 class HedgeDelay:
     """How long a GET may go unanswered before it is hedged: the ``percentile``-th
     percentile of the last :data:`WINDOW` latencies, within ``[min_delay, max_delay]``;
-    ``max_delay`` until :data:`MIN_SAMPLES` are known. A GET waiting for its hedge follows
-    the estimate as it changes (:meth:`changed`), so the GETs sent first, before any
-    latency was known, are not left with ``max_delay``."""
+    ``max_delay`` until :data:`MIN_SAMPLES` are known. ``on_change`` is called when the
+    delay changes, so GETs waiting for their hedge follow the estimate (the GETs sent
+    first, before any latency was known, are not left with ``max_delay``)."""
 
     def __init__(self, config: HedgeConfig, on_change: Callable[[], None] | None = None) -> None:
         self.config = config
         self._latencies: deque[float] = deque(maxlen=WINDOW)
         self._stale = 0
         self._delay = config.max_delay
-        self._changed: asyncio.Future[None] | None = None
         self._on_change = on_change
-
-    def changed(self) -> asyncio.Future[None]:
-        """A future done when the delay next changes (on the running loop)."""
-        loop = asyncio.get_running_loop()
-        if self._changed is None or self._changed.done() or self._changed.get_loop() is not loop:
-            self._changed = loop.create_future()
-        return self._changed
 
     def observe(self, seconds: float) -> None:
         """A GET took ``seconds`` (or at least that long, for a cancelled loser)."""
@@ -115,20 +110,13 @@ class HedgeDelay:
             self._stale >= RECOMPUTE_EVERY or len(self._latencies) == MIN_SAMPLES
         ):
             self._stale = 0
-            estimate = percentile(self._latencies, self.config.percentile)
-            assert estimate is not None  # the window is not empty
+            ordered = sorted(self._latencies)  # the nearest rank, as metrics.percentile
+            estimate = ordered[max(1, math.ceil(len(ordered) * self.config.percentile / 100)) - 1]
             delay = min(self.config.max_delay, max(self.config.min_delay, estimate))
             if delay != self._delay:
                 self._delay = delay
                 if self._on_change is not None:
                     self._on_change()
-                changed, self._changed = self._changed, None
-                if (
-                    changed is not None
-                    and not changed.done()
-                    and not changed.get_loop().is_closed()
-                ):
-                    changed.set_result(None)
 
     @property
     def seconds(self) -> float:
@@ -155,96 +143,42 @@ class HedgeBudget:
         return True
 
 
-class _Race:
-    """One attempt and what is known of it.
-
-    Until its GET is late, an attempt is only this record: the GET runs in the caller's own
-    task (``owner``), with no task or timer of its own. Once late, a task of its own
-    (``racer``, :meth:`HedgeLayer._race`) runs the race: ``gets`` holds the GET's outcome
-    as a future (``gets[0]``, completed by the owner) and each hedge as a task, oldest
-    first. Cancelling that future (:meth:`cancel`) cancels the GET running in the owner."""
+class _Attempt:
+    """One attempt: its first GET runs in ``owner`` (None once that GET has ended), its
+    hedges in tasks of their own. ``key`` orders the watched attempts: the send of its
+    youngest GET, or the last time a hedge could not be sent; it is due ``delay`` later."""
 
     __slots__ = (
-        "context",
+        "cancelling",
+        "cut",
+        "done",
         "error",
-        "gets",
-        "granted",
+        "hedges",
         "interrupted",
+        "key",
         "owner",
-        "owner_cancelling",
-        "racer",
         "request",
-        "retry_at",
-        "settled",
         "started",
+        "wake",
     )
 
-    def __init__(
-        self,
-        request: Request,
-        owner: asyncio.Task[Any],
-        started: float,
-        context: contextvars.Context,
-    ) -> None:
+    def __init__(self, request: Request, owner: asyncio.Task[Any], now: float) -> None:
         self.request = request
-        self.owner: asyncio.Task[Any] | None = owner  # None once its GET has answered
-        self.owner_cancelling = owner.cancelling()
-        self.context = context  # the caller's: the racer runs in it
-        self.racer: asyncio.Task[Body] | None = None
-        self.interrupted = False  # the race cancelled the GET running in the owner
-        self.gets: list[asyncio.Future[Body]] = []
-        self.started: list[float] = [started]  # of each GET, the first one's first
-        self.settled: set[asyncio.Future[Body]] = set()
-        self.error: BaseException | None = None  # the primary's transient failure
-        self.retry_at = 0.0  # no hedge before this (none could be sent at the last try)
-        self.granted = False  # its turn to hedge came (see HedgeLayer._turn)
-
-    def start(self, get: Coroutine[Any, Any, Body], loop: asyncio.AbstractEventLoop) -> None:
-        """Run ``get`` as the attempt's next GET (in a copy of the racer's context)."""
-        self.gets.append(loop.create_task(get))
-        self.started.append(loop.time())
-
-    def cancel(self, get: asyncio.Future[Body]) -> None:
-        """Cancel one of ``gets``; the first is the GET in the owner's task, cancelled
-        there (the owner tells this cancellation from its caller's, see
-        :meth:`HedgeLayer._join`)."""
-        if get.cancel() and get is self.gets[0] and self.owner is not None:
-            self.interrupted = True
-            self.owner.cancel()
-
-    @property
-    def youngest_started(self) -> float:
-        return self.started[-1]
-
-
-async def _first_done(
-    futures: list[asyncio.Future[Any]], timeout: float | None, loop: asyncio.AbstractEventLoop
-) -> None:
-    """Until one of ``futures`` is done or ``timeout`` seconds have passed: what
-    ``asyncio.wait(..., return_when=FIRST_COMPLETED)`` does, without the sets and the
-    checks it builds on every call (this runs for every wait of a late GET)."""
-    if not futures:
-        raise ValueError("nothing to wait for")
-    waiter = loop.create_future()
-
-    def wake(_: object = None) -> None:
-        if not waiter.done():
-            waiter.set_result(None)
-
-    handle = loop.call_later(timeout, wake) if timeout is not None else None
-    for future in futures:
-        future.add_done_callback(wake)
-    try:
-        await waiter
-    finally:
-        if handle is not None:
-            handle.cancel()
-        for future in futures:
-            future.remove_done_callback(wake)
+        self.owner: asyncio.Task[Any] | None = owner
+        self.cancelling = owner.cancelling()  # the caller's cancellations so far
+        self.key = now
+        self.started = [now]  # of each GET: the first, then the hedges
+        self.hedges: list[asyncio.Task[Body]] = []
+        self.done = False  # the attempt has ended: no more hedges
+        self.interrupted = False  # the GET in the owner was cancelled by this layer
+        self.cut: float | None = None  # when it was, because a hedge had ended
+        self.error = ""  # the last transient failure, for the note of the final one
+        self.wake: asyncio.Future[None] | None = None  # set when a hedge ends
 
 
 class HedgeLayer:
-    """One attempt as up to two GETs of the same object (see the module docstring).
+    """One attempt as up to three GETs of the same object, at most two in flight (see the
+    module docstring).
 
     ``limit`` is the client's in-flight limit: the attempt already holds one of its slots;
     a hedge takes one of its hedge slots with :meth:`AdaptiveLimit.try_acquire_hedge`.
@@ -258,304 +192,229 @@ class HedgeLayer:
         self.budget = HedgeBudget(config.budget)
         self.sent = 0
         self.won = 0
-        # Attempts whose GET is not late yet, in the order they were sent (so in the order
-        # they come due), answered ones left in place until they reach the head; one timer
-        # (``_watch_timer``) wakes :meth:`_look` when the oldest comes due.
-        self._unanswered: deque[_Race] = deque()
-        self._watch_timer: asyncio.TimerHandle | None = None
-        self._watch_loop: asyncio.AbstractEventLoop | None = None
-        # Attempts due for a hedge that wait their turn, each with the future that wakes
-        # it; the next turn is not before ``_next_turn``, and ``_turn_timer`` gives it.
-        self._waiting: dict[_Race, asyncio.Future[None]] = {}
+        # Attempts in flight by ``key`` (oldest first, ended ones left in place until they
+        # reach the head); one timer wakes :meth:`_look` when the head comes due and its
+        # turn has come (not before ``_next_turn``).
+        self._watched: deque[_Attempt] = deque()
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._next_turn = 0.0
-        self._turn_timer: asyncio.TimerHandle | None = None
-        self._turn_loop: asyncio.AbstractEventLoop | None = None
 
     async def get(self, request: Request) -> Body:
         self.budget.earn()
         loop = asyncio.get_running_loop()
         if self.limit.storming:  # no hedge: nothing to watch
             return await self._timed(request, loop)
-        # The GET runs here, in the caller's task: most GETs answer within the delay, and
-        # a task per GET to race it against a hedge that is never sent costs more CPU than
-        # the rest of this layer. A late GET gets its race (:meth:`_look`).
         owner = asyncio.current_task()
         assert owner is not None  # a coroutine awaited on a running loop
-        race = _Race(request, owner, loop.time(), contextvars.copy_context())
-        self._watch(race, loop)
+        started = loop.time()
+        attempt = _Attempt(request, owner, started)
+        self._watch(attempt, loop)
         try:
-            body, error = await self._outcome(request, loop)
-        finally:
-            race.owner = None  # answered: the race cannot cancel it any more
-        if race.racer is None:  # never late: the common case
-            if error is not None:
-                try:
-                    raise error
-                finally:
-                    error = None  # no cycle through this frame's traceback
-            assert body is not None  # no error: a body
-            return body
-        return await self._join(race, error, body)
-
-    async def _outcome(
-        self, request: Request, loop: asyncio.AbstractEventLoop
-    ) -> tuple[Body | None, BaseException | None]:
-        """The GET's body or what it raised (the race, if any, decides what that means).
-        Caught here, not in :meth:`get`: a traceback through :meth:`get`'s frame would hold
-        the race, and with it the winning body, in a cycle until the collector ran."""
-        try:
-            return await self._timed(request, loop), None
+            body = await self.inner.get(request)
         except BaseException as exc:
-            return None, exc
+            attempt.owner = None
+            if not attempt.hedges:  # never hedged: the common case
+                attempt.done = True
+                raise
+            return await self._settle(attempt, None, exc, loop)
+        attempt.owner = None
+        if body.round_trip:
+            self.delay.observe(loop.time() - started)
+        if not attempt.hedges:
+            attempt.done = True
+            return body
+        return await self._settle(attempt, body, None, loop)
 
-    async def _join(self, race: _Race, error: BaseException | None, body: Body | None) -> Body:
-        """The owner's GET of a late attempt ended (``error`` or ``body``): hand its outcome
-        to the race and return the race's, unless the caller itself was cancelled."""
-        racer = race.racer
-        assert racer is not None
+    async def _settle(
+        self,
+        attempt: _Attempt,
+        body: Body | None,
+        error: BaseException | None,
+        loop: asyncio.AbstractEventLoop,
+    ) -> Body:
+        """The first GET of a hedged attempt ended with ``body`` or ``error``: the
+        attempt's outcome, once its GETs decide it (see the module docstring)."""
         owner = asyncio.current_task()
         assert owner is not None
-        if race.interrupted:
-            owner.uncancel()  # the race's own cancellation of the GET, not the caller's
-        if isinstance(error, asyncio.CancelledError) and (
-            not race.interrupted or owner.cancelling() > race.owner_cancelling
-        ):
-            # The caller was cancelled (or the attempt's deadline passed): so is the race,
-            # awaited so that its hedge's slot is free when the attempt ends.
-            racer.cancel()
-            await asyncio.wait([racer])
-            if not racer.cancelled():
-                racer.exception()  # retrieved: the attempt's outcome is the cancellation
-            try:
-                raise error
-            finally:
-                error = None  # no cycle through this frame's traceback
-        primary = race.gets[0]
-        if not primary.done():
-            if error is not None:
-                primary.set_exception(error)
-            else:
-                assert body is not None
-                primary.set_result(body)
-        return await racer
+        try:
+            if attempt.interrupted:
+                owner.uncancel()  # this layer's cancellation of the GET, not the caller's
+                if owner.cancelling() > attempt.cancelling:  # the caller's too
+                    raise error if error is not None else asyncio.CancelledError()
+            elif error is not None:
+                if isinstance(error, asyncio.CancelledError) or not (
+                    isinstance(error, FetchError) and error.retryable
+                ):
+                    raise error  # the caller cancelled, the deadline passed, or final
+                attempt.error = str(error)  # transient: the hedge may still answer
+            if body is not None:
+                self._observe_losers(attempt, loop)
+                return body
+            while True:
+                result = self._decided(attempt, loop)
+                if result is not None:
+                    return result
+                attempt.wake = loop.create_future()
+                await attempt.wake
+        finally:
+            error = None  # no cycle through this frame's traceback
+            attempt.done = True
+            losers = [hedge for hedge in attempt.hedges if not hedge.done()]
+            for hedge in losers:
+                hedge.cancel()
+            if losers:  # awaited, so that their slots are free when the attempt returns
+                await asyncio.wait(losers)
+            for hedge in attempt.hedges:
+                if not hedge.cancelled():
+                    hedge.exception()  # retrieved: a loser's error is not news
+            attempt.hedges = []  # the watch may still hold the attempt: not its bodies
 
-    # -- watching: one timer for every GET not late yet ------------------------------------
+    def _decided(self, attempt: _Attempt, loop: asyncio.AbstractEventLoop) -> Body | None:
+        """The winning hedge's body; raises once the attempt has failed; None while it
+        goes on (the youngest GET may still answer)."""
+        hedges = attempt.hedges
+        for hedge in hedges:
+            if hedge.done() and not hedge.cancelled():
+                error = hedge.exception()
+                if error is None:
+                    self._observe_losers(attempt, loop)
+                    self.won += 1
+                    attempt.request.observer.on_hedge_won()
+                    return hedge.result()
+                if not (isinstance(error, FetchError) and error.retryable):
+                    raise error
+                if hedge is not hedges[-1]:
+                    attempt.error = str(error)
+        youngest = hedges[-1]
+        if not youngest.done():
+            return None
+        # A transient failure of the youngest GET: any still in flight is older, has
+        # outlasted the delay and this GET's whole life, and is most likely stalled, so a
+        # fresh attempt beats waiting for it.
+        error = youngest.exception()
+        assert error is not None
+        if attempt.error:
+            error.add_note(f"the GET it hedged failed too: {attempt.error}")
+        elif attempt.cut is not None or not all(hedge.done() for hedge in hedges):
+            error.add_note("the GET it hedged, still unanswered, was cancelled")
+        raise error
 
-    def _watch(self, race: _Race, loop: asyncio.AbstractEventLoop) -> None:
-        """Watch ``race``'s GET until it answers or comes due (a timer left on another loop,
-        one that ended, is dropped with the attempts it watched)."""
-        unanswered = self._unanswered
-        if self._watch_loop is not loop:
-            if self._watch_timer is not None:
-                self._watch_timer.cancel()
-                self._watch_timer = None
-            unanswered.clear()
-            self._watch_loop = loop
-        while unanswered and unanswered[0].owner is None:
-            unanswered.popleft()  # answered: forgotten, so the deque stays short
-        unanswered.append(race)
-        if self._watch_timer is None:
-            self._watch_timer = loop.call_at(race.started[0] + self.delay.seconds, self._look)
+    def _observe_losers(self, attempt: _Attempt, loop: asyncio.AbstractEventLoop) -> None:
+        """The attempt was won: its GETs still unanswered ran at least this long."""
+        now = loop.time()
+        if attempt.cut is not None:
+            self.delay.observe(attempt.cut - attempt.started[0])
+        for hedge, started in zip(attempt.hedges, attempt.started[1:], strict=True):
+            if not hedge.done():
+                self.delay.observe(now - started)
+
+    def _interrupt(self, attempt: _Attempt) -> None:
+        """Cancel the GET running in the owner's task (once: the owner uncancels once)."""
+        if attempt.owner is not None and not attempt.interrupted:
+            attempt.interrupted = True
+            attempt.owner.cancel()
+
+    def _hedge_ended(self, attempt: _Attempt, loop: asyncio.AbstractEventLoop) -> None:
+        """A hedge ended: the owner decides what it means, interrupted if it is still
+        running its first GET."""
+        self.limit.release_hedge()
+        if attempt.done:
+            return
+        if attempt.owner is not None:
+            if not attempt.interrupted:
+                attempt.cut = loop.time()
+                self._interrupt(attempt)
+        elif attempt.wake is not None and not attempt.wake.done():
+            attempt.wake.set_result(None)
+
+    # -- watching: one timer for every attempt in flight -----------------------------------
+
+    def _watch(self, attempt: _Attempt, loop: asyncio.AbstractEventLoop) -> None:
+        """Watch ``attempt`` until it ends (a timer left on another loop, one that ended, is
+        dropped with the attempts it watched)."""
+        watched = self._watched
+        if self._loop is not loop:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            watched.clear()
+            self._loop = loop
+            self._next_turn = 0.0
+        while watched and watched[0].done:
+            watched.popleft()  # ended: forgotten, so the deque stays short
+        watched.append(attempt)
+        if self._timer is None:
+            self._timer = loop.call_at(attempt.key + self.delay.seconds, self._look)
 
     def _look(self) -> None:
-        """The oldest watched GET may be due: each one that is, still unanswered, gets its
-        race; the timer is set again for the next one."""
-        self._watch_timer = None
-        loop = self._watch_loop
+        """Each due attempt at the head, when its turn has come, is hedged if the budget
+        allows (else looked at again one delay later); the timer is set for the next."""
+        self._timer = None
+        loop = self._loop
         assert loop is not None
-        now = loop.time()
         delay = self.delay.seconds
-        unanswered = self._unanswered
-        while unanswered:
-            race = unanswered[0]
-            if race.owner is not None:
-                due = race.started[0] + delay
-                if due > now:
-                    self._watch_timer = loop.call_at(due, self._look)
-                    return
-                race.gets.append(loop.create_future())
-                race.racer = loop.create_task(self._race(race, loop), context=race.context)
-            unanswered.popleft()
+        watched = self._watched
+        while watched:
+            attempt = watched[0]
+            if attempt.done:
+                watched.popleft()
+                continue
+            now = loop.time()
+            due = max(attempt.key + delay, self._next_turn)
+            if due > now:
+                self._timer = loop.call_at(due, self._look)
+                return
+            watched.popleft()
+            if self._hedge(attempt, loop):
+                self._next_turn = now + delay / PACE
+            if len(attempt.hedges) < MAX_HEDGES:
+                attempt.key = now  # no key in the deque is later: it stays in order
+                watched.append(attempt)
 
     def _rewatch(self) -> None:
-        """The delay changed: the watched GETs come due at other times. (A timer left on
-        another loop, or one that ended, is replaced by the next :meth:`_watch` there.)"""
-        timer = self._watch_timer
+        """The delay changed: the watched attempts come due at other times. (A timer left
+        on another loop, or one that ended, is replaced by the next :meth:`_watch` there.)"""
+        timer = self._timer
         if timer is None:
             return
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
             return
-        if running is self._watch_loop:
+        if running is self._loop:
             timer.cancel()
             self._look()
 
-    async def _race(self, race: _Race, loop: asyncio.AbstractEventLoop) -> Body:
-        """A late attempt: hedge it when its turn comes and the budget allows, until one of
-        its GETs succeeds or the attempt fails (see the module docstring)."""
-        request = race.request
-        try:
-            while True:
-                body = self._settle(request, race, loop)
-                if body is not None:
-                    return body
-                remaining = None
-                turn = None
-                if len(race.gets) <= MAX_HEDGES:
-                    due = max(race.youngest_started + self.delay.seconds, race.retry_at)
-                    remaining = due - loop.time()
-                    if remaining <= 0:
-                        turn = self._turn(race, loop)
-                        if turn is None:
-                            self._hedge(request, race, loop)
-                            continue
-                        remaining = None  # it waits for its turn, not for a time
-                    elif race.granted:  # the delay grew: no longer due, the turn passes
-                        self._pass_turn(race, loop)
-                waits: list[asyncio.Future[Any]] = [t for t in race.gets if not t.done()]
-                if turn is not None:
-                    waits.append(turn)
-                elif remaining is not None:
-                    waits.append(self.delay.changed())  # the timer follows the estimate
-                await _first_done(waits, remaining, loop)
-        finally:
-            self._leave(race, loop)
-            for get in race.gets:
-                if not get.done():
-                    race.cancel(get)
-            # Cancelled hedges are awaited, so their slots are free when the attempt returns
-            # (the first GET ends in the owner's task, which awaits this race).
-            losers = [get for get in race.gets[1:] if not get.done()]
-            if losers:
-                await asyncio.wait(losers)
-            for get in race.gets:
-                if not get.cancelled():
-                    get.exception()  # retrieved: the loser's error is not news
-
-    # -- turns: hedges paced delay / PACE apart, oldest attempt first ----------------------
-
-    def _turn(self, race: _Race, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None] | None:
-        """None if ``race``, due, may hedge now; else the future that wakes it for its turn."""
-        if race.granted or (not self._waiting and loop.time() >= self._next_turn):
-            race.granted = False
-            return None
-        turn = self._waiting.get(race)
-        if turn is None or turn.done():
-            turn = self._waiting[race] = loop.create_future()
-        self._wind_turns(loop)
-        return turn
-
-    def _wind_turns(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Have the next turn given when it comes, if an attempt waits for it (a timer
-        left on another loop, one that ended, is replaced)."""
-        timer = self._turn_timer
-        if timer is not None and self._turn_loop is not loop:
-            timer.cancel()
-            timer = self._turn_timer = None
-        if self._waiting and timer is None:
-            self._turn_timer = loop.call_at(self._next_turn, self._give_turn)
-            self._turn_loop = loop
-
-    def _give_turn(self) -> None:
-        """The next turn came: it goes to the oldest waiting attempt."""
-        self._turn_timer = None
-        if not self._waiting:
-            return
-        race = min(self._waiting, key=lambda r: r.youngest_started)
-        turn = self._waiting.pop(race)
-        race.granted = True
-        if not turn.done():
-            turn.set_result(None)
-
-    def _pass_turn(self, race: _Race, loop: asyncio.AbstractEventLoop) -> None:
-        """``race`` was given a turn it does not use: the next waiting attempt has it."""
-        race.granted = False
-        self._wind_turns(loop)
-
-    def _leave(self, race: _Race, loop: asyncio.AbstractEventLoop) -> None:
-        """The attempt ended: it waits for no turn, and one it was given passes on."""
-        self._waiting.pop(race, None)
-        if race.granted:
-            self._pass_turn(race, loop)
-
-    def _hedge(self, request: Request, race: _Race, loop: asyncio.AbstractEventLoop) -> None:
-        """The youngest GET outlasted the delay and it is its turn: send a hedge if allowed
-        (the next turn is then ``delay / PACE`` away). When the first hedge is itself that
-        late, the primary (the oldest, most likely stalled) is cancelled, so an object
-        never has more than two GETs in flight."""
-        if not self._take_hedge_slot():
-            # No token or hedge slot now: look again one delay later (a timer per late
-            # GET, not a poll), rather than leave a stalled GET to its read timeout. The
-            # turn passes to the next waiting attempt at once.
-            race.retry_at = loop.time() + self.delay.seconds
-            self._wind_turns(loop)
-            return
-        self._next_turn = loop.time() + self.delay.seconds / PACE
-        self._wind_turns(loop)
-        primary = race.gets[0]
-        if len(race.gets) > 1 and not primary.done():
-            race.cancel(primary)
-        race.start(self._timed(request, loop), loop)
-        # A done callback, not a finally in the task: a task cancelled before its first
-        # step never runs its body, and the slot would leak.
-        race.gets[-1].add_done_callback(self._release_hedge_slot)
-        self.sent += 1
-        request.observer.on_hedge()
-
-    def _settle(
-        self, request: Request, race: _Race, loop: asyncio.AbstractEventLoop
-    ) -> Body | None:
-        """The winner's body once one GET succeeded; raises once the attempt has failed
-        (see the module docstring); None while it goes on."""
-        primary = race.gets[0]
-        for task in race.gets:
-            if not task.done() or task in race.settled:
-                continue
-            race.settled.add(task)
-            if task.cancelled():
-                continue  # a primary replaced by a second hedge
-            error = task.exception()
-            if error is None:
-                for loser, started in zip(race.gets, race.started, strict=True):
-                    if not loser.done():  # it ran at least this long: a lower bound
-                        self.delay.observe(loop.time() - started)
-                if task is not primary:
-                    self.won += 1
-                    request.observer.on_hedge_won()
-                return task.result()
-            if not (isinstance(error, FetchError) and error.retryable):
-                raise error
-            younger = race.gets[race.gets.index(task) + 1 :]
-            if all(t.done() for t in younger):
-                # No younger GET to wait for: any still in flight is older, has outlasted
-                # the delay and this GET's whole life, and is most likely stalled, so a
-                # fresh attempt beats waiting for it.
-                if race.error is not None:
-                    error.add_note(f"the GET it hedged failed too: {race.error}")
-                elif not all(t.done() for t in race.gets):
-                    error.add_note("the GET it hedged, still unanswered, was cancelled")
-                raise error
-            race.error = error
-        return None
-
-    def _take_hedge_slot(self) -> bool:
-        """A slot for a hedge if the budget, the store's mood and the limit allow one."""
+    def _hedge(self, attempt: _Attempt, loop: asyncio.AbstractEventLoop) -> bool:
+        """Send a hedge for ``attempt`` if the budget, the store's mood and the limit allow
+        one. A second hedge replaces the first GET, cancelled if still running."""
         if self.limit.storming or self.budget.tokens < 1.0:
             return False
         if not self.limit.try_acquire_hedge():
             return False
         self.budget.spend()
+        if attempt.hedges:
+            self._interrupt(attempt)
+        hedge = loop.create_task(self._timed(attempt.request, loop, hedge=True))
+        attempt.hedges.append(hedge)
+        attempt.started.append(loop.time())
+        # A done callback, not a finally in the task: a task cancelled before its first
+        # step never runs its body, and the slot would leak.
+        hedge.add_done_callback(lambda _: self._hedge_ended(attempt, loop))
         return True
 
-    async def _timed(self, request: Request, loop: asyncio.AbstractEventLoop) -> Body:
+    async def _timed(
+        self, request: Request, loop: asyncio.AbstractEventLoop, hedge: bool = False
+    ) -> Body:
         """One GET; its latency feeds the delay estimate when it succeeds (a cache hit sent
-        no request: its time is no sample of the store's latency)."""
+        no request: its time is no sample of the store's latency). A hedge is counted when
+        it starts: one cancelled before its first step was never sent."""
+        if hedge:
+            self.sent += 1
+            request.observer.on_hedge()
         started = loop.time()
         body = await self.inner.get(request)
         if body.round_trip:
             self.delay.observe(loop.time() - started)
         return body
-
-    def _release_hedge_slot(self, hedge: asyncio.Future[Body]) -> None:
-        self.limit.release_hedge()

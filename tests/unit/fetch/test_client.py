@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pytest
 from _observers import Recorder
 
-from concurrent_loader.config import FetchConfig, RetryConfig, Timeouts
+from concurrent_loader.config import FetchConfig, HedgeConfig, RetryConfig, Timeouts
 from concurrent_loader.errors import (
     AccessDenied,
     BadRequest,
@@ -32,6 +32,7 @@ from concurrent_loader.errors import (
 from concurrent_loader.fetch import NO_OBSERVER, FetchClient, FetchObserver
 from concurrent_loader.fetch.tuning import FLOOR
 from concurrent_loader.stores import STALL, ByteRange, MemoryConfig
+from concurrent_loader.stores.base import Body
 
 URL = "memory://test/a"
 
@@ -414,6 +415,79 @@ def test_waiting_for_the_first_request_slot_does_not_spend_the_budget():
     client = deadline_client(store, 60.0, 0.25, max_inflight_requests=1)
     _gather(client, [f"{i}" for i in range(5)])
     assert store.stats.total == 5
+
+
+class CountingLoop(asyncio.SelectorEventLoop):
+    """Counts the timers armed on it (``asyncio.timeout`` arms its timer with call_at)."""
+
+    timers = 0
+
+    def call_at(self, when, callback, *args, context=None):  # type: ignore[no-untyped-def]
+        self.timers += 1
+        return super().call_at(when, callback, *args, context=context)
+
+
+@pytest.mark.parametrize(("hedged", "timers"), [(False, 1), (True, 2)])
+def test_a_get_answered_at_once_arms_the_attempts_timer_and_no_retry_timer(hedged, timers):
+    # The attempt's deadline (and, hedged, the hedge watch's) only: the object's time
+    # budget gets a timer of its own after a first failure.
+    store = MemoryConfig({"a": b"x"})
+    config = FetchConfig(retry=INSTANT, hedge=HedgeConfig(enabled=hedged))
+    client = FetchClient(store.open(config), config)
+    loop = CountingLoop()
+    try:
+        assert bytes(loop.run_until_complete(client.get("a"))) == b"x"
+    finally:
+        loop.close()
+    assert loop.timers == timers
+
+
+def test_a_retry_waiting_for_a_slot_is_held_to_the_budget():
+    # "a" fails after 50 ms; its retry waits for the only slot, which "b" took meanwhile
+    # and holds, stalled: the budget (armed at the failure, from the first send) cuts it.
+    class Store:
+        capabilities = MemoryConfig({}).capabilities
+
+        def __init__(self) -> None:
+            self.gets: list[str] = []
+
+        def url_for(self, key: str) -> str:
+            return f"memory://test/{key}"
+
+        async def get(self, key: str, byte_range: ByteRange | None = None) -> Body:
+            self.gets.append(key)
+            if key == "b":
+                await asyncio.Event().wait()
+            await asyncio.sleep(0.05)
+            raise ServerError("boom", url=self.url_for(key), cause=Reason.SERVER_ERROR)
+
+        async def close(self) -> None:
+            pass
+
+    store = Store()
+    config = FetchConfig(
+        retry=RetryConfig(base_delay=0.0, max_total_seconds=0.2), max_inflight_requests=1
+    )
+    client = FetchClient(store, config)
+
+    async def main() -> None:
+        first = asyncio.create_task(client.get("a"))
+        await asyncio.sleep(0)  # "a" holds the slot, "b" waits for it
+        blocker = asyncio.create_task(client.get("b"))
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(FetchTimeout) as caught:
+            await first
+        assert asyncio.get_running_loop().time() - started < 0.2 + 0.5
+        error = caught.value
+        assert error.cause is Reason.DEADLINE_EXCEEDED
+        assert isinstance(error.__cause__, ServerError)
+        assert store.gets == ["a", "b"]
+        blocker.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await blocker
+        assert client.in_flight == 0
+
+    asyncio.run(main())
 
 
 def test_an_error_past_the_budget_pickles_with_its_reason():

@@ -164,7 +164,7 @@ def test_a_get_runs_in_the_callers_task_and_only_a_hedge_gets_one_of_its_own():
     first, late, hedge = store.tasks
     assert first is caller and late is caller
     assert hedge is not None and hedge is not caller
-    assert client.hedging is not None and len(client.hedging._unanswered) <= 1
+    assert client.hedging is not None and len(client.hedging._watched) <= 1
 
 
 @pytest.mark.parametrize(
@@ -219,7 +219,7 @@ def test_gets_that_answer_in_time_are_not_kept_watched():
 
     asyncio.run(main())
     assert client.hedging is not None
-    assert len(client.hedging._unanswered) <= 1  # answered ones leave from the head
+    assert len(client.hedging._watched) <= 1  # answered ones leave from the head
 
 
 def test_a_slow_get_is_hedged_only_after_the_delay_and_the_first_to_finish_wins():
@@ -237,7 +237,7 @@ def test_a_slow_get_is_hedged_only_after_the_delay_and_the_first_to_finish_wins(
 
 
 def test_when_the_primary_finishes_first_the_hedge_is_cancelled():
-    store = AttemptStore([2 * DELAY, 10.0])
+    store = AttemptStore([1.5 * DELAY, 10.0])
     client = full_budget(FetchClient(store, config_with(pinned())))
     observer = Recorder()
     assert run_one(client, observer) == b"attempt 0"
@@ -609,3 +609,52 @@ def test_a_waiting_get_follows_the_estimate_as_it_falls():
 
     assert asyncio.run(main()) == b"attempt 1"
     assert store.sent[1] - store.sent[0] < 4 * DELAY
+
+
+# ------------------------------------------------------------------ tasks and teardown
+
+
+def test_a_late_get_without_a_token_gets_no_task():
+    # Late, but the budget is empty: no hedge, so no task besides the caller's.
+    store = TaskRecording([3 * DELAY])
+    client = FetchClient(store, config_with(pinned()))
+    assert client.hedging is not None
+    client.hedging.budget.tokens = 0.0
+
+    async def main() -> int:
+        task = asyncio.create_task(client.get("a"))
+        await asyncio.sleep(2 * DELAY)  # late by now
+        tasks = len(asyncio.all_tasks())
+        await task
+        return tasks
+
+    assert asyncio.run(main()) == 2  # main and the caller
+    assert store.tasks and len(store.sent) == 1
+
+
+@pytest.mark.parametrize("how", ["cancelled", "deadline"])
+def test_a_caller_waiting_for_its_hedge_after_its_get_failed_leaves_nothing_in_flight(how):
+    # The first GET fails (transiently) after its hedge was sent: the caller waits for the
+    # hedge; cancelling it, or its attempt's deadline, cancels the hedge and frees its slot.
+    failure = ServerError("503", url=URL, cause=Reason.SERVER_ERROR)
+    store = AttemptStore([(1.5 * DELAY, failure), STALL, 0.0])
+    timeouts = Timeouts(attempt=3 * DELAY if how == "deadline" else 60.0)
+    client = FetchClient(store, config_with(pinned(), timeouts=timeouts))
+    assert client.hedging is not None
+    client.hedging.budget.tokens = 1.0  # one hedge: none replaces the first
+
+    async def main() -> None:
+        task = asyncio.create_task(client.get("a"))
+        await asyncio.sleep(2 * DELAY)  # the first GET failed, the hedge is in flight
+        assert len(store.sent) == 2 and store.in_flight == 1
+        if how == "cancelled":
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        else:
+            assert bytes(await task) == b"attempt 2"  # the retry, after the deadline
+        assert 1 in store.cancelled
+        assert client.in_flight == 0 and store.in_flight == 0
+        assert client.limit.hedges_in_flight == 0
+
+    asyncio.run(main())
