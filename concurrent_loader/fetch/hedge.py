@@ -16,8 +16,8 @@ accounting, so:
   GET it overtakes holds one and the limit may be small (a throttling store cuts it): a
   hedge that waited for a slot behind its own stalled GET would never be sent. At most
   ``FetchConfig.max_hedges_in_flight`` hedges are in flight beyond the limit, so the GETs
-  in flight stay within ``limit + max_hedges_in_flight`` (the transport's connection cap);
-  without a token or a slot, the GET is looked at again one delay later;
+  in flight stay within ``limit + max_hedges_in_flight`` (the transport's connection cap).
+  Without a token or a slot, the GET is looked at again one delay later;
 - hedges are paced: at most one per ``delay / PACE`` seconds (:data:`PACE`); GETs that
   come due meanwhile wait their turn, oldest first. This tells a queue from a tail: a
   burst of GETs that only queue at the store (the first round of a process, sent at
@@ -42,9 +42,8 @@ accounting, so:
   cancelled there, and the caller tells this cancellation from its own caller's
   (``Task.uncancel``, as ``asyncio.timeout`` does); it then waits for its hedges itself;
 - the attempt is one object to the layers above: one response reported, one deadline, and,
-  in the pipeline, one byte reservation (made before the client is called). The loser's
-  body, bounded like every body by ``max_object_bytes`` (the store refuses a larger one
-  before reading it), is dropped when it is cancelled.
+  in the pipeline, one byte reservation (made before the client is called). A loser's
+  body, bounded by ``max_object_bytes`` like every body, is dropped when it is cancelled.
 
 Each GET's own throttle is still counted (``on_throttle``) and lowers the limit, hedges
 included; the observer also hears ``on_hedge`` for each hedge sent and ``on_hedge_won``
@@ -148,20 +147,6 @@ class _Attempt:
     hedges in tasks of their own. ``key`` orders the watched attempts: the send of its
     youngest GET, or the last time a hedge could not be sent; it is due ``delay`` later."""
 
-    __slots__ = (
-        "cancelling",
-        "cut",
-        "done",
-        "error",
-        "hedges",
-        "interrupted",
-        "key",
-        "owner",
-        "request",
-        "started",
-        "wake",
-    )
-
     def __init__(self, request: Request, owner: asyncio.Task[Any], now: float) -> None:
         self.request = request
         self.owner: asyncio.Task[Any] | None = owner
@@ -177,13 +162,10 @@ class _Attempt:
 
 
 class HedgeLayer:
-    """One attempt as up to three GETs of the same object, at most two in flight (see the
-    module docstring).
-
+    """One attempt as up to three GETs of the same object (see the module docstring).
     ``limit`` is the client's in-flight limit: the attempt already holds one of its slots;
-    a hedge takes one of its hedge slots with :meth:`AdaptiveLimit.try_acquire_hedge`.
-    ``sent`` and ``won`` count hedges over the client's life.
-    """
+    a hedge takes one of its hedge slots (:meth:`AdaptiveLimit.try_acquire_hedge`).
+    ``sent`` and ``won`` count hedges over the client's life."""
 
     def __init__(self, inner: Getter, limit: AdaptiveLimit, config: HedgeConfig) -> None:
         self.inner = inner
@@ -217,24 +199,21 @@ class HedgeLayer:
             if not attempt.hedges:  # never hedged: the common case
                 attempt.done = True
                 raise
-            return await self._settle(attempt, None, exc, loop)
+            return await self._settle(attempt, None, exc)
         attempt.owner = None
         if body.round_trip:
             self.delay.observe(loop.time() - started)
         if not attempt.hedges:
             attempt.done = True
             return body
-        return await self._settle(attempt, body, None, loop)
+        return await self._settle(attempt, body, None)
 
     async def _settle(
-        self,
-        attempt: _Attempt,
-        body: Body | None,
-        error: BaseException | None,
-        loop: asyncio.AbstractEventLoop,
+        self, attempt: _Attempt, body: Body | None, error: BaseException | None
     ) -> Body:
         """The first GET of a hedged attempt ended with ``body`` or ``error``: the
         attempt's outcome, once its GETs decide it (see the module docstring)."""
+        loop = asyncio.get_running_loop()
         owner = asyncio.current_task()
         assert owner is not None
         try:
@@ -310,7 +289,7 @@ class HedgeLayer:
                 self.delay.observe(now - started)
 
     def _interrupt(self, attempt: _Attempt) -> None:
-        """Cancel the GET running in the owner's task (once: the owner uncancels once)."""
+        """Cancel the GET running in the owner's task, once (the owner uncancels once)."""
         if attempt.owner is not None and not attempt.interrupted:
             attempt.interrupted = True
             attempt.owner.cancel()
@@ -331,8 +310,7 @@ class HedgeLayer:
     # -- watching: one timer for every attempt in flight -----------------------------------
 
     def _watch(self, attempt: _Attempt, loop: asyncio.AbstractEventLoop) -> None:
-        """Watch ``attempt`` until it ends (a timer left on another loop, one that ended, is
-        dropped with the attempts it watched)."""
+        """Watch ``attempt`` until it ends (what watched another loop is dropped)."""
         watched = self._watched
         if self._loop is not loop:
             if self._timer is not None:
@@ -373,8 +351,7 @@ class HedgeLayer:
                 watched.append(attempt)
 
     def _rewatch(self) -> None:
-        """The delay changed: the watched attempts come due at other times. (A timer left
-        on another loop, or one that ended, is replaced by the next :meth:`_watch` there.)"""
+        """The delay changed: the watched attempts come due at other times."""
         timer = self._timer
         if timer is None:
             return
