@@ -1,4 +1,5 @@
-"""Client CPU per signed GET: our ConnectionPool + SigV4Signer against the usual clients.
+"""Client CPU per signed GET: our ConnectionPool + SigV4Signer against the usual clients,
+and our whole fetch path.
 
 Each client runs the same workload inside this one process, pinned to ``--client-cpu``:
 ``--objects`` GETs of ``--size``-byte objects at ``--concurrency`` requests in flight, on
@@ -9,7 +10,10 @@ this process (all its threads, so obstore's Rust runtime counts too; the server 
 does), repeated ``--repeats`` times in a rotating order; the table shows the median and
 the min-max. With the server it starts, the server's CPU per GET is shown too.
 
-Clients: ``ours`` (ConnectionPool + SigV4Signer), ``aiohttp+ours`` (aiohttp with our
+Clients: ``ours`` (ConnectionPool + SigV4Signer), ``fetch-path`` (what a dataset runs by
+default: a ``FetchClient`` over an ``S3Store`` under ``FetchConfig()``, so retry, the
+self-tuned limit, deadlines, timing, hedging and checksum checks), ``fetch-path-unchecked``
+(the same without checksum checks), ``aiohttp+ours`` (aiohttp with our
 signer), ``aiohttp+botocore`` (aiohttp with botocore's S3SigV4Auth), ``aiobotocore``
 (``get_object``), ``aiohttp-unsigned`` (anonymous GETs: the server must allow anonymous
 reads) and ``obstore`` when importable.
@@ -18,6 +22,15 @@ Without ``--endpoint-url`` it starts :class:`concurrent_loader.testing.LocalS3Se
 pinned to ``--server-cpu``. Objects are uploaded with boto3 unless already there::
 
     python benchmarks/get_cpu.py --objects 2000 --size 110000 --concurrency 64 --client-cpu 0
+
+The fetch path's CPU per GET, before and after a change: the same file run against two
+checkouts (it imports the package of the tree it sits in), alternately, on a quiet machine::
+
+    git worktree add /tmp/base <commit> && cp benchmarks/get_cpu.py /tmp/base/benchmarks/
+    for i in 1 2 3 4 5 6; do for tree in /tmp/base .; do
+        flock /tmp/bench.lock python $tree/benchmarks/get_cpu.py --repeats 2 \\
+            --clients fetch-path,fetch-path-unchecked,ours
+    done; done
 """
 
 from __future__ import annotations
@@ -25,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import os
 import statistics
@@ -216,8 +230,41 @@ async def obstore_client(target: Target) -> AsyncIterator[Fetch]:
     yield fetch
 
 
+def _fetch_path(verify_checksums: bool) -> ClientFactory:
+    @contextlib.asynccontextmanager
+    async def fetch_path(target: Target) -> AsyncIterator[Fetch]:
+        from concurrent_loader.config import FetchConfig
+        from concurrent_loader.fetch import FetchClient
+        from concurrent_loader.stores import S3Config
+
+        store = S3Config.from_url(
+            f"s3://{target.bucket}/",
+            endpoint_url=target.endpoint_url,
+            region=target.region,
+            aws_access_key_id=target.access_key,
+            aws_secret_access_key=target.secret_key,
+            addressing_style="path",
+        )
+        if not verify_checksums and "verify_checksums" in S3Config.__dataclass_fields__:
+            store = dataclasses.replace(store, verify_checksums=False)
+        config = FetchConfig()
+        client = FetchClient(store.open(config), config)
+        try:
+
+            async def fetch(key: str) -> int:
+                return len(await client.get(key))
+
+            yield fetch
+        finally:
+            await client.close()
+
+    return fetch_path
+
+
 CLIENTS: dict[str, ClientFactory] = {
     "ours": ours,
+    "fetch-path": _fetch_path(verify_checksums=True),
+    "fetch-path-unchecked": _fetch_path(verify_checksums=False),
     "aiohttp+ours": aiohttp_ours,
     "aiohttp+botocore": aiohttp_botocore,
     "aiobotocore": aiobotocore,
