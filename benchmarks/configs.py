@@ -199,16 +199,18 @@ def _build_stock_local(params: LoaderParams) -> Built:
 
 
 def _build_ours(params: LoaderParams, source: str, **storage: Any) -> Built:
-    from concurrent_loader import ConcurrentDataLoader, ImageFolder
+    from concurrent_loader import ConcurrentDataLoader, FetchConfig, ImageFolder
 
-    dataset = ImageFolder(source, image_size=params.image_size, **storage)
+    # 0: the self-tuned default (benchmarks.run's "auto")
+    fetch_config = FetchConfig(max_inflight_requests=params.max_inflight_requests or None)
+    dataset = ImageFolder(
+        source, image_size=params.image_size, fetch_config=fetch_config, **storage
+    )
     loader = ConcurrentDataLoader(
         dataset,
         batch_size=params.batch_size,
         shuffle=True,
         num_workers=params.workers,
-        # 0: the self-tuned default (benchmarks.run's "auto")
-        max_inflight_requests=params.max_inflight_requests or None,
         generator=torch.Generator().manual_seed(params.seed),
     )
     closer = loader if isinstance(loader, AbstractContextManager) else nullcontext()

@@ -97,14 +97,20 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     fault_us = page_fault_us()
     import torch
 
-    from concurrent_loader import ConcurrentDataLoader, ImageFolder
+    from concurrent_loader import ConcurrentDataLoader, FetchConfig, ImageFolder
 
+    fetch_config = FetchConfig(max_inflight_requests=spec["max_inflight_requests"])
     if spec["storage"] == "s3":
         dataset = ImageFolder(
-            spec["s3_url"], image_size=spec["image_size"], endpoint_url=spec["endpoint_url"]
+            spec["s3_url"],
+            image_size=spec["image_size"],
+            endpoint_url=spec["endpoint_url"],
+            fetch_config=fetch_config,
         )
     else:
-        dataset = ImageFolder(spec["local_dir"], image_size=spec["image_size"])
+        dataset = ImageFolder(
+            spec["local_dir"], image_size=spec["image_size"], fetch_config=fetch_config
+        )
     loader = ConcurrentDataLoader(
         dataset,
         batch_size=spec["batch_size"],
@@ -112,7 +118,6 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         generator=torch.Generator().manual_seed(spec["seed"]),
         num_workers=spec["workers"],
         persistent_workers=spec["persistent"],
-        max_inflight_requests=spec["max_inflight_requests"],
     )
     epochs = []
     for epoch in range(spec["epochs"]):

@@ -66,9 +66,10 @@ def run_bandwidth(s3: LocalS3Server, bucket: str, args: argparse.Namespace) -> d
                     endpoint_url=proxy.endpoint_url,
                     decode=zlib.crc32,
                     fetch_config=FetchConfig(max_object_bytes=2 * size),
+                    parts=parts,
                 )
                 loader = ConcurrentDataLoader(
-                    dataset, batch_size=1, num_workers=1, persistent_workers=True, parts=parts
+                    dataset, batch_size=1, num_workers=1, persistent_workers=True
                 )
                 passes = []
                 for _ in range(2):

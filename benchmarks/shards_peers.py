@@ -61,7 +61,7 @@ from torch.utils.data import DataLoader, Dataset
 from benchmarks.data import DatasetSpec, ensure_local
 from benchmarks.parts_bandwidth import add_arguments, run_bandwidth, smoke
 from benchmarks.transform import make_decoder
-from concurrent_loader import ConcurrentDataLoader, ObjectDataset
+from concurrent_loader import ConcurrentDataLoader, FetchConfig, ObjectDataset
 from concurrent_loader.sources import Read
 from concurrent_loader.sources.load import load_samples
 from concurrent_loader.stores.base import ByteRange
@@ -215,6 +215,7 @@ def ours_dataset(setup: Setup, decode: Callable[[Any], Any], **options: Any) -> 
             f"s3://{BUCKET}/shards/", keys=setup.shards, endpoint_url=setup.endpoint_url
         )
         return ShardStandIn(objects, setup.members, decode)
+    options.setdefault("fetch_config", FetchConfig(max_inflight_requests=64))
     return ShardDataset(
         f"s3://{BUCKET}/shards/",
         decode=PairOf(decode),
@@ -234,13 +235,13 @@ def build_ours(
 
 
 def _ours_loader(setup: Setup, dataset: Any, sampler: Any) -> DataLoader[Any]:
-    """Every ours row's loader: the run's batch size and workers, 64 GETs in flight."""
+    """Every ours row's loader: the run's batch size and workers (64 GETs in flight: the
+    dataset's fetch config)."""
     return ConcurrentDataLoader(
         dataset,
         batch_size=setup.args.batch_size,
         sampler=sampler,
         num_workers=setup.args.workers,
-        max_inflight_requests=64,
     )
 
 

@@ -29,6 +29,7 @@ from .config import FetchConfig
 from .decode import EncodedImageDecoder, ImageDecoder, check_decode_on
 from .errors import ConfigError, Reason
 from .fetch import client_for, fetch_blocking
+from .fetch.parts import PartsConfig
 from .keys import KeyTable
 from .listing import list_store
 from .listing import progress as progress_bar
@@ -71,7 +72,13 @@ class ObjectDataset(Closing, Dataset[Any]):
     (not for SSE-KMS/SSE-C buckets, whose ETags are not MD5s).
     ``cache`` reads the objects through a node-local cache (a directory, or a
     :class:`~concurrent_loader.cache.CacheConfig`; see :mod:`concurrent_loader.cache`).
+    How bytes are fetched is the dataset's: ``fetch_config`` (requests and bytes in flight,
+    timeouts, retries, hedges) and ``parts`` (a read larger than ``parts.part_size`` goes as
+    ranged GETs in flight; :class:`~concurrent_loader.PartsConfig`).
     """
+
+    #: how a large read is split into ranged GETs (a subclass that sets none: the defaults)
+    parts: PartsConfig = PartsConfig()
 
     def __init__(
         self,
@@ -93,7 +100,14 @@ class ObjectDataset(Closing, Dataset[Any]):
         verify_etag_md5: bool = False,
         progress: bool = False,
         cache: str | os.PathLike[str] | CacheConfig | None = None,
+        parts: PartsConfig | None = None,
     ) -> None:
+        if parts is not None and not isinstance(parts, PartsConfig):
+            raise ConfigError(
+                f"parts must be a PartsConfig, got {type(parts).__name__}",
+                cause=Reason.INVALID_ARGUMENT,
+            )
+        self.parts = parts or PartsConfig()
         store = store_config_for(
             root,
             endpoint_url=endpoint_url,

@@ -154,13 +154,16 @@ def generated_dataset(args: argparse.Namespace) -> Any:
 
 def open_dataset(args: argparse.Namespace, stack: contextlib.ExitStack) -> tuple[Any, str]:
     """The ``ImageFolder`` the arguments ask for, and a line saying where it reads from."""
-    from concurrent_loader import ImageFolder
+    from concurrent_loader import FetchConfig, ImageFolder
 
     if args.local:
         root = Path(args.data_dir) if args.data_dir else generated_dataset(args).train_dir
         return ImageFolder(root, image_size=args.image_size), f"local disk {root}"
 
-    storage: dict[str, Any] = {}
+    # How bytes are fetched is the dataset's: its fetch config.
+    storage: dict[str, Any] = {
+        "fetch_config": FetchConfig(max_inflight_requests=args.max_inflight_requests)
+    }
     if args.start_server:
         from concurrent_loader.testing import LocalS3Server, ProxyProcess
 
@@ -181,7 +184,7 @@ def open_dataset(args: argparse.Namespace, stack: contextlib.ExitStack) -> tuple
                 ProxyProcess(upstream=server.endpoint_url, latency_ms=args.latency_ms)
             )
             endpoint_url = proxy.endpoint_url
-        storage = {
+        storage |= {
             "aws_access_key_id": server.access_key,
             "aws_secret_access_key": server.secret_key,
             "region": server.region,
@@ -235,7 +238,6 @@ def run_loader(args: argparse.Namespace, device: torch.device, dtype: torch.dtyp
             batch_size=args.batch_size,
             shuffle=True,
             num_workers=args.num_workers,
-            max_inflight_requests=args.max_inflight_requests,
             decode_threads=args.decode_threads,
             pin_memory=device.type == "cuda",
             persistent_workers=args.num_workers > 0,

@@ -46,7 +46,6 @@ from torch.utils.data import (
 )
 
 from ..errors import ConfigError, Reason
-from ..fetch.parts import PartsConfig
 from ..metrics import SharedStats, StallLedger, loader_stats
 from ..pipeline import PipelineOptions, SkippedSample, source_of
 from . import state as resume
@@ -67,18 +66,17 @@ class ConcurrentDataLoader(DataLoader[T_co]):
     """A ``DataLoader`` that fetches many objects concurrently per worker process.
 
     Takes every ``torch.utils.data.DataLoader`` argument with the same meaning (validated by
-    torch, attributes as torch sets them), plus (see
-    :class:`~concurrent_loader.pipeline.PipelineOptions`):
+    torch, attributes as torch sets them), plus how batches are produced (see
+    :class:`~concurrent_loader.pipeline.PipelineOptions`). How bytes are fetched (requests
+    and bytes in flight, timeouts, retries, hedges, reads in parts, the cache) is the
+    dataset's: its ``fetch_config``, ``parts`` and store config.
 
-    - ``max_inflight_requests``: GETs in flight at most per process (default: the dataset's
-      ``FetchConfig.max_inflight_requests``; None, its default, sizes it from what is
-      measured, up to ``FetchConfig.inflight_cap``);
-    - ``max_inflight_bytes``: fetched-but-undecoded bytes held at most per process;
     - ``decode_threads``: decode threads per process (default: the process's share of CPUs);
     - ``getitem_threads``: threads per process calling ``__getitem__`` of a dataset that is
       not ours (default 64);
     - ``prefetch_batches``: batches in progress per process ahead of the consumer (default:
-      enough to keep ``max_inflight_requests`` busy, at least 2);
+      enough to keep the dataset's GETs in flight busy, at least 2); torch's
+      ``prefetch_factor`` keeps its meaning, for the finished batches each worker queues;
     - ``seed``: the shuffle seed shared by all ranks under ``torch.distributed`` when the
       loader shards by itself (no ``sampler`` or ``batch_sampler`` given);
     - ``on_error``: ``"raise"`` (default; the failed batch's error is raised by ``next()``
@@ -88,14 +86,12 @@ class ConcurrentDataLoader(DataLoader[T_co]):
     - ``log_every_s``: log :meth:`stats` as one INFO line this often (off by default);
     - ``stall_timeout_s``: a process that waits this long for a batch raises
       ``LoaderStalled`` naming what it waited on, with every thread's stack (default 300 s;
-      None: never); it logs a WARNING before;
-    - ``parts``: how a read larger than its part size is split into ranged GETs in flight
-      (:class:`~concurrent_loader.fetch.PartsConfig`: ``part_size`` 8 MiB,
-      ``parts_in_flight`` 8), for stores that serve byte ranges;
-    - ``prefetch_next_epoch``: persistent workers fetch the next epoch's first batches while an
-      epoch ends, when its plan can be predicted (default True; :mod:`.lookahead`). What a
-      changed plan leaves unused is dropped, never delivered; after the last epoch, that
-      costs one prefetch window of GETs.
+      None: never); it logs a WARNING before.
+
+    Persistent workers fetch the next epoch's first batches while an epoch ends, when its
+    plan can be predicted (:mod:`.lookahead`); what a changed plan leaves unused is dropped,
+    never delivered. A sampler with ``set_batching`` (``ShardOrderSampler``) is told the
+    workers and batch size as each epoch starts.
 
     ``len(loader)`` is the number of batches. An ``IterableDataset`` is loaded as a stock
     DataLoader loads it (none of the options above apply to it).
@@ -121,8 +117,6 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         persistent_workers: bool = False,
         pin_memory_device: str = "",
         in_order: bool = True,
-        max_inflight_requests: int | None = None,
-        max_inflight_bytes: int | None = None,
         decode_threads: int | None = None,
         getitem_threads: int | None = None,
         prefetch_batches: int | None = None,
@@ -131,23 +125,19 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         max_skipped: int | float = 0.01,
         log_every_s: float | None = None,
         stall_timeout_s: float | None = 300.0,
-        parts: PartsConfig | None = None,
-        prefetch_next_epoch: bool = True,
     ) -> None:
         check_max_skipped(max_skipped)
         source = source_of(dataset)
         options = PipelineOptions.derive(
-            inflight_default=source.fetch_config.max_inflight_requests if source else 64,
+            fetch_config=source.fetch_config if source else None,
             batch_size=batch_size or 1,
             num_workers=max(num_workers, 0),
-            max_inflight_requests=max_inflight_requests,
-            max_inflight_bytes=max_inflight_bytes,
             decode_threads=decode_threads,
             getitem_threads=getitem_threads,
             prefetch_batches=prefetch_batches,
             on_error=on_error,
             stall_timeout_s=stall_timeout_s,
-            parts=parts,
+            parts=getattr(dataset, "parts", None),
         )
         super().__init__(
             dataset,
@@ -169,20 +159,14 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             in_order=in_order,
         )
         # Our own arguments, under their names (frameworks rebuild a loader from them).
-        self.max_inflight_requests = max_inflight_requests or (
-            source.fetch_config.max_inflight_requests if source else None
-        )
-        self.max_inflight_bytes = max_inflight_bytes
         self.decode_threads = options.decode_threads
         self.getitem_threads = options.getitem_threads
         self.prefetch_batches = options.prefetch_batches
-        self.parts = options.parts
         self.seed = seed
         self.on_error = on_error
         self.max_skipped = max_skipped
         self.log_every_s = log_every_s
         self.stall_timeout_s = stall_timeout_s
-        self.prefetch_next_epoch = prefetch_next_epoch
         self.options = options
         self.skipped: list[SkippedSample] = []
 
@@ -336,7 +320,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         :mod:`.lookahead`); empty when that does not apply or they cannot be predicted."""
         if source_of(self.dataset) is None:
             return []
-        if not (self.persistent_workers and self.prefetch_next_epoch and self.in_order):
+        if not (self.persistent_workers and self.in_order):
             return []
         sampler = self._epoch_sampler()  # the next epoch's: the epoch number is counted
         predicted = predict_next_epoch(
@@ -394,7 +378,5 @@ class ConcurrentDataLoader(DataLoader[T_co]):
 
     def _fetch_slots(self) -> int:
         """The most GETs (or ``__getitem__`` calls) in flight per process."""
-        if self.max_inflight_requests is not None:
-            return self.max_inflight_requests
         source = source_of(self.dataset)
         return source.fetch_config.inflight_cap if source else self.options.getitem_threads

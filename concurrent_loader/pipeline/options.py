@@ -1,13 +1,17 @@
-"""The pipeline's settings, validated once (``ConfigError``) and derived in one place."""
+"""The pipeline's settings, validated once (``ConfigError``) and derived in one place.
+
+They say how a process produces batches. How bytes are fetched (requests and bytes in
+flight, timeouts, retries, hedges, reads in parts) is the dataset's: its ``FetchConfig``
+and ``PartsConfig``; ``parts`` here only carries the dataset's to each process.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass, field
-from typing import NoReturn
+from typing import ClassVar, NoReturn
 
-from ..config import SELF_TUNED_CAP, FetchConfig
+from ..config import FetchConfig
 from ..errors import ConfigError, Reason
 from ..fetch.parts import PartsConfig
 
@@ -18,21 +22,15 @@ __all__ = ["PipelineOptions", "available_cpus"]
 class PipelineOptions:
     """Per process:
 
-    - ``max_inflight_requests``: pins the GETs in flight (None: the dataset's
-      ``FetchConfig``, whose default self-tunes them up to ``SELF_TUNED_CAP``);
-    - ``max_inflight_bytes``: fetched-but-undecoded bytes at most (None: the ``FetchConfig``'s);
     - ``decode_threads``: threads decoding samples of our datasets;
     - ``getitem_threads``: threads calling ``__getitem__`` of a dataset that is not ours;
     - ``prefetch_batches``: batches in progress ahead of the consumer;
     - ``on_error``: ``"raise"`` or ``"skip"``;
     - ``stall_timeout_s``: seconds without progress before ``LoaderStalled`` (None: never),
       with a WARNING every fifth of it (at most every minute) before;
-    - ``parts``: how a read larger than ``parts.part_size`` is split into ranged GETs in
-      flight (:mod:`concurrent_loader.fetch.parts`).
+    - ``parts``: the dataset's :class:`~concurrent_loader.fetch.parts.PartsConfig`.
     """
 
-    max_inflight_requests: int | None = None
-    max_inflight_bytes: int | None = None
     decode_threads: int = 1
     getitem_threads: int = 64
     prefetch_batches: int = 2
@@ -40,25 +38,19 @@ class PipelineOptions:
     stall_timeout_s: float | None = 300.0
     parts: PartsConfig = field(default_factory=PartsConfig)
 
+    # The fetch client's config and byte budget are the source's own ``FetchConfig``: the
+    # remote producer still asks these two, which give it unchanged.
+    max_inflight_bytes: ClassVar[None] = None
+
     def fetch_config(self, base: FetchConfig) -> FetchConfig:
-        """``base`` (a source's) with ``max_inflight_requests`` pinned when given: the config
-        of this process's fetch client (one client per config and process)."""
-        if self.max_inflight_requests is None:
-            return base
-        return dataclasses.replace(base, max_inflight_requests=self.max_inflight_requests)
+        return base
 
     def __post_init__(self) -> None:
         if self.stall_timeout_s is not None and not self.stall_timeout_s > 0:
             _refuse(f"stall_timeout_s must be > 0 or None, got {self.stall_timeout_s}")
-        for name in (
-            "max_inflight_requests",
-            "max_inflight_bytes",
-            "decode_threads",
-            "getitem_threads",
-            "prefetch_batches",
-        ):
+        for name in ("decode_threads", "getitem_threads", "prefetch_batches"):
             value = getattr(self, name)
-            if value is not None and value < 1:
+            if value < 1:
                 _refuse(f"{name} must be >= 1, got {value}")
         if not isinstance(self.parts, PartsConfig):
             _refuse(f"parts must be a PartsConfig, got {type(self.parts).__name__}")
@@ -69,11 +61,9 @@ class PipelineOptions:
     def derive(
         cls,
         *,
-        inflight_default: int | None,
+        fetch_config: FetchConfig | None,
         batch_size: int,
         num_workers: int,
-        max_inflight_requests: int | None = None,
-        max_inflight_bytes: int | None = None,
         decode_threads: int | None = None,
         getitem_threads: int | None = None,
         prefetch_batches: int | None = None,
@@ -82,20 +72,15 @@ class PipelineOptions:
         parts: PartsConfig | None = None,
     ) -> PipelineOptions:
         """Fill what the user left out: decode threads = this process's share of the CPUs
-        (at most 8); batches in progress = enough to keep the GETs in flight busy, plus one
-        (at least 2). ``inflight_default`` is the dataset's ``max_inflight_requests`` (None:
-        self-tuned, so batches are sized for its cap)."""
-        default = SELF_TUNED_CAP if inflight_default is None else inflight_default
-        inflight = max_inflight_requests or default
-        if inflight < 1:
-            _refuse(f"max_inflight_requests must be >= 1, got {inflight}")
+        (at most 8); batches in progress = enough to keep the dataset's GETs in flight
+        (``fetch_config.inflight_cap``; 64 for a dataset that is not ours) busy, plus one
+        (at least 2)."""
+        inflight = fetch_config.inflight_cap if fetch_config is not None else 64
         if decode_threads is None:
             decode_threads = max(1, min(8, available_cpus() // max(1, num_workers)))
         if prefetch_batches is None:
             prefetch_batches = max(2, -(-inflight // max(1, batch_size)) + 1)
         return cls(
-            max_inflight_requests=max_inflight_requests,
-            max_inflight_bytes=max_inflight_bytes,
             decode_threads=decode_threads,
             getitem_threads=getitem_threads if getitem_threads is not None else 64,
             prefetch_batches=prefetch_batches,

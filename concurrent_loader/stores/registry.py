@@ -32,8 +32,10 @@ BACKENDS: dict[str, Callable[..., StoreConfig]] = {
 
 def store_config_for(root: str | os.PathLike[str] | StoreConfig, **options: Any) -> StoreConfig:
     """The store config for ``root``: a URL (``s3://``, ``http(s)://``, ``file://``), a local
-    path, or a store config already (returned as is). Options left at their default (None,
-    False) are not passed on, so one set of dataset arguments serves every backend."""
+    path, or a store config already (returned as is). An option that is None is not passed
+    on, nor is False to a backend that does not take it (``anonymous=False`` for a local
+    path); a backend that takes it gets it, so ``verify_checksums=False`` turns checks off.
+    Any other option the backend does not take is a ``ConfigError``."""
     if not isinstance(root, (str, os.PathLike)):
         if hasattr(root, "open") and hasattr(root, "url_for"):
             return root
@@ -44,7 +46,6 @@ def store_config_for(root: str | os.PathLike[str] | StoreConfig, **options: Any)
     text = os.fspath(root)
     if not text:
         raise ConfigError("root is empty", cause=Reason.INVALID_ARGUMENT)
-    given = {name: value for name, value in options.items() if value not in (None, False)}
     if "://" not in text:
         make: Callable[..., StoreConfig] = LocalConfig.from_path
     else:
@@ -57,6 +58,11 @@ def store_config_for(root: str | os.PathLike[str] | StoreConfig, **options: Any)
             )
         make = BACKENDS[scheme]
     accepted = inspect.signature(make).parameters
+    given = {
+        name: value
+        for name, value in options.items()
+        if value is not None and (value is not False or name in accepted)
+    }
     unknown = sorted(name for name in given if name not in accepted)
     if unknown:
         raise ConfigError(

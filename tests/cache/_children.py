@@ -17,9 +17,7 @@ from concurrent_loader.cache import CachedStoreConfig
 def read_epoch(dataset: ObjectDataset, out: str, start: Any) -> None:
     """One epoch (2 workers, sampler order), after ``start`` (a barrier); writes
     {index: sha256} of what it got to ``out``."""
-    loader = ConcurrentDataLoader(
-        dataset, batch_size=8, num_workers=2, prefetch_batches=2, max_inflight_requests=16
-    )
+    loader = ConcurrentDataLoader(dataset, batch_size=8, num_workers=2, prefetch_batches=2)
     start.wait(60)
     got: dict[int, str] = {}
     index = 0

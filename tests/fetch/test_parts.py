@@ -9,6 +9,7 @@ are exactly the parts (and retries) asked for.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from collections.abc import AsyncIterator
 from typing import Any
@@ -197,12 +198,12 @@ def test_the_pipeline_reads_a_large_listed_object_in_parts(parts, gets):
     assert config.stats.gets["small.bin"] == 1
 
 
-def test_the_loaders_parts_argument_reaches_its_pipeline():
+def test_the_datasets_parts_argument_reaches_its_pipeline():
     objects = {"big.bin": payload(1000, seed=1)}
     config = MemoryConfig(objects)
-    dataset = ObjectDataset(config, fetch_config=CONFIG)
-    loader = ConcurrentDataLoader(dataset, batch_size=None, parts=PartsConfig(256, 3))
-    assert loader.parts == PartsConfig(256, 3)
+    dataset = ObjectDataset(config, fetch_config=CONFIG, parts=PartsConfig(256, 3))
+    assert dataset.parts == PartsConfig(256, 3)
+    loader = ConcurrentDataLoader(dataset, batch_size=None)
     assert [bytes(b) for b in loader] == [objects["big.bin"]]
     assert config.stats.gets["big.bin"] == 4 + 1  # four parts and the growth check
 
@@ -215,8 +216,9 @@ def test_the_parts_in_flight_count_against_the_byte_budget():
     config = MemoryConfig(objects, latency_s=0.002)
     parts = PartsConfig(100, 3)
     assert parts.reservation(1000) == 1300
-    dataset = ObjectDataset(config, fetch_config=CONFIG)
-    options = PipelineOptions(parts=parts, max_inflight_bytes=2200)
+    fetch_config = dataclasses.replace(CONFIG, max_inflight_bytes=2200)
+    dataset = ObjectDataset(config, fetch_config=fetch_config)
+    options = PipelineOptions(parts=parts)
     [batch] = list(BatchPipeline(dataset, [[0, 1]], collate_fn=list, options=options))
     assert sorted(bytes(b) for b in batch) == sorted(objects.values())
     assert config.stats.max_in_flight <= 3 + 1

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 
-from concurrent_loader import ConcurrentDataLoader, ImageFolder
+from concurrent_loader import ConcurrentDataLoader, FetchConfig, ImageFolder
 
 
 def fingerprint(image: torch.Tensor, label: Any) -> str:
@@ -44,10 +44,8 @@ def train(accelerator: Accelerator, loader: Any, model: Any, optimizer: Any) -> 
 def main() -> None:
     url, out = sys.argv[1], Path(sys.argv[2])
     accelerator = Accelerator(cpu=True)
-    dataset = ImageFolder(url, image_size=24)
-    loader = ConcurrentDataLoader(
-        dataset, batch_size=2, shuffle=True, num_workers=1, max_inflight_requests=8
-    )
+    dataset = ImageFolder(url, image_size=24, fetch_config=FetchConfig(max_inflight_requests=8))
+    loader = ConcurrentDataLoader(dataset, batch_size=2, shuffle=True, num_workers=1)
     model = torch.nn.Linear(3 * 24 * 24, 3)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     model, optimizer, prepared = accelerator.prepare(model, optimizer, loader)
@@ -55,9 +53,7 @@ def main() -> None:
         "prepared_base": type(prepared.base_dataloader).__name__,
         "prepared": train(accelerator, prepared, model, optimizer),
     }
-    own = ConcurrentDataLoader(
-        dataset, batch_size=2, shuffle=True, seed=3, num_workers=1, max_inflight_requests=8
-    )
+    own = ConcurrentDataLoader(dataset, batch_size=2, shuffle=True, seed=3, num_workers=1)
     result["own"] = train(accelerator, own, model, optimizer)
     result["own_requests"] = own.stats()["requests"]
     (out / f"rank{accelerator.process_index}.json").write_text(json.dumps(result))

@@ -21,7 +21,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from concurrent_loader import ConcurrentDataLoader, ImageFolder
+from concurrent_loader import ConcurrentDataLoader, FetchConfig, ImageFolder
 
 
 def fingerprint(image: torch.Tensor, label: Any) -> str:
@@ -37,10 +37,9 @@ class Model(L.LightningModule):
         self.layer = torch.nn.Linear(3 * 24 * 24, 3)
 
     def train_dataloader(self) -> ConcurrentDataLoader[Any]:
-        dataset = ImageFolder(self.url, image_size=24)
-        return ConcurrentDataLoader(
-            dataset, batch_size=2, shuffle=True, num_workers=1, max_inflight_requests=8
-        )
+        fetch_config = FetchConfig(max_inflight_requests=8)
+        dataset = ImageFolder(self.url, image_size=24, fetch_config=fetch_config)
+        return ConcurrentDataLoader(dataset, batch_size=2, shuffle=True, num_workers=1)
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         images, labels = batch

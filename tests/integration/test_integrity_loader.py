@@ -167,8 +167,9 @@ def test_an_object_read_in_parts_is_checked_once_assembled(
         decode=sha256_hex,
         fetch_config=RETRY,
         verify_etag_md5=True,
+        parts=PartsConfig(part_size=1_000_000),
     )
-    loader = ConcurrentDataLoader(ds, batch_size=1, parts=PartsConfig(part_size=1_000_000))
+    loader = ConcurrentDataLoader(ds, batch_size=1)
     try:
         got = list(batches_or_errors(loader))
     finally:

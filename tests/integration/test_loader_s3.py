@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
 
-from concurrent_loader import ConcurrentDataLoader, ImageFolder, ObjectDataset
+from concurrent_loader import ConcurrentDataLoader, FetchConfig, ImageFolder, ObjectDataset
 
 
 def sha256_hex(data: bytes) -> str:
@@ -60,7 +60,6 @@ def test_every_sample_once_in_sampler_order(image_dataset, s3_env, num_workers, 
         num_workers=num_workers,
         multiprocessing_context=context,
         generator=torch.Generator().manual_seed(7),
-        max_inflight_requests=8,
     )
     batches = [list(b) for b in loader]
     digests = sha_of(image_dataset)
@@ -153,11 +152,10 @@ def test_gets_are_pipelined_across_batch_boundaries(
 ):
     proxy = proxy_factory(latency_ms=150)
     proxy.reset_stats()
-    ds = hashed_dataset(image_dataset, endpoint_url=proxy.endpoint_url)
+    fetch_config = FetchConfig(max_inflight_requests=12)
+    ds = hashed_dataset(image_dataset, endpoint_url=proxy.endpoint_url, fetch_config=fetch_config)
     batch_size = 3
-    loader = ConcurrentDataLoader(
-        ds, batch_size=batch_size, max_inflight_requests=12, prefetch_batches=4
-    )
+    loader = ConcurrentDataLoader(ds, batch_size=batch_size, prefetch_batches=4)
     batches = list(loader)
     stats = proxy.stats()
     assert sum(len(b) for b in batches) == len(ds)
@@ -190,7 +188,7 @@ class SlowDataset(Dataset[int]):
 
 def test_foreign_dataset_gets_concurrency_and_order():
     ds = SlowDataset(48)
-    loader = ConcurrentDataLoader(ds, batch_size=4, max_inflight_requests=16, prefetch_batches=4)
+    loader = ConcurrentDataLoader(ds, batch_size=4, prefetch_batches=4)
     got = [b.tolist() for b in loader]
     assert got == [list(range(i, i + 4)) for i in range(0, 48, 4)]
     assert ds.peak > 4

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from torch.utils.data import Dataset
 
-from concurrent_loader import ObjectDataset
+from concurrent_loader import FetchConfig, HedgeConfig, ObjectDataset
 from concurrent_loader.pipeline import BatchPipeline, PipelineOptions, source_of
 from concurrent_loader.stores import MemoryConfig
 
@@ -50,15 +50,12 @@ def test_batches_hold_exactly_the_planned_samples_in_order(
     helpers, batch_size, prefetch_batches, max_inflight_requests, drop_last
 ):
     store = MemoryConfig(helpers.numbered_objects(COUNT), script=helpers.jitter(batch_size, 0.003))
-    dataset = ObjectDataset(store, decode=helpers.index_of, fetch_config=helpers.unhedged())
-    batches = split(shuffled(COUNT, seed=batch_size), batch_size, drop_last)
-    got = run(
-        dataset,
-        batches,
-        prefetch_batches=prefetch_batches,
-        max_inflight_requests=max_inflight_requests,
-        decode_threads=2,
+    fetch_config = FetchConfig(
+        max_inflight_requests=max_inflight_requests, hedge=HedgeConfig(enabled=False)
     )
+    dataset = ObjectDataset(store, decode=helpers.index_of, fetch_config=fetch_config)
+    batches = split(shuffled(COUNT, seed=batch_size), batch_size, drop_last)
+    got = run(dataset, batches, prefetch_batches=prefetch_batches, decode_threads=2)
     assert got == batches
     planned = [i for batch in batches for i in batch]
     assert store.stats.gets == Counter(helpers.key_for(i) for i in planned)
@@ -77,7 +74,8 @@ def test_gets_complete_out_of_order(helpers):
 
     store = MemoryConfig(helpers.numbered_objects(COUNT), script=script)
     batches = split(list(range(COUNT)), 10)
-    got = run(ObjectDataset(store, decode=decode), batches, max_inflight_requests=16)
+    fetch_config = FetchConfig(max_inflight_requests=16)
+    got = run(ObjectDataset(store, decode=decode, fetch_config=fetch_config), batches)
     assert got == batches
     assert answered != sorted(answered)
 
@@ -99,10 +97,10 @@ def test_no_batches_yields_nothing(helpers):
 def test_gets_in_flight_reach_but_never_exceed_max_inflight_requests(helpers, limit):
     store = MemoryConfig(helpers.numbered_objects(60), latency_s=0.002)
     batches = split(list(range(60)), 6)
+    fetch_config = FetchConfig(max_inflight_requests=limit)
     got = run(
-        ObjectDataset(store, decode=helpers.index_of),
+        ObjectDataset(store, decode=helpers.index_of, fetch_config=fetch_config),
         batches,
-        max_inflight_requests=limit,
         prefetch_batches=4,
     )
     assert got == batches
@@ -138,11 +136,11 @@ def test_a_batch_starts_once_the_one_prefetch_batches_before_it_is_complete(help
         return index
 
     store = MemoryConfig(helpers.numbered_objects(60), script=script)
+    fetch_config = FetchConfig(max_inflight_requests=64)
     got = run(
-        ObjectDataset(store, decode=decode),
+        ObjectDataset(store, decode=decode, fetch_config=fetch_config),
         batches,
         prefetch_batches=prefetch,
-        max_inflight_requests=64,
     )
     assert got == batches
     assert too_early == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from concurrent_loader import ObjectDataset
+from concurrent_loader import FetchConfig, ObjectDataset
 from concurrent_loader.pipeline import BatchPipeline, PipelineOptions
 from concurrent_loader.stores import STALL, MemoryConfig
 
@@ -33,10 +33,10 @@ def test_stalled_get_blocks_only_its_batch_and_close_cancels_it(helpers):
         script=lambda key, attempt: STALL if key == stalled else 0.001,
     )
     pipeline = BatchPipeline(
-        ObjectDataset(store, decode=decode),
+        ObjectDataset(store, decode=decode, fetch_config=FetchConfig(max_inflight_requests=8)),
         BATCHES,
         collate_fn=list,
-        options=PipelineOptions(prefetch_batches=4, max_inflight_requests=8),
+        options=PipelineOptions(prefetch_batches=4),
     )
     batches = iter(pipeline)
     assert [next(batches), next(batches)] == BATCHES[:2]

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from concurrent_loader import ObjectDataset
+from concurrent_loader import FetchConfig, ObjectDataset
 from concurrent_loader.pipeline import BatchPipeline, PipelineOptions
 from concurrent_loader.pipeline.slot import DecodeQueue, Slot
 from concurrent_loader.stores import MemoryConfig
@@ -131,8 +131,9 @@ def test_a_later_batch_s_samples_do_not_delay_the_first_batch(helpers):
         return index
 
     store = MemoryConfig(store_objects, script=lambda key, attempt: 0.02 if key in slow else None)
-    dataset: Any = ObjectDataset(store, decode=decode)
-    options = PipelineOptions(prefetch_batches=2, decode_threads=1, max_inflight_requests=8)
+    fetch_config = FetchConfig(max_inflight_requests=8)
+    dataset: Any = ObjectDataset(store, decode=decode, fetch_config=fetch_config)
+    options = PipelineOptions(prefetch_batches=2, decode_threads=1)
     pipeline = BatchPipeline(
         dataset, [[0, 1, 2, 3], [4, 5, 6, 7]], collate_fn=list, options=options
     )

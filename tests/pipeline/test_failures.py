@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from concurrent_loader import ObjectDataset
+from concurrent_loader import FetchConfig, ObjectDataset
 from concurrent_loader.errors import (
     AccessDenied,
     DecodeError,
@@ -196,10 +196,10 @@ def test_first_failure_fails_the_batch_at_once(helpers):
 
     store = MemoryConfig(helpers.numbered_objects(COUNT), script=script)
     pipeline = BatchPipeline(
-        ObjectDataset(store, decode=decode),
+        ObjectDataset(store, decode=decode, fetch_config=FetchConfig(max_inflight_requests=64)),
         [list(range(COUNT))],
         collate_fn=list,
-        options=PipelineOptions(max_inflight_requests=64),
+        options=PipelineOptions(),
     )
     with pytest.raises(LoaderError):
         list(pipeline)

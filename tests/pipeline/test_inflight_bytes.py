@@ -45,12 +45,14 @@ class Outstanding:
         return self.index_of(data)
 
 
-def run(dataset: ObjectDataset, batches: list[list[int]], **options: Any) -> list[Any]:
-    options = {"max_inflight_requests": 16, "prefetch_batches": 4, **options}
-    pipeline = BatchPipeline(
-        dataset, batches, collate_fn=list, options=PipelineOptions(decode_threads=1, **options)
-    )
-    return list(pipeline)
+def limits(max_inflight_bytes: int = 256 * 1024 * 1024) -> FetchConfig:
+    """16 GETs in flight at most, within ``max_inflight_bytes``."""
+    return FetchConfig(max_inflight_requests=16, max_inflight_bytes=max_inflight_bytes)
+
+
+def run(dataset: ObjectDataset, batches: list[list[int]]) -> list[Any]:
+    options = PipelineOptions(decode_threads=1, prefetch_batches=4)
+    return list(BatchPipeline(dataset, batches, collate_fn=list, options=options))
 
 
 def batches_of(count: int, size: int = 5) -> list[list[int]]:
@@ -61,8 +63,9 @@ def test_bodies_held_stay_within_the_budget(helpers):
     objects = helpers.numbered_objects(40, size=1000)
     outstanding = Outstanding(objects, helpers.index_of)
     store = MemoryConfig(objects, script=outstanding.script)
-    dataset = ObjectDataset(store, decode=outstanding.decode)  # listed: sizes known
-    assert run(dataset, batches_of(40), max_inflight_bytes=3500) == batches_of(40)
+    # listed: sizes known
+    dataset = ObjectDataset(store, decode=outstanding.decode, fetch_config=limits(3500))
+    assert run(dataset, batches_of(40)) == batches_of(40)
     assert outstanding.peak_bodies == 3  # bound reached, never passed
     assert store.stats.max_in_flight == 3  # the budget, not max_inflight_requests=16
 
@@ -71,9 +74,7 @@ def test_budget_from_the_fetch_config(helpers):
     objects = helpers.numbered_objects(20, size=1000)
     outstanding = Outstanding(objects, helpers.index_of)
     store = MemoryConfig(objects, script=outstanding.script)
-    dataset = ObjectDataset(
-        store, decode=outstanding.decode, fetch_config=FetchConfig(max_inflight_bytes=2000)
-    )
+    dataset = ObjectDataset(store, decode=outstanding.decode, fetch_config=limits(2000))
     assert run(dataset, batches_of(20)) == batches_of(20)
     assert outstanding.peak_bodies == 2
 
@@ -84,8 +85,8 @@ def test_bytes_of_mixed_sizes_stay_within_the_budget(helpers):
     objects = helpers.numbered_objects(60, size=sizes.__getitem__)
     outstanding = Outstanding(objects, helpers.index_of)
     store = MemoryConfig(objects, script=outstanding.script)
-    dataset = ObjectDataset(store, decode=outstanding.decode)
-    assert run(dataset, batches_of(60), max_inflight_bytes=5000) == batches_of(60)
+    dataset = ObjectDataset(store, decode=outstanding.decode, fetch_config=limits(5000))
+    assert run(dataset, batches_of(60)) == batches_of(60)
     assert outstanding.peak_bytes <= 5000
     assert store.stats.max_in_flight < 16
 
@@ -93,8 +94,8 @@ def test_bytes_of_mixed_sizes_stay_within_the_budget(helpers):
 def test_an_object_larger_than_the_budget_still_loads_alone(helpers):
     objects = helpers.numbered_objects(12, size=100)
     store = MemoryConfig(objects, latency_s=0.001)
-    dataset = ObjectDataset(store, decode=helpers.index_of)
-    assert run(dataset, batches_of(12, 4), max_inflight_bytes=10) == batches_of(12, 4)
+    dataset = ObjectDataset(store, decode=helpers.index_of, fetch_config=limits(10))
+    assert run(dataset, batches_of(12, 4)) == batches_of(12, 4)
     assert store.stats.max_in_flight == 1
 
 
@@ -108,8 +109,11 @@ def test_first_get_of_unknown_size_goes_alone_then_the_mean_size_is_used(helpers
         return 0.002
 
     store = MemoryConfig(objects, script=script)
-    dataset = ObjectDataset(store, list(objects), decode=helpers.index_of)  # keys given: no sizes
+    # keys given: no sizes
+    dataset = ObjectDataset(
+        store, list(objects), decode=helpers.index_of, fetch_config=limits(10_000)
+    )
     assert dataset.source.sizes is None
-    assert run(dataset, batches_of(30), max_inflight_bytes=10_000) == batches_of(30)
+    assert run(dataset, batches_of(30)) == batches_of(30)
     assert in_flight_at_start[:2] == [1, 1]  # the second waited for the first body
     assert store.stats.max_in_flight > 1

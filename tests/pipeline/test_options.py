@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from concurrent_loader import ConfigError, Reason
+from concurrent_loader import ConfigError, FetchConfig, Reason
 from concurrent_loader.pipeline import PipelineOptions, available_cpus
 
 
 @pytest.mark.parametrize(
     "kwargs",
     [
-        {"max_inflight_requests": 0},
-        {"max_inflight_bytes": 0},
         {"decode_threads": 0},
         {"getitem_threads": 0},
         {"prefetch_batches": 0},
         {"on_error": "ignore"},
+        {"stall_timeout_s": 0},
+        {"parts": 8},
     ],
 )
 def test_invalid_options_are_refused(kwargs):
@@ -27,43 +27,42 @@ def test_invalid_options_are_refused(kwargs):
 
 @pytest.mark.parametrize(
     ("inflight", "batch_size", "expected"),
-    [(64, 1, 65), (64, 32, 3), (64, 64, 2), (8, 256, 2), (10, 3, 5)],
+    [(64, 1, 65), (64, 32, 3), (64, 64, 2), (8, 256, 2), (10, 3, 5), (None, 32, 3)],
 )
-def test_prefetch_batches_keep_the_requests_busy_plus_one(inflight, batch_size, expected):
+def test_prefetch_batches_keep_the_datasets_requests_busy_plus_one(inflight, batch_size, expected):
     options = PipelineOptions.derive(
-        inflight_default=inflight, batch_size=batch_size, num_workers=0
+        fetch_config=FetchConfig(max_inflight_requests=inflight),
+        batch_size=batch_size,
+        num_workers=0,
     )
     assert options.prefetch_batches == expected
 
 
-def test_an_explicit_max_inflight_requests_wins_over_the_datasets():
-    options = PipelineOptions.derive(
-        inflight_default=64, batch_size=4, num_workers=0, max_inflight_requests=8
-    )
-    assert options.max_inflight_requests == 8 and options.prefetch_batches == 3
+def test_a_dataset_that_is_not_ours_is_sized_for_64_calls():
+    options = PipelineOptions.derive(fetch_config=None, batch_size=16, num_workers=0)
+    assert options.prefetch_batches == 5
 
 
 @pytest.mark.parametrize("num_workers", [0, 1, 2, 64])
 def test_decode_threads_are_the_processs_share_of_the_cpus(num_workers):
-    options = PipelineOptions.derive(inflight_default=64, batch_size=4, num_workers=num_workers)
+    options = PipelineOptions.derive(fetch_config=None, batch_size=4, num_workers=num_workers)
     assert options.decode_threads == max(1, min(8, available_cpus() // max(1, num_workers)))
 
 
 def test_given_values_are_kept():
     options = PipelineOptions.derive(
-        inflight_default=64,
+        fetch_config=FetchConfig(),
         batch_size=4,
         num_workers=2,
         decode_threads=3,
         getitem_threads=5,
         prefetch_batches=7,
-        max_inflight_bytes=1000,
         on_error="skip",
     )
     assert (options.decode_threads, options.getitem_threads, options.prefetch_batches) == (3, 5, 7)
-    assert (options.max_inflight_bytes, options.on_error) == (1000, "skip")
+    assert options.on_error == "skip"
 
 
-def test_a_bad_dataset_default_is_refused():
-    with pytest.raises(ConfigError):
-        PipelineOptions.derive(inflight_default=0, batch_size=4, num_workers=0)
+def test_the_fetch_config_is_the_datasets():
+    config = FetchConfig(max_inflight_requests=3)
+    assert PipelineOptions().fetch_config(config) is config

@@ -114,9 +114,7 @@ def _throttle_run(proxy, small_objects, *, n: int, warmup_batches: int):
         decode=sha256_hex,
         fetch_config=config,
     )
-    loader = ConcurrentDataLoader(
-        ds, batch_size=8, num_workers=0, max_inflight_requests=16, prefetch_batches=4
-    )
+    loader = ConcurrentDataLoader(ds, batch_size=8, num_workers=0, prefetch_batches=4)
     it = iter(loader)
     got = [list(next(it)) for _ in range(warmup_batches)]
     # From here on max_inflight counts only what is sent after the warm-up.

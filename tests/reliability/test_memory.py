@@ -47,7 +47,6 @@ def _peak_while_reading(ds, *, prefetch_batches: int, consumer_sleep: float) -> 
         ds,
         batch_size=BATCH,
         num_workers=0,
-        max_inflight_requests=REQUESTS,
         prefetch_batches=prefetch_batches,
         decode_threads=1,
     )
@@ -122,12 +121,9 @@ def test_decoded_batches_stay_under_prefetch_batches(large_objects, s3_env):
     assert deep > bound(2) + 4 * batch_bytes, f"control peaked at only {deep / MiB:.1f} MiB"
 
 
-@pytest.mark.parametrize(
-    "where, num_workers",
-    [("fetch_config", 0), ("loader", 0), ("loader", 2)],
-)
+@pytest.mark.parametrize("num_workers", [0, 2])
 def test_requests_in_flight_stay_under_max_inflight_requests(
-    small_objects, s3_env, proxy_factory, where, num_workers
+    small_objects, s3_env, proxy_factory, num_workers
 ):
     proxy = proxy_factory(latency_ms=100)
     limit = 4
@@ -138,20 +134,15 @@ def test_requests_in_flight_stay_under_max_inflight_requests(
         small_objects.url,
         small_objects.keys[:64],
         endpoint_url=proxy.endpoint_url,
-        fetch_config=FetchConfig(
-            max_inflight_requests=limit if where == "fetch_config" else None, hedge=no_hedges
-        ),
+        fetch_config=FetchConfig(max_inflight_requests=limit, hedge=no_hedges),
     )
-    options = {"max_inflight_requests": limit} if where == "loader" else {}
     # Four batches of eight in progress ask for 32 GETs at once.
-    loader = ConcurrentDataLoader(
-        ds, batch_size=8, num_workers=num_workers, prefetch_batches=4, **options
-    )
+    loader = ConcurrentDataLoader(ds, batch_size=8, num_workers=num_workers, prefetch_batches=4)
     assert sum(len(batch) for batch in loader) == 64
     allowed = limit * max(1, num_workers)
     observed = proxy.stats()["max_inflight"]
     assert observed >= limit, f"only {observed} GETs in flight at once: the demand did not show"
     assert observed <= allowed, (
-        f"{observed} GETs in flight at once with max_inflight_requests={limit} set on the "
-        f"{where} ({num_workers} workers)"
+        f"{observed} GETs in flight at once with max_inflight_requests={limit} "
+        f"({num_workers} workers)"
     )

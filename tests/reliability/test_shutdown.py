@@ -24,6 +24,7 @@ from torch.utils.data._utils import MP_STATUS_CHECK_INTERVAL
 from concurrent_loader import (
     ConcurrentDataLoader,
     ConfigError,
+    FetchConfig,
     ObjectDataset,
     ObjectNotFound,
     WorkerError,
@@ -57,14 +58,13 @@ def _dataset(small_objects, proxy, **kwargs):
         small_objects.keys[:COUNT],
         endpoint_url=proxy.endpoint_url,
         decode=sha256_hex,
+        fetch_config=FetchConfig(max_inflight_requests=16),
         **kwargs,
     )
 
 
 def _loader(ds, num_workers):
-    return ConcurrentDataLoader(
-        ds, batch_size=8, num_workers=num_workers, max_inflight_requests=16, prefetch_batches=4
-    )
+    return ConcurrentDataLoader(ds, batch_size=8, num_workers=num_workers, prefetch_batches=4)
 
 
 def _wait_for_inflight(proxy):
@@ -194,15 +194,19 @@ CHILD = textwrap.dedent(
 
     import psutil
 
-    from concurrent_loader import ConcurrentDataLoader, ObjectDataset
+    from concurrent_loader import ConcurrentDataLoader, FetchConfig, ObjectDataset
 
     config = json.loads(sys.argv[1])
-    ds = ObjectDataset(config["url"], config["keys"], endpoint_url=config["endpoint"])
+    ds = ObjectDataset(
+        config["url"],
+        config["keys"],
+        endpoint_url=config["endpoint"],
+        fetch_config=FetchConfig(max_inflight_requests=16),
+    )
     loader = ConcurrentDataLoader(
         ds,
         batch_size=8,
         num_workers=config["num_workers"],
-        max_inflight_requests=16,
         prefetch_batches=4,
         persistent_workers=config["mode"] == "between",
     )

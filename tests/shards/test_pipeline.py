@@ -1,12 +1,13 @@
-"""The pipeline's coalescing hook, on the in-memory store (our own logic only): merged reads
-stay within the byte budget and deliver every sample in order; a failure while planning a
-batch fails that batch instead of leaving it unfinished."""
+"""The pipeline over shards, on the in-memory store (our own logic only): a failure while
+planning a batch fails that batch instead of leaving it unfinished; a failed read names the
+sample's shard, member and offset."""
 
 from __future__ import annotations
 
 import pytest
 
-from concurrent_loader import Coalescing, ShardDataset
+from concurrent_loader import ShardDataset
+from concurrent_loader.errors import LoaderError, ObjectNotFound
 from concurrent_loader.pipeline import BatchPipeline, PipelineOptions
 from concurrent_loader.stores import MemoryConfig
 from concurrent_loader.stores.memory import MemoryStore
@@ -17,41 +18,29 @@ def memory_shards(packed) -> MemoryConfig:
     return MemoryConfig(objects, name="shards")
 
 
-def keys(batches) -> list[list[str]]:
-    return [list(batch["__key__"]) for batch in batches]
-
-
-def test_merged_reads_stay_within_the_byte_budget(packed, monkeypatch):
-    ranges: list[int] = []
-    read = MemoryStore._read
-
-    def recording(self, key, byte_range):
-        if byte_range is not None and not key.endswith(".idx"):
-            ranges.append(byte_range.length)
-        return read(self, key, byte_range)
-
-    monkeypatch.setattr(MemoryStore, "_read", recording)
-    ds = ShardDataset(memory_shards(packed), coalescing=Coalescing(max_gap=1 << 20))
-    batches = [list(range(i, min(i + 32, len(ds)))) for i in range(0, len(ds), 32)]
-    budget = 20_000  # about four samples' spans; a batch of 32 adjacent ones is ~140 KB
-    pipeline = BatchPipeline(
-        ds,
-        batches,
-        collate_fn=lambda items: {"__key__": [s["__key__"] for s in items]},
-        options=PipelineOptions(max_inflight_bytes=budget, prefetch_batches=3),
-    )
-    got = keys(pipeline)
-    assert got == [[packed.order[i] for i in b] for b in batches]
-    assert max(ranges) <= budget
-    assert len(ranges) < len(ds) / 3  # still merged, up to the budget
-
-
 def test_a_planning_failure_fails_its_batch(packed, monkeypatch):
-    def broken(reads, coalescing):
+    def broken(samples, capabilities, parts):
         raise RuntimeError("planning broke")
 
-    monkeypatch.setattr("concurrent_loader.sources.coalesce.plan_reads", broken)
+    monkeypatch.setattr("concurrent_loader.pipeline.remote.plan_fetches", broken)
     ds = ShardDataset(memory_shards(packed))
     pipeline = BatchPipeline(ds, [[0, 1], [2, 3]], collate_fn=list, options=PipelineOptions())
     with pytest.raises(RuntimeError, match="planning broke"):
         list(pipeline)
+
+
+def test_a_failed_read_names_the_sample_member_and_offset(packed, monkeypatch):
+    ds = ShardDataset(memory_shards(packed))
+    read = MemoryStore._read
+
+    def failing(self, key, byte_range):
+        if byte_range is not None and byte_range.start > 0:
+            raise ObjectNotFound("the store broke", url=self.config.url_for(key), stage="fetch")
+        return read(self, key, byte_range)
+
+    monkeypatch.setattr(MemoryStore, "_read", failing)
+    pipeline = BatchPipeline(ds, [[1]], collate_fn=list, options=PipelineOptions())
+    with pytest.raises(LoaderError) as caught:
+        list(pipeline)
+    assert ds.source.where(1) in str(caught.value)
+    assert "the store broke" in str(caught.value)

@@ -41,7 +41,7 @@ def setup(image_dataset, s3_env, proxy_factory):
         decode=sha256_hex,
         endpoint_url=proxy.endpoint_url,
         # GETs are counted: no hedge may add one.
-        fetch_config=FetchConfig(hedge=HedgeConfig(enabled=False)),
+        fetch_config=FetchConfig(max_inflight_requests=8, hedge=HedgeConfig(enabled=False)),
     )
     loader = ConcurrentDataLoader(
         dataset,
@@ -51,7 +51,6 @@ def setup(image_dataset, s3_env, proxy_factory):
         num_workers=WORKERS,
         persistent_workers=True,
         prefetch_batches=PREFETCH,
-        max_inflight_requests=8,
     )
     held = [proxy, loader, digests]
     yield held

@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch.utils.data import RandomSampler
 
-from concurrent_loader import ConcurrentDataLoader, ConfigError, ObjectDataset
+from concurrent_loader import ConcurrentDataLoader, ConfigError, FetchConfig, ObjectDataset
 
 BATCH_SIZE = 5  # 24 objects: batches of 5, 5, 5, 5, 4
 SEED = 11
@@ -33,14 +33,16 @@ def make_loader(
     url: str, keys: list[str], *, num_workers: int, endpoint_url: str | None = None
 ) -> ConcurrentDataLoader:
     """The loader under test; the interrupted, resumed and reference runs all build it so."""
-    ds = ObjectDataset(url, keys, decode=sha256_hex, endpoint_url=endpoint_url)
+    fetch_config = FetchConfig(max_inflight_requests=8)
+    ds = ObjectDataset(
+        url, keys, decode=sha256_hex, endpoint_url=endpoint_url, fetch_config=fetch_config
+    )
     return ConcurrentDataLoader(
         ds,
         batch_size=BATCH_SIZE,
         shuffle=True,
         generator=torch.Generator().manual_seed(SEED),
         num_workers=num_workers,
-        max_inflight_requests=8,
     )
 
 
@@ -238,7 +240,6 @@ def test_resume_with_persistent_workers_into_the_next_epoch(hashed):
             generator=torch.Generator().manual_seed(SEED),
             num_workers=2,
             persistent_workers=True,
-            max_inflight_requests=8,
         )
 
     expected = flat(run_epochs(persistent(), EPOCHS))

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from concurrent_loader import ConcurrentDataLoader, ObjectDataset
+from concurrent_loader import ConcurrentDataLoader, FetchConfig, ObjectDataset
 
 PERCENTILES = {"p50", "p95", "p99"}
 
@@ -88,8 +88,8 @@ def test_counts_match_what_the_server_saw(image_dataset, s3_env, proxy_factory, 
 
 
 def test_verdict_is_training_step_when_the_consumer_is_slow(image_dataset, s3_env):
-    ds = hashed_dataset(image_dataset)
-    loader = ConcurrentDataLoader(ds, batch_size=8, max_inflight_requests=16)
+    ds = hashed_dataset(image_dataset, fetch_config=FetchConfig(max_inflight_requests=16))
+    loader = ConcurrentDataLoader(ds, batch_size=8)
     for _ in loader:
         time.sleep(1.0)  # a "training step" far slower than loading 8 small objects
     stats = loader.stats()
@@ -102,8 +102,9 @@ def test_verdict_is_training_step_when_the_consumer_is_slow(image_dataset, s3_en
 
 def test_verdict_is_storage_when_gets_are_slow_and_serialised(image_dataset, s3_env, proxy_factory):
     proxy = proxy_factory(latency_ms=300)
-    ds = hashed_dataset(image_dataset, 8, endpoint_url=proxy.endpoint_url)
-    loader = ConcurrentDataLoader(ds, batch_size=2, max_inflight_requests=1)
+    serialised = FetchConfig(max_inflight_requests=1)
+    ds = hashed_dataset(image_dataset, 8, endpoint_url=proxy.endpoint_url, fetch_config=serialised)
+    loader = ConcurrentDataLoader(ds, batch_size=2)
     assert sum(len(b) for b in loader) == 8
     stats = loader.stats()
     check_shape(stats)

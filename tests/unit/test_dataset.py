@@ -10,8 +10,16 @@ import pytest
 import torch
 from PIL import Image
 
-from concurrent_loader import ConfigError, ImageFolder, ObjectDataset, ObjectNotFound, Reason
-from concurrent_loader.stores import MemoryConfig
+from concurrent_loader import (
+    ConfigError,
+    FetchConfig,
+    ImageFolder,
+    ObjectDataset,
+    ObjectNotFound,
+    PartsConfig,
+    Reason,
+)
+from concurrent_loader.stores import LocalConfig, MemoryConfig, store_config_for
 
 
 def test_keys_and_sizes_come_from_the_listing_sorted(helpers):
@@ -122,3 +130,22 @@ def test_items_of_a_local_root_share_one_open_store_per_process_until_close(tmp_
     assert dataset[0] == b"a.bin" and dataset._blocking_store() is not opened
     copy = pickle.loads(pickle.dumps(dataset))  # a worker's copy opens its own
     assert copy[0] == b"a.bin" and copy._blocking_store() is not dataset._blocking_store()
+
+
+def test_how_bytes_are_fetched_is_the_datasets():
+    config = FetchConfig(max_inflight_requests=3)
+    parts = PartsConfig(part_size=1024, parts_in_flight=2)
+    dataset = ObjectDataset(MemoryConfig({"a.bin": b"a"}), fetch_config=config, parts=parts)
+    assert (dataset.fetch_config, dataset.parts) == (config, parts)
+    assert ObjectDataset(MemoryConfig({"a.bin": b"a"})).parts == PartsConfig()
+    with pytest.raises(ConfigError):
+        ObjectDataset(MemoryConfig({"a.bin": b"a"}), parts=1024)  # type: ignore[arg-type]
+
+
+def test_an_option_set_to_false_reaches_the_backend_that_takes_it(tmp_path):
+    s3 = store_config_for("s3://bucket/p/", anonymous=True, verify_checksums=False)
+    assert s3.verify_checksums is False  # type: ignore[attr-defined]
+    # A backend without the option is not given its False (nor its None).
+    assert isinstance(store_config_for(tmp_path, anonymous=False, region=None), LocalConfig)
+    with pytest.raises(ConfigError, match="region"):
+        store_config_for(tmp_path, region="eu-west-1")

@@ -20,6 +20,8 @@ from concurrent_loader import (
     ConcurrentDataLoader,
     ConfigError,
     DecodeError,
+    FetchConfig,
+    HedgeConfig,
     ObjectDataset,
     PartialList,
     Reason,
@@ -63,15 +65,17 @@ def test_batches_are_the_samplers_in_order_each_sample_once(
     helpers, seed, batch_size, drop_last, prefetch_batches, max_inflight_requests
 ):
     store = MemoryConfig(helpers.numbered_objects(COUNT), script=helpers.jitter(7, 0.003))
+    fetch_config = FetchConfig(
+        max_inflight_requests=max_inflight_requests, hedge=HedgeConfig(enabled=False)
+    )
     loader = ConcurrentDataLoader(
-        ObjectDataset(store, decode=helpers.index_of, fetch_config=helpers.unhedged()),
+        ObjectDataset(store, decode=helpers.index_of, fetch_config=fetch_config),
         batch_size=batch_size,
         shuffle=seed is not None,
         generator=torch.Generator().manual_seed(seed) if seed is not None else None,
         drop_last=drop_last,
         collate_fn=list,
         prefetch_batches=prefetch_batches,
-        max_inflight_requests=max_inflight_requests,
     )
     expected = sampler_batches(seed, batch_size, drop_last)
     assert len(loader) == len(expected)
@@ -238,7 +242,6 @@ def test_a_fractional_budget_is_a_share_of_the_epochs_samples(helpers):
         ({"max_skipped": 1.5}, ConfigError),
         ({"max_skipped": -1}, ConfigError),
         ({"on_error": "ignore"}, ConfigError),
-        ({"max_inflight_requests": 0}, ConfigError),
         ({"prefetch_batches": 0}, ConfigError),
         ({"batch_sampler": [[0]], "batch_size": 2}, ValueError),
         ({"sampler": [0, 1], "shuffle": True}, ValueError),
@@ -268,14 +271,15 @@ def test_iterable_datasets_are_loaded_as_torch_loads_them():
 def test_two_workers_yield_the_samplers_batches_in_order(helpers):
     store = MemoryConfig(helpers.numbered_objects(COUNT), script=helpers.jitter(9, 0.003))
     loader = ConcurrentDataLoader(
-        ObjectDataset(store, decode=helpers.index_of),
+        ObjectDataset(
+            store, decode=helpers.index_of, fetch_config=FetchConfig(max_inflight_requests=8)
+        ),
         batch_size=4,
         shuffle=True,
         generator=torch.Generator().manual_seed(5),
         collate_fn=list,
         num_workers=2,
         multiprocessing_context="fork",
-        max_inflight_requests=8,
     )
     assert list(loader) == sampler_batches(5, 4, False)
     stats = loader.stats()  # merged over both workers' rows

@@ -45,16 +45,16 @@ def keys_of(helpers: Any, batches: list[list[int]]) -> list[str]:
 
 
 class Setup:
-    def __init__(self, helpers: Any, script: Any = None, **options: Any) -> None:
+    def __init__(self, helpers: Any, script: Any = None, **fetch: Any) -> None:
         self.store = MemoryConfig(helpers.numbered_objects(COUNT), script=script)
         # Hedging off: the GETs counted in flight are the limit's, not hedges beside them.
         self.dataset = ObjectDataset(
             self.store,
             decode=helpers.index_of,
-            fetch_config=FetchConfig(hedge=HedgeConfig(enabled=False)),
+            fetch_config=FetchConfig(hedge=HedgeConfig(enabled=False), **fetch),
         )
         self.options = PipelineOptions(
-            prefetch_batches=PREFETCH, decode_threads=2, stall_timeout_s=20, **options
+            prefetch_batches=PREFETCH, decode_threads=2, stall_timeout_s=20
         )
         self.started: list[BatchPipeline] = []
 

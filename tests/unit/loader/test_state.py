@@ -114,7 +114,7 @@ def make_loader(helpers, seed: int, store: MemoryConfig | None = None) -> Concur
     store = store or MemoryConfig(
         helpers.numbered_objects(COUNT), script=helpers.jitter(seed, 0.002)
     )
-    return helpers.shuffled_loader(store, BATCH, seed, num_workers=0, max_inflight_requests=8)
+    return helpers.shuffled_loader(store, BATCH, seed, num_workers=0)
 
 
 @pytest.fixture
