@@ -8,11 +8,8 @@ shuffled epoch of :class:`~concurrent_loader.ShardDataset` (decode: JPEG -> uint
 ``--image-size``) through :class:`~concurrent_loader.ConcurrentDataLoader` in each run:
 
 - ``ours-local``: the shard files on local disk;
-- ``ours-s3``: S3 through a proxy adding ``--latency-ms`` to every GET, batch reads of one
-  shard coalesced (the default gap, 1 MiB);
-- ``ours-s3 gap=X``: the same with another gap threshold (``--gaps``), ``off`` for one GET
-  per sample;
-- ``ours-s3 readahead=SPAN/MAX`` (``--readahead``): the default gap, and samples cut
+- ``ours-s3``: S3 through a proxy adding ``--latency-ms`` to every GET, one GET per sample;
+- ``ours-s3 readahead=SPAN/MAX`` (``--readahead``, by default 8MiB/512MiB): samples cut
   from aligned spans of SPAN bytes kept in memory up to MAX per process
   (:class:`~concurrent_loader.Readahead`): in random order, one GET per span while MAX
   holds the spans in use, then one GET per sample for the overflow;
@@ -62,13 +59,6 @@ class KeyedImage:
     def __call__(self, sample: dict[str, Any]) -> tuple[Any, int, str]:
         image, label = self.image(sample)
         return image, label, sample["__key__"]
-
-
-def _gap(text: str) -> Any:
-    from concurrent_loader import Coalescing
-    from concurrent_loader.shards.pack import parse_size
-
-    return Coalescing(enabled=False) if text == "off" else Coalescing(max_gap=parse_size(text))
 
 
 def _readahead(text: str) -> Any:
@@ -126,8 +116,7 @@ def run(
     batch_size: int = 64,
     image_size: int = 224,
     latency_ms: float = 50.0,
-    gaps: Sequence[str] = ("off",),
-    readaheads: Sequence[str] = (),
+    readaheads: Sequence[str] = ("8MiB/512MiB",),
     objects: bool = False,
     repeats: int = 3,
     seed: int = 0,
@@ -139,7 +128,7 @@ def run(
 ) -> dict[str, Any]:
     """Every run's figures (see the module)."""
     from benchmarks.data import DatasetSpec, ensure_local
-    from concurrent_loader import Coalescing, ImageFolder, ShardDataset
+    from concurrent_loader import ImageFolder, ShardDataset
     from concurrent_loader.shards.pack import pack, parse_size
     from concurrent_loader.testing import LocalS3Server, ProxyProcess
 
@@ -182,20 +171,12 @@ def run(
                 }
                 datasets = {"ours-local": ShardDataset(shards_dir, decode=decode)}
                 datasets["ours-s3"] = ShardDataset(
-                    f"s3://{BUCKET}/{PREFIX}", decode=decode, coalescing=Coalescing(), **credentials
+                    f"s3://{BUCKET}/{PREFIX}", decode=decode, **credentials
                 )
-                for gap in gaps:
-                    datasets[f"ours-s3 gap={gap}"] = ShardDataset(
-                        f"s3://{BUCKET}/{PREFIX}",
-                        decode=decode,
-                        coalescing=_gap(gap),
-                        **credentials,
-                    )
                 for readahead in readaheads:
                     datasets[f"ours-s3 readahead={readahead}"] = ShardDataset(
                         f"s3://{BUCKET}/{PREFIX}",
                         decode=decode,
-                        coalescing=Coalescing(),
                         readahead=_readahead(readahead),
                         **credentials,
                     )
@@ -306,11 +287,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--latency-ms", type=float, default=50.0)
     parser.add_argument(
-        "--gaps", default="off", help="more gap thresholds to run, comma-separated (off, 8MiB)"
-    )
-    parser.add_argument(
         "--readahead",
-        default="",
+        default="8MiB/512MiB",
         help="read-ahead rows, comma-separated SPAN/MAX (8MiB/512MiB): spans kept in memory",
     )
     parser.add_argument(
@@ -334,7 +312,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         batch_size=args.batch_size,
         image_size=args.image_size,
         latency_ms=args.latency_ms,
-        gaps=[g for g in args.gaps.split(",") if g],
         readaheads=[r for r in args.readahead.split(",") if r],
         objects=args.objects,
         repeats=args.repeats,

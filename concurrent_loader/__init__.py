@@ -41,7 +41,6 @@ from .fetch.parts import PartsConfig
 from .loader import ConcurrentDataLoader, PartialBatch, PartialDict, PartialList, is_partial
 from .pipeline import SkippedSample
 from .shards.dataset import ImageSample, ShardDataset
-from .sources.coalesce import Coalescing
 from .stores.readahead import Readahead
 
 __version__ = "0.1.0"
@@ -52,7 +51,6 @@ __all__ = [
     "BadRequest",
     "BucketNotFound",
     "CertificateRefused",
-    "Coalescing",
     "ConcurrentDataLoader",
     "ConfigError",
     "ConnectionFailed",

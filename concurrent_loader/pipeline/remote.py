@@ -7,7 +7,7 @@
                             reserve bytes, GET                        the slot
 
 :func:`~concurrent_loader.sources.coalesce.plan_fetches` decides which GETs a batch makes
-and how each is read (merged with neighbours, whole, in parts); this module carries it out.
+and how each is read (whole, in parts); this module carries it out.
 Invariants, besides those of :mod:`.produce`:
 
 - the fetch client keeps at most ``max_inflight_requests`` GETs in flight, and the
@@ -15,7 +15,7 @@ Invariants, besides those of :mod:`.produce`:
   expected of the GETs in flight) within ``max_inflight_bytes``: every byte reserved or held
   is given back once, when its sample is decoded or dropped, or its GET fails;
 - fetched samples are decoded earliest batch first (:class:`~.slot.DecodeQueue`);
-- a failed GET fails (or skips) exactly the samples it carried, named by the source
+- a failed GET fails (or skips) its sample, named by the source when it can
   (``read_failed``: a shard's sample, member and offset); a failure while planning fails
   the batch instead of leaving it unfinished;
 - :meth:`RemoteReads.close` cancels and awaits the batch's GETs, drops the samples not
@@ -39,8 +39,8 @@ from ..fetch.parts import read_in_parts
 from ..metrics import StageStats
 from ..runtime import CLOSE_TIMEOUT_S, acquire_runtime
 from ..sources import Read, SampleSource
-from ..sources.base import CoalescingSource
-from ..sources.coalesce import Get, Shared, Whole, plan_fetches
+from ..sources.base import NamingSource
+from ..sources.plan import Get, Whole, plan_fetches
 from .options import PipelineOptions
 from .produce import SourceSamples, is_position
 from .slot import DecodeQueue, Slot
@@ -83,9 +83,8 @@ class RemoteReads(SourceSamples):
         limit = options.max_inflight_bytes or config.max_inflight_bytes
         self._budget = ByteBudget(limit, runtime.call_soon)
         self._parts = options.parts
-        # A coalescing source's reads of one object merge, its failed reads name the sample.
-        self._coalescing = source.coalescing if isinstance(source, CoalescingSource) else None
-        self._read_failed = source.read_failed if isinstance(source, CoalescingSource) else _as_is
+        # A shard source's failed reads name the sample's member and offset.
+        self._read_failed = source.read_failed if isinstance(source, NamingSource) else _as_is
         self._decodes = DecodeQueue(self.pool.submit, self.threads, self.pool.forking)
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -117,21 +116,17 @@ class RemoteReads(SourceSamples):
                 self.failed(slot, position, index, exc)
         try:
             capabilities = self._client.store.capabilities  # the open store's
-            budget = self._budget.max_bytes
-            plan = plan_fetches(samples, capabilities, self._parts, self._coalescing, budget)
+            plan = plan_fetches(samples, capabilities, self._parts)
         except Exception as exc:  # a bug in planning must fail the batch, not hang it
             slot.fail(exc)
             return
         loop = asyncio.get_running_loop()
         for fetch in plan:
-            if isinstance(fetch, Whole):
-                task = loop.create_task(self._fetch_whole(slot, fetch))
-            else:
-                task = loop.create_task(self._fetch_shared(slot, fetch))
+            task = loop.create_task(self._fetch(slot, fetch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _fetch_whole(self, slot: Slot, fetch: Whole[Tag]) -> None:
+    async def _fetch(self, slot: Slot, fetch: Whole[Tag]) -> None:
         if slot.failed:
             return
         position, index = fetch.tag
@@ -143,28 +138,9 @@ class RemoteReads(SourceSamples):
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
-            self.failed(slot, position, index, exc)
+            self.failed(slot, position, index, self._read_failed(index, exc))
             return
         self._queue(slot, position, index, bodies)
-
-    async def _fetch_shared(self, slot: Slot, fetch: Shared[Tag]) -> None:
-        """One GET for several samples; a failure fails (or skips) exactly those samples."""
-        if slot.failed:
-            return
-        try:
-            body = await self._get(fetch.get)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:
-            for part in fetch.parts:
-                position, index = part.tag
-                self.failed(slot, position, index, self._read_failed(index, exc))
-            return
-        pieces = [(part.tag, part.of(body)) for part in fetch.parts]
-        # Each sample's bytes are held until it is decoded; the gaps between them are not.
-        self._budget.release(len(body) - sum(len(piece) for _, piece in pieces))
-        for (position, index), piece in pieces:
-            self._queue(slot, position, index, [piece])
 
     def _queue(self, slot: Slot, position: int, index: int, bodies: Bodies) -> None:
         """Queue the sample's decode (earliest batch first, not in GET completion order)."""

@@ -6,8 +6,8 @@ tar order); :attr:`ShardDataset.shard_lengths` (samples per shard) and
 shard by shard. Because it is map-style, everything ``ConcurrentDataLoader`` promises holds
 unchanged: batch ``i`` is the sampler's batch ``i``, DDP sharding, exact resume, the skip
 policy. Its :attr:`~ShardDataset.source` (:class:`~.source.ShardSource`)
-reads a sample as one byte range of its shard; the pipeline merges a batch's ranges of one
-shard into fewer GETs (``coalescing``).
+reads a sample as one byte range of its shard, one GET each unless read-ahead
+(``readahead``) serves it from a span of the shard already read.
 
 Like :class:`~concurrent_loader.ObjectDataset`, it holds configuration and nothing open,
 so it pickles to ``spawn`` workers; ``ds[i]`` and ``__getitems__`` work without our loader.
@@ -27,7 +27,6 @@ from ..errors import ConfigError, ObjectNotFound, Reason, ShardError
 from ..listing import list_store
 from ..listing import progress as progress_bar
 from ..runtime import Runtime
-from ..sources.coalesce import Coalescing
 from ..stores import StoreConfig, store_config_for
 from ..stores.base import BlockingStore
 from ..stores.readahead import Readahead, ReadaheadConfig
@@ -46,13 +45,12 @@ class ShardDataset(ObjectDataset):
     dict itself (``{"__key__", "__url__", extension: bytes}``, as ``webdataset``'s).
 
     Each shard's index is read from ``<shard>.idx`` (written by ``concurrent-loader
-    pack``), or built once by scanning the shard with ranged GETs. ``coalescing`` says
-    when two samples of one shard in a batch are read with one GET. ``readahead`` (for
-    reading in shard order, with :class:`~concurrent_loader.ShardOrderSampler`) reads a
-    remote shard in aligned spans that each process keeps a few of, so the samples that
-    follow in a span cost no GET (see :mod:`concurrent_loader.stores.readahead`); a batch's
-    reads are then not merged unless ``coalescing`` is given. Store options
-    (``endpoint_url``, ``region``, credentials, ``transport``...) are as for
+    pack``), or built once by scanning the shard with ranged GETs. Each sample is one
+    ranged GET of its shard; ``readahead`` (for reading in shard order, with
+    :class:`~concurrent_loader.ShardOrderSampler`, or in random order with room for the
+    shards) reads a remote shard in aligned spans that each process keeps a few of, so the
+    samples that follow in a span cost no GET (see :mod:`concurrent_loader.stores.readahead`).
+    Store options (``endpoint_url``, ``region``, credentials, ``transport``...) are as for
     :class:`~concurrent_loader.ObjectDataset`.
     """
 
@@ -64,7 +62,6 @@ class ShardDataset(ObjectDataset):
         shards: Iterable[str] | None = None,
         *,
         decode: SampleDecoder | None = None,
-        coalescing: Coalescing | None = None,
         readahead: Readahead | None = None,
         fetch_config: FetchConfig | None = None,
         progress: bool = False,
@@ -120,11 +117,7 @@ class ShardDataset(ObjectDataset):
             )
         if not self.store.capabilities.remote:
             readahead = None  # shards on local disk are read in place
-        if readahead is not None and coalescing is None:
-            coalescing = Coalescing(enabled=False)  # the spans do what merging would
-        self.source = ShardSource(
-            self.store, keys, indexes, sizes, self.fetch_config, decode, coalescing
-        )
+        self.source = ShardSource(self.store, keys, indexes, sizes, self.fetch_config, decode)
         if readahead is not None:
             self.source.store = ReadaheadConfig(
                 self.store,

@@ -20,8 +20,8 @@ follow one that fails: an index that puts a member inside another's data (a tar 
 in a tar) must misplace an earlier member of the same shard.
 
 Samples are dicts as ``webdataset`` makes them: ``{"__key__": key, "__url__": shard URL,
-extension: bytes, ...}``, passed to ``decode`` when one is given. The source merges a
-batch's reads of one shard (:attr:`coalescing`, see :mod:`concurrent_loader.sources.coalesce`).
+extension: bytes, ...}``, passed to ``decode`` when one is given. A failed read names the
+sample's shard, member and offset (:meth:`ShardSource.read_failed`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from ..config import FetchConfig
 from ..errors import DecodeError, LoaderError, Reason, ShardError
 from ..keys import KeyTable
 from ..sources.base import Read
-from ..sources.coalesce import Coalescing
 from ..stores.base import ByteRange, StoreConfig
 from .index import ShardIndex
 from .tar import (
@@ -64,7 +63,6 @@ class ShardSource:
         listed_sizes: Sequence[int | None],
         fetch_config: FetchConfig,
         decode: SampleDecoder | None = None,
-        coalescing: Coalescing | None = None,
     ) -> None:
         if not len(shards) == len(indexes) == len(listed_sizes):
             raise ValueError(
@@ -72,7 +70,6 @@ class ShardSource:
             )
         self.store = store
         self.fetch_config = fetch_config
-        self.coalescing = coalescing or Coalescing()
         self.decode_sample = decode
         self.shards = list(shards)
         self.listed_sizes = list(listed_sizes)
@@ -338,7 +335,7 @@ class ShardSource:
                 Reason.TRUNCATED_SHARD,
             )
 
-    # ------------------------------------------------------------------ CoalescingSource
+    # ------------------------------------------------------------------ NamingSource
 
     def read_failed(self, index: int, exc: BaseException) -> BaseException:
         return self._about(index, exc) if isinstance(exc, LoaderError) else exc

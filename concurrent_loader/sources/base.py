@@ -14,15 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from ..config import FetchConfig
 from ..stores.base import ByteRange, StoreConfig
 
-if TYPE_CHECKING:
-    from .coalesce import Coalescing
-
-__all__ = ["CoalescingSource", "Read", "SampleSource"]
+__all__ = ["NamingSource", "Read", "SampleSource"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,14 +54,11 @@ class SampleSource(Protocol):
 
 
 @runtime_checkable
-class CoalescingSource(SampleSource, Protocol):
-    """A source whose samples are one ranged read each, inside few large objects (tar
-    shards): the pipeline merges a batch's reads of one object per ``coalescing``
-    (:mod:`~concurrent_loader.sources.coalesce`) and slices each sample's bytes back out."""
-
-    coalescing: Coalescing
+class NamingSource(SampleSource, Protocol):
+    """A source whose samples are parts of larger objects (tar shards), which names the
+    sample in the error of a failed read itself."""
 
     def read_failed(self, index: int, exc: BaseException) -> BaseException:
-        """The error for sample ``index`` when the (merged) read carrying it failed with
-        ``exc``: the same kind of error, naming the sample's object, member and offset."""
+        """The error for sample ``index`` when a read of it failed with ``exc``: the same
+        kind of error, naming the sample's object, member and offset."""
         ...
