@@ -6,7 +6,7 @@
     start batch b+p  --->   plan the batch's fetches; per GET:  --->  source.decode, put in
                             reserve bytes, GET                        the slot
 
-:func:`~concurrent_loader.sources.coalesce.plan_fetches` decides which GETs a batch makes
+:func:`~concurrent_loader.sources.plan.plan_fetches` decides which GETs a batch makes
 and how each is read (whole, in parts); this module carries it out.
 Invariants, besides those of :mod:`.produce`:
 
