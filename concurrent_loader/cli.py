@@ -33,7 +33,7 @@ from .cache.warm import warm_cache
 from .dataset import IMG_EXTENSIONS, ImageFolder, ObjectDataset
 from .errors import ConfigError, LoaderError, Reason
 from .listing import list_store, progress
-from .shards.packcli import add_pack_arguments, run_pack
+from .shards.pack import add_pack_arguments, run_pack
 from .stores import ObjectInfo, StoreConfig, store_config_for
 
 __all__ = ["main"]

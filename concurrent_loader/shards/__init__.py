@@ -7,7 +7,7 @@ index, the source that reads samples, the dataset, and the packer.
 - :mod:`.source`: :class:`~.source.ShardSource`, sample ``i`` as one ranged read of its
   shard, checked header by header against the index;
 - :mod:`.dataset`: :class:`~concurrent_loader.ShardDataset`, random access by sample index;
-- :mod:`.pack` (with :mod:`.packplan`, :mod:`.packdest`, :mod:`.packcli`):
+- :mod:`.pack` (with :mod:`.packplan`, what is written and where, checked first):
   ``concurrent-loader pack``, objects or an ImageFolder into shards + indexes.
 
 Floor: the datasets floor, beside :mod:`concurrent_loader.dataset` (``ShardDataset`` builds

@@ -2,7 +2,8 @@
 
 ``SRC`` is a prefix (``s3://bucket/prefix``) or a local directory; ``DEST`` a local
 directory or an ``s3://`` prefix. Store options (``endpoint_url``, ``region``, ``profile``,
-``anonymous``...) apply to whichever side is remote, to both when both are. Shards are
+``anonymous``...; on the command line ``--endpoint-url``...) apply to whichever side is
+remote, to both when both are; given with neither on S3 they are refused. Shards are
 ``shard-000000.tar``, ``shard-000001.tar``..., each with its index
 ``shard-000000.tar.idx`` (:mod:`.index`).
 
@@ -10,10 +11,10 @@ Guarantees:
 
 - what is written reads back as the promised samples with both readers,
   :class:`~concurrent_loader.ShardDataset` and the ``webdataset`` library, and
-  :attr:`PackResult.samples` is how many they read: the rules, and the sources refused or
-  skipped, are in :mod:`.packplan`; ``DEST`` holds the new pack and nothing a reader would
-  mix in with it (:mod:`.packdest`: an earlier pack is refused, or with ``overwrite``
-  removed). Every refusal is a ``ConfigError`` raised before anything is written;
+  :attr:`PackResult.samples` is how many they read; ``DEST`` holds the new pack and nothing
+  a reader would mix in with it (an earlier pack is refused, or with ``overwrite``
+  removed). The rules, the sources refused or skipped and the refusals of ``DEST`` are in
+  :mod:`.packplan`; every refusal is a ``ConfigError`` raised before anything is written;
 - deterministic: the same input gives the same bytes. Samples are in key order; every tar
   header has mtime 0, uid/gid 0, no user or group name, mode 0444; the tar is written in
   the POSIX pax format (a pax header only for a name that ustar cannot hold);
@@ -24,47 +25,45 @@ Guarantees:
   :class:`~concurrent_loader.ImageFolder` chooses), each image ``c/x.jpg`` is sample
   ``c/x`` with members ``c/x.jpg`` and ``c/x.cls`` (the class index as decimal text; classes
   are the sorted folder names). Dots in an image's file name before its extension become
-  ``_`` in its sample key, since both readers split at the first dot.
-
-A shard is written to a temporary file and then renamed (local) or uploaded (S3), so a
-reader never sees half of one.
+  ``_`` in its sample key, since both readers split at the first dot;
+- a shard and its index are each published whole (:meth:`.packplan.Destination.publish`),
+  so a reader never sees half of one.
 """
 
 from __future__ import annotations
 
+import argparse
+import io
 import os
 import re
+import sys
 import tarfile
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 from ..config import FetchConfig
 from ..dataset import ObjectDataset
 from ..errors import ConfigError, Reason
-from ..listing import list_store
+from ..listing import list_store, progress
 from ..stores import store_config_for
-from .index import ShardIndex
-from .packdest import Destination, on_s3, open_destination
-from .packplan import Sample, plan_image_folder, plan_objects, split_shards
+from .index import INDEX_SUFFIX, ShardIndex
+from .packplan import (
+    Destination,
+    Sample,
+    first_few,
+    on_s3,
+    plan_image_folder,
+    plan_objects,
+    split_shards,
+)
 from .tar import Member, padded
 
-__all__ = ["PackResult", "pack", "parse_size"]
+__all__ = ["PackResult", "add_pack_arguments", "pack", "parse_size", "run_pack"]
 
-_UNITS = {
-    "": 1,
-    "B": 1,
-    "K": 10**3,
-    "KB": 10**3,
-    "M": 10**6,
-    "MB": 10**6,
-    "G": 10**9,
-    "GB": 10**9,
-    "KIB": 2**10,
-    "MIB": 2**20,
-    "GIB": 2**30,
-}
+_UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9}
+_UNITS.update({"GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30})
 _FETCH_CHUNK = 64  # objects fetched concurrently while packing
 
 
@@ -84,8 +83,7 @@ def parse_size(text: str) -> int:
 class PackResult:
     """What :func:`pack` wrote: shard names (relative to ``DEST``), samples (as both readers
     count them) and tar bytes; ``skipped``: the source keys no reader would make part of a
-    sample, left out (:mod:`.packplan`); ``removed``: an earlier pack's files that
-    ``overwrite`` removed from ``DEST``."""
+    sample, left out; ``removed``: an earlier pack's files that ``overwrite`` removed."""
 
     shards: list[str]
     samples: int
@@ -110,7 +108,6 @@ def pack(
         raise ConfigError(
             f"shard_size must be >= 1, got {shard_size}", cause=Reason.INVALID_ARGUMENT
         )
-    # Store options belong to the remote side(s), not to a local directory.
     src_remote = "://" in src and not src.lower().startswith("file://")
     given = sorted(name for name, value in store_options.items() if value not in (None, False))
     if given and not (src_remote or on_s3(dest)):
@@ -120,23 +117,21 @@ def pack(
         )
     fetch_config = fetch_config or FetchConfig()
     store = store_config_for(src, **(store_options if src_remote else {})).resolved()
-    destination, stale = open_destination(
-        dest, store, overwrite=overwrite, **(store_options if on_s3(dest) else {})
-    )
+    destination = Destination(dest, **(store_options if on_s3(dest) else {}))
     try:
+        stale = destination.check(store, overwrite)
         listed = list_store(store, fetch_config)
         plan = (plan_image_folder if image_folder else plan_objects)(store, listed)
         reader = ObjectDataset(store, keys=[info.key for info in listed], fetch_config=fetch_config)
         try:
-            destination.remove(stale)  # the first write: every check has passed
+            destination.begin(stale)  # the first write: every check has passed
             position = {info.key: i for i, info in enumerate(listed)}
             shards: list[str] = []
             total = 0
             for shard in split_shards(plan.samples, shard_size):
                 name = f"shard-{len(shards):06d}.tar"
-                total += _write(
-                    destination, name, shard, _bodies(reader, position, shard), on_sample
-                )
+                bodies = _bodies(reader, position, shard)
+                total += _write(destination, name, shard, bodies, on_sample)
                 shards.append(name)
         finally:
             reader.close()
@@ -152,8 +147,7 @@ def _bodies(
     entries = [entry for sample in shard for entry in sample]
     for start in range(0, len(entries), _FETCH_CHUNK):
         chunk = entries[start : start + _FETCH_CHUNK]
-        wanted = [position[e.source] for e in chunk if e.data is None]
-        fetched = iter(reader.__getitems__(wanted))
+        fetched = iter(reader.__getitems__([position[e.source] for e in chunk if e.data is None]))
         for entry in chunk:
             yield next(fetched) if entry.data is None else entry.data
 
@@ -165,50 +159,97 @@ def _write(
     bodies: Iterator[bytes],
     on_sample: Callable[[], None] | None,
 ) -> int:
-    """Write shard ``name`` and its index to ``destination``; its size in bytes."""
-    fd, tmp = tempfile.mkstemp(prefix=".packing-", dir=destination.scratch())
+    """Write shard ``name``, then its index, to ``destination``; the shard's size in bytes."""
     members: list[Member] = []
+
+    def write_tar(f: IO[bytes]) -> None:
+        with tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for sample in shard:
+                for entry in sample:
+                    data = next(bodies)
+                    header_offset = tar.offset
+                    info = tarfile.TarInfo(entry.name)  # mtime, uid, gid 0; no names
+                    info.size, info.mode = len(data), 0o444
+                    tar.addfile(info, io.BytesIO(data))
+                    data_offset = tar.offset - padded(len(data))
+                    members.append(Member(entry.name, header_offset, data_offset, len(data)))
+                if on_sample is not None:
+                    on_sample()
+
+    size = _publish(destination, name, write_tar)
+    index = ShardIndex.of_members(members, size).to_json()
+    _publish(destination, name + INDEX_SUFFIX, lambda f: f.write(index))
+    return size
+
+
+def _publish(destination: Destination, name: str, write: Callable[[IO[bytes]], Any]) -> int:
+    """``write`` a temporary file, then publish it whole as ``name``; its size in bytes."""
+    fd, tmp = tempfile.mkstemp(prefix=".packing-", dir=destination.scratch)
     try:
         with os.fdopen(fd, "wb") as f:
-            with tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                for sample in shard:
-                    for entry in sample:
-                        data = next(bodies)
-                        header_offset = tar.offset
-                        tar.addfile(_tarinfo(entry.name, len(data)), _Reader(data))
-                        data_offset = tar.offset - padded(len(data))
-                        members.append(Member(entry.name, header_offset, data_offset, len(data)))
-                    if on_sample is not None:
-                        on_sample()
+            write(f)
             size = f.tell()
         os.chmod(tmp, 0o644)  # mkstemp makes it 0600: readable as any other file
-        destination.publish(name, tmp, ShardIndex.of_members(members, size).to_json())
+        destination.publish(name, tmp)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return size
 
 
-class _Reader:
-    """A file-like view of bytes for ``TarFile.addfile``."""
-
-    def __init__(self, data: bytes) -> None:
-        self._view = memoryview(data)
-        self._pos = 0
-
-    def read(self, size: int = -1) -> bytes:
-        end = len(self._view) if size < 0 else self._pos + size
-        chunk = bytes(self._view[self._pos : end])
-        self._pos += len(chunk)
-        return chunk
+# ---------------------------------------------------------------------- the command line
 
 
-def _tarinfo(name: str, size: int) -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.size = size
-    info.mtime = 0
-    info.mode = 0o444
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    info.type = tarfile.REGTYPE
-    return info
+def add_pack_arguments(parser: argparse.ArgumentParser) -> None:
+    """``DEST`` and the options of ``pack`` (after the common ``SRC`` and store options)."""
+    parser.epilog = (
+        "--endpoint-url, --region, --profile and --anonymous apply to whichever of SRC and "
+        "DEST is on S3, to both when both are. Objects that no reader makes part of a "
+        "sample (dotfiles, names without an extension) are skipped and named."
+    )
+    parser.add_argument("dest", help="a local directory or s3://bucket/prefix for the shards")
+    parser.add_argument(
+        "--shard-size",
+        default="256MB",
+        help="close a shard before a sample that would take it past this (default 256MB; "
+        "MB/GB are powers of 1000, MiB/GiB of 1024)",
+    )
+    parser.add_argument(
+        "--image-folder",
+        action="store_true",
+        help="SRC is ROOT/<class>/<image>: add a .cls member (the class index) per image",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an earlier pack in DEST: remove its shard-NNNNNN.tar and .tar.idx "
+        "files (and only those) first",
+    )
+
+
+def run_pack(args: argparse.Namespace) -> PackResult:
+    """Pack as ``args`` say, naming on stderr what was removed or skipped."""
+    shard_size = parse_size(args.shard_size)
+    with progress(args.progress, "packing") as tick:
+        result = pack(
+            args.root,
+            args.dest,
+            shard_size=shard_size,
+            image_folder=args.image_folder,
+            overwrite=args.overwrite,
+            on_sample=tick,
+            endpoint_url=args.endpoint_url,
+            region=args.region,
+            profile=args.profile,
+            anonymous=args.anonymous,
+        )
+    if result.removed:
+        print(f"removed the earlier pack's {len(result.removed)} files", file=sys.stderr)
+    if result.skipped:
+        print(
+            f"skipped {len(result.skipped)} objects that no reader makes part of a sample "
+            f"(a dotfile, no extension, or a webdataset metadata name): "
+            f"{first_few(result.skipped)}",
+            file=sys.stderr,
+        )
+    return result

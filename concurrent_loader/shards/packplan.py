@@ -1,11 +1,9 @@
-"""What ``concurrent-loader pack`` writes: the samples of a source, checked against the rules
-that make both readers (:class:`~concurrent_loader.ShardDataset` and ``webdataset``) read
-them as the packer promises.
+"""What ``concurrent-loader pack`` writes, and where, both checked before anything is written.
 
-A member name splits into sample key and extension as both readers split it
+The samples (:class:`PackPlan`). A member name splits into sample key and extension as both
+readers (:class:`~concurrent_loader.ShardDataset` and ``webdataset``) split it
 (:func:`~concurrent_loader.shards.tar.split_name`, ``webdataset.base_plus_ext``): at the
-first dot of its last path component, the extension lower-cased. A :class:`PackPlan`
-guarantees:
+first dot of its last path component, the extension lower-cased. A plan guarantees:
 
 - every member is a sample member for both readers and splits into exactly the sample key
   and extension the plan gives it;
@@ -17,25 +15,47 @@ guarantees:
   a webdataset metadata name such as ``__meta__/x.json``) are left out, listed in
   :attr:`PackPlan.skipped` and not counted.
 
-A source that breaks a rule is refused with a :class:`~concurrent_loader.ConfigError`
-naming its objects, before anything is written.
+The destination (:class:`Destination`, a local directory or an ``s3://`` prefix):
+``ShardDataset(DEST)`` reads every ``*.tar`` key under its root, so :meth:`Destination.check`
+makes sure it will read the new pack and nothing else:
+
+- ``DEST`` is not ``SRC`` nor inside it (a second pack would pack the first one's shards);
+- ``DEST`` holds no earlier pack (the packer's own files at its top level,
+  ``shard-NNNNNN.tar`` and ``shard-NNNNNN.tar.idx``) unless ``overwrite`` is given; with
+  it, exactly those files are removed before the first new shard is written, so no stale
+  shard is read with the new ones (a pack that then fails leaves ``DEST`` incomplete);
+- ``DEST`` holds no other ``*.tar`` anywhere under it, which the packer does not remove.
+
+A file is published whole: written to a temporary file, then renamed into place (local)
+or uploaded with one PUT (S3). Whatever breaks a rule is refused with a
+:class:`~concurrent_loader.ConfigError` naming its objects, before anything is written.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
 
 from ..dataset import ImageFolder
 from ..errors import ConfigError, Reason
-from ..stores import ObjectInfo, StoreConfig
+from ..listing import list_store
+from ..stores import LocalConfig, ObjectInfo, S3Config, StoreConfig, store_config_for
+from ..stores.s3.errors import error_for_exception
+from .index import INDEX_SUFFIX
 from .tar import BLOCK, is_sample_member, padded, split_name
 
 __all__ = [
+    "Destination",
     "PackEntry",
     "PackPlan",
     "Sample",
     "first_few",
+    "on_s3",
     "plan_image_folder",
     "plan_objects",
     "split_shards",
@@ -43,6 +63,7 @@ __all__ = [
 
 _SAMPLE_FIELDS = ("__key__", "__url__", "__local_path__")  # what webdataset adds to a sample
 _LISTED = 10  # colliding groups or skipped objects named in a message
+_PACK_FILE = re.compile(rf"shard-\d{{6}}\.tar({re.escape(INDEX_SUFFIX)})?")
 
 
 @dataclass(frozen=True)
@@ -173,3 +194,134 @@ def first_few(items: Sequence[str]) -> str:
     """The first few of ``items``, and how many more there are."""
     shown = "; ".join(items[:_LISTED])
     return shown if len(items) <= _LISTED else f"{shown}; and {len(items) - _LISTED} more"
+
+
+def on_s3(url: str) -> bool:
+    """Whether ``url`` names an S3 prefix (the side that store options apply to)."""
+    return url[:5].lower() == "s3://"
+
+
+class Destination:
+    """``DEST``: a local directory (made at :meth:`begin`), or an ``s3://`` prefix written
+    through one botocore client configured as the store's own
+    :class:`~concurrent_loader.stores.S3Config` (endpoint, region, addressing style,
+    credentials, trust store). Files are written in :attr:`scratch` first."""
+
+    def __init__(self, dest: str, **store_options: Any) -> None:
+        self.s3: S3Config | None = None
+        if on_s3(dest):
+            from botocore import UNSIGNED
+            from botocore.config import Config
+
+            self.s3 = s3 = cast(S3Config, store_config_for(dest, **store_options))
+            route = s3.route or s3.resolve_route()
+            style = {"addressing_style": s3.addressing_style} if s3.addressing_style else None
+            self._client = s3.credentials.botocore_session().create_client(
+                "s3",
+                endpoint_url=s3.endpoint_url,
+                region_name=route.region,
+                config=Config(
+                    signature_version=UNSIGNED if s3.credentials.anonymous else None, s3=style
+                ),
+                verify=route.ca_bundle or None,
+            )
+            self.scratch = tempfile.mkdtemp(prefix="concurrent-loader-pack-")
+        elif "://" in dest:
+            raise ConfigError(
+                f"DEST must be a local directory or s3://bucket/prefix, got {dest!r}",
+                cause=Reason.INVALID_ARGUMENT,
+            )
+        else:
+            self.scratch = str(Path(dest).expanduser().resolve())
+            if os.path.exists(self.scratch) and not os.path.isdir(self.scratch):
+                raise ConfigError(
+                    "DEST exists and is not a directory",
+                    url=self.scratch,
+                    cause=Reason.INVALID_ARGUMENT,
+                )
+
+    def __str__(self) -> str:
+        return str(self.s3) if self.s3 is not None else self.scratch + os.sep
+
+    def url_for(self, name: str) -> str:
+        return self.s3.url_for(name) if self.s3 is not None else os.path.join(self.scratch, name)
+
+    def check(self, source: StoreConfig, overwrite: bool) -> list[str]:
+        """The files of an earlier pack that ``overwrite`` allows :meth:`begin` to remove,
+        once ``DEST`` passes the checks of the module; nothing is written yet."""
+        if self.s3 is None:
+            inside = isinstance(source, LocalConfig) and (self.scratch + os.sep).startswith(
+                source.root
+            )
+        else:
+            inside = (
+                isinstance(source, S3Config)
+                and (source.endpoint_url, source.bucket) == (self.s3.endpoint_url, self.s3.bucket)
+                and self.s3.prefix.startswith(source.prefix)
+            )
+        if inside:
+            raise self._refused(
+                f"DEST is inside SRC {source}: its shards would be packed as samples of the "
+                "next pack of SRC; choose a DEST outside it"
+            )
+        listed = self._listed()
+        ours = [key for key in listed if _PACK_FILE.fullmatch(key)]
+        foreign = [k for k in listed if k.endswith(".tar") and not _PACK_FILE.fullmatch(k)]
+        if foreign:
+            raise self._refused(
+                f"DEST holds {len(foreign)} tar files the packer did not write "
+                f"({first_few(foreign)}): ShardDataset reads every *.tar under its root, so "
+                "they would be read as part of the pack; choose another DEST or remove them"
+            )
+        if ours and not overwrite:
+            raise self._refused(
+                f"DEST already holds a pack ({len(ours)} files: {first_few(ours)}): pass "
+                "--overwrite (overwrite=True) to replace it, or choose another DEST"
+            )
+        return ours
+
+    def begin(self, stale: list[str]) -> None:
+        """The first write, once every check has passed: remove the earlier pack's files."""
+        os.makedirs(self.scratch, exist_ok=True)
+        for name in stale:
+            if self.s3 is None:
+                os.unlink(self.url_for(name))
+            else:
+                self._call("delete_object", name)
+
+    def publish(self, name: str, tmp: str) -> None:
+        """The finished file ``tmp`` (in :attr:`scratch`) becomes ``name``, whole."""
+        if self.s3 is None:
+            os.replace(tmp, self.url_for(name))
+        else:
+            with open(tmp, "rb") as f:
+                self._call("put_object", name, Body=f)
+
+    def close(self) -> None:
+        if self.s3 is not None:
+            os.rmdir(self.scratch)
+            self._client.close()
+
+    def _listed(self) -> list[str]:
+        if self.s3 is None and not os.path.isdir(self.scratch):
+            return []
+        try:
+            return [info.key for info in list_store(self.s3 or LocalConfig.from_path(self.scratch))]
+        except ConfigError as exc:
+            if exc.cause is Reason.EMPTY_PREFIX:
+                return []
+            raise
+
+    def _refused(self, message: str) -> ConfigError:
+        return ConfigError(message, url=str(self), cause=Reason.INVALID_ARGUMENT)
+
+    def _call(self, operation: str, name: str, **kwargs: Any) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        assert self.s3 is not None
+        try:
+            getattr(self._client, operation)(
+                Bucket=self.s3.bucket, Key=self.s3.prefix + name, **kwargs
+            )
+        except (BotoCoreError, ClientError) as exc:
+            raise error_for_exception(exc, self.url_for(name), stage="write") from exc
