@@ -181,10 +181,9 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         self._iterating_since: float | None = None
         self._pending_state: dict[str, Any] | None = None
         self._progress: resume.EpochProgress | None = None
-        # The inner loader draws its workers' base seed from this one, which holds the state
-        # ``generator`` had when this loader drew the same seed.
-        self._inner_generator = torch.Generator()
-        self._workers = Workers()
+        # The inner loader draws its workers' base seed from ``_workers.generator``, which
+        # holds the state ``generator`` had when this loader drew the same seed.
+        self._workers = Workers(dataset, options, self._shared_stats, torch.Generator())
 
     # ------------------------------------------------------------------ epochs
 
@@ -260,7 +259,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             batched=batched,
             generator=self.generator,
             draw_seed=base_seed_drawn,
-            seed_into=self._inner_generator if new_iterator else None,
+            seed_into=self._workers.generator if new_iterator else None,
         )
         collate = self.collate_fn if batched else Unbatched(self.collate_fn)
         self._epoch += 1
@@ -274,17 +273,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         if starts_workers:
             fresh_credentials(self.dataset)
         workers = self._workers
-        inner = workers.inner(
-            self,
-            self.dataset,
-            batches,
-            skip,
-            collate,
-            predicted,
-            self.options,
-            self._shared_stats,
-            self._inner_generator,
-        )
+        inner = workers.inner(self, batches, skip, collate, predicted)
         with warnings.catch_warnings(), frozen_heap() if starts_workers else nullcontext():
             # Said once above, as torch says it once per iterator.
             warnings.filterwarnings("ignore", message="This DataLoader will create")

@@ -134,13 +134,23 @@ def _passthrough(batch: Any) -> Any:
 
 
 class Workers:
-    """The inner DataLoader over each epoch's plan, and its worker processes.
+    """The inner DataLoader over each epoch's plan, and its worker processes: the workers
+    produce ``dataset``'s batches with ``options``, counting in ``stats``, seeded from
+    ``generator`` (it holds the base seed).
 
     A new inner loader each epoch; with persistent workers, the one (and the shared plans:
     the epoch's and the predicted next one) the first epoch started, rewritten each epoch.
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        dataset: Dataset[Any],
+        options: PipelineOptions,
+        stats: SharedStats,
+        generator: torch.Generator,
+    ) -> None:
+        self._dataset, self._options, self._stats = dataset, options, stats
+        self.generator = generator
         self.processes = WorkerProcesses()  # the latest inner loader's
         self._persistent: tuple[DataLoader[Any], PlannedBatches] | None = None
         self.started = False  # the persistent inner loader's workers have started
@@ -148,17 +158,13 @@ class Workers:
     def inner(
         self,
         outer: DataLoader[Any],
-        dataset: Dataset[Any],
         batches: list[list[Any]],
         skip: int,
         collate: Callable[[list[Any]], Any],
         predicted: list[list[Any]],
-        options: PipelineOptions,
-        stats: SharedStats,
-        generator: torch.Generator,
     ) -> DataLoader[Any]:
         """The plain DataLoader that yields this epoch's batches from ``skip`` on, with the
-        ``outer`` loader's torch settings and ``generator`` for its workers' base seed."""
+        ``outer`` loader's torch settings."""
         if self._persistent is not None:
             inner, planned = self._persistent
             planned._cl_plan.write(batches[skip:], may_grow=False, lock=planned._cl_claims)
@@ -179,7 +185,9 @@ class Workers:
         if outer.persistent_workers and claims is None:
             next_plan = EpochPlan()
             next_plan.write(predicted, may_grow=True, room=batches)
-        planned = PlannedBatches(dataset, plan, collate, options, stats, claims, next_plan)
+        planned = PlannedBatches(
+            self._dataset, plan, collate, self._options, self._stats, claims, next_plan
+        )
         context = outer.multiprocessing_context or torch.multiprocessing.get_context()
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="This DataLoader will create")
@@ -192,7 +200,7 @@ class Workers:
                 timeout=outer.timeout,
                 worker_init_fn=outer.worker_init_fn,
                 multiprocessing_context=self.processes.context(context) if workers else None,
-                generator=generator,
+                generator=self.generator,
                 prefetch_factor=outer.prefetch_factor,
                 persistent_workers=outer.persistent_workers,
                 pin_memory_device=outer.pin_memory_device,
