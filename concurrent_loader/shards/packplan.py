@@ -94,7 +94,9 @@ def plan_objects(store: StoreConfig, listed: Sequence[ObjectInfo]) -> PackPlan:
     skipped: list[str] = []
     for info in sorted(listed, key=lambda info: info.key):
         split = split_name(info.key)
-        if split is None or not is_sample_member(info.key) or _is_dotfile(info.key):
+        # webdataset reads a dotfile "c/.hidden" as sample "c/" (the split backs up a folder)
+        dotfile = info.key.rpartition("/")[2].startswith(".")
+        if split is None or not is_sample_member(info.key) or dotfile:
             skipped.append(info.key)
         else:
             by_key.setdefault(split[0], []).append(PackEntry(info.key, info.key, info.size))
@@ -183,11 +185,6 @@ def _checked(store: StoreConfig, by_key: dict[str, Sample], skipped: list[str]) 
             cause=Reason.EMPTY_PREFIX,
         )
     return PackPlan(samples, skipped)
-
-
-def _is_dotfile(key: str) -> bool:
-    # webdataset reads "c/.hidden" as sample "c/" (the split backs up into the folder name)
-    return key.rpartition("/")[2].startswith(".")
 
 
 def first_few(items: Sequence[str]) -> str:
