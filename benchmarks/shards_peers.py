@@ -11,7 +11,7 @@ Two parts, each printed as a table and written to ``--out``/``shards_peers.json`
    (JPEG -> ``uint8 [3, S, S]``), batch size and number of workers, by:
 
    - ``ours-stream``: ``ConcurrentDataLoader`` with ``ShardOrderSampler`` over a shard
-     dataset (each sample one ranged GET of its member, a batch's reads coalesced);
+     dataset (each sample one ranged GET of its member);
    - ``ours-stream-readahead``: the same with ``ShardDataset(readahead=Readahead())`` and
      ``ShardOrderSampler``, told the workers by the loader: each worker reads shards of its own,
      in aligned 8 MiB spans, and serves the samples from them;
@@ -205,7 +205,7 @@ class PairOf:
 
 def ours_dataset(setup: Setup, decode: Callable[[Any], Any], **options: Any) -> Any:
     """Ours over the shards: ``concurrent_loader.ShardDataset`` (its index built by scanning
-    the shards, its batch reads coalesced) where this version of the library has it, else
+    the shards, one ranged GET per sample) where this version of the library has it, else
     :class:`ShardStandIn` (one ranged GET per sample). Both number samples shard by shard in
     tar order, which :func:`check_same_samples` checks."""
     try:

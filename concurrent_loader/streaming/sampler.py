@@ -6,7 +6,7 @@ reading its own whole shards one after another, samples mixed by a seeded shuffl
 (:mod:`.order`). As a sampler it keeps every promise of
 :class:`~concurrent_loader.ConcurrentDataLoader` (batch ``i`` is the sampler's batch ``i``,
 exact resume, the skip policy, every start method). A batch's reads fall in a few
-neighbouring shards, served with few GETs by read-ahead (or, without it, by coalescing).
+neighbouring shards, served with few GETs by read-ahead.
 
 Guarantees, for given (``shard_lengths``, ``seed``, epoch, rank, world size):
 
