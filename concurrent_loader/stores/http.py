@@ -29,7 +29,6 @@ class HttpConfig:
     scheme: str
     netloc: str
     base: str
-    transport: str = "http1"
     #: a CA bundle to trust instead of the system's
     ca_bundle: str | None = None
     #: check bodies against the checksum headers the server sends
@@ -44,7 +43,6 @@ class HttpConfig:
         cls,
         url: str,
         *,
-        transport: str = "http1",
         ca_bundle: str | None = None,
         verify_checksums: bool = True,
     ) -> HttpConfig:
@@ -59,7 +57,7 @@ class HttpConfig:
         base = parts.path or "/"
         if not base.endswith("/"):
             base += "/"
-        return cls(parts.scheme.lower(), parts.netloc, base, transport, ca_bundle, verify_checksums)
+        return cls(parts.scheme.lower(), parts.netloc, base, ca_bundle, verify_checksums)
 
     def resolved(self) -> HttpConfig:
         return self
@@ -84,7 +82,6 @@ class HttpStore:
         self._max_bytes = fetch.max_object_bytes
         self._origin = Origin.from_url(f"{config.scheme}://{config.netloc}")
         self._transport: Transport = make_transport(
-            config.transport,
             max_connections=fetch.max_connections,
             timeouts=fetch.timeouts,
             ssl_context=ssl_context_for(fetch, config.ca_bundle),

@@ -6,27 +6,27 @@ read to the end; signing, addressing and what a status means belong to the fetch
 
 * it writes ``Host`` itself, from :attr:`Origin.host_header` (the value a signer signs); a
   caller's ``Host``, or a target or header value that could break framing, is a ``ConfigError``;
-* at most ``max_connections`` connections at once; waiters are woken, FIFO for ``"http1"``,
-  by a released connection, never by polling;
+* at most ``max_connections`` connections at once; waiters are woken, FIFO, by a released
+  connection, never by polling;
 * a connection is reused only after its response was read to the end, the server did not
   ask to close it, and no byte arrived past that response up to the next request's write;
 * only the ``chunked`` transfer coding is accepted (others: ``FetchError``,
   ``Reason.UNSUPPORTED_ENCODING``, not retried); no content coding is asked for or decoded;
 * ``max_bytes`` bounds the body: checked against ``Content-Length`` before any body byte;
-  ``"http1"`` also stops a body of unknown length as soon as it passes the bound;
+  a body of unknown length is stopped as soon as it passes the bound;
 * ``byte_range=(start, end)`` (``end`` exclusive) succeeds only as that exact range (``206``,
   matching ``Content-Range``, ``end - start`` bytes; else ``ConnectionFailed``,
   ``MALFORMED_RESPONSE``); a ``200`` is refused with ``BadRequest`` before its body is read;
 * failures raise the :mod:`concurrent_loader.errors` tree with ``stage="fetch"``, ``url``
   (a label only, never requested, without credentials) and a ``Reason``: ``ConnectionFailed``,
-  ``IncompleteBody``, ``FetchTimeout`` (``"aiohttp"``: one ``TimedOut`` for first byte and
-  stall), ``ObjectTooLarge``. Non-2xx statuses are returned, not raised;
+  ``IncompleteBody``, ``FetchTimeout``, ``ObjectTooLarge``. Non-2xx statuses are returned,
+  not raised;
 * a cancelled ``get`` leaves no half-read connection to reuse; ``close()`` closes every
   socket before it returns; ``get`` after it raises ``RuntimeError``.
 
-Transports by name (:func:`make_transport`): ``"http1"`` (default, :class:`ConnectionPool`,
-bodies written in place by the kernel) and ``"aiohttp"``. Both run on asyncio and uvloop,
-over TCP and TLS, directly or through an ``http://`` proxy (:mod:`.proxy`).
+The one transport is :class:`ConnectionPool` (HTTP/1.1, bodies written in place by the
+kernel), made by :func:`make_transport`; it runs on asyncio and uvloop, over TCP and TLS,
+directly or through an ``http://`` proxy (:mod:`.proxy`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from concurrent_loader.config import Timeouts
-from concurrent_loader.errors import ConfigError, Reason
 
 from .origin import Origin
 from .pool import ConnectionPool
@@ -44,7 +43,6 @@ from .proxy import Proxy
 from .response import Response
 
 __all__ = [
-    "TRANSPORTS",
     "ConnectionPool",
     "Origin",
     "Proxy",
@@ -52,9 +50,6 @@ __all__ = [
     "Transport",
     "make_transport",
 ]
-
-#: the names :func:`make_transport` knows, the default first
-TRANSPORTS = ("http1", "aiohttp")
 
 
 class Transport(Protocol):
@@ -79,39 +74,22 @@ class Transport(Protocol):
 
 
 def make_transport(
-    name: str,
     *,
     max_connections: int,
     timeouts: Timeouts,
     ssl_context: ssl.SSLContext | None,
     proxy: str | None = None,
 ) -> Transport:
-    """The transport called ``name`` (one of :data:`TRANSPORTS`).
+    """A pooled HTTP/1.1 transport (:class:`ConnectionPool`).
 
     ``ssl_context`` ``None`` verifies certificates against the system's trust store.
     ``proxy`` (an ``http://`` URL, possibly with a user and password) is the forward proxy
     every request goes through (see :mod:`.proxy`); the caller decides which origins
     bypass it (``NO_PROXY``).
     """
-    forward = Proxy.from_url(proxy) if proxy else None
-    if name == "http1":
-        return ConnectionPool(
-            max_connections=max_connections,
-            timeouts=timeouts,
-            ssl_context=ssl_context,
-            proxy=forward,
-        )
-    if name == "aiohttp":
-        # Imported only when asked for: aiohttp takes a noticeable time to import.
-        from .aiohttp import AiohttpTransport
-
-        return AiohttpTransport(
-            max_connections=max_connections,
-            timeouts=timeouts,
-            ssl_context=ssl_context,
-            proxy=forward,
-        )
-    raise ConfigError(
-        f"unknown transport {name!r}: expected one of {', '.join(map(repr, TRANSPORTS))}",
-        cause=Reason.INVALID_ARGUMENT,
+    return ConnectionPool(
+        max_connections=max_connections,
+        timeouts=timeouts,
+        ssl_context=ssl_context,
+        proxy=Proxy.from_url(proxy) if proxy else None,
     )

@@ -1,4 +1,4 @@
-"""Where transport failures (HTTP, sockets, TLS, aiohttp) become :mod:`concurrent_loader.errors`:
+"""Where transport failures (HTTP, sockets, TLS) become :mod:`concurrent_loader.errors`:
 by exception type, never by message text, always with ``stage`` and the object's ``url``.
 What a status means for a store is the store's (:mod:`concurrent_loader.stores.shared`).
 """
@@ -9,7 +9,6 @@ import asyncio
 import ssl
 
 from concurrent_loader.errors import (
-    AccessDenied,
     BadRequest,
     CertificateRefused,
     ConnectionFailed,
@@ -27,7 +26,6 @@ __all__ = [
     "certificate_refused",
     "closed_early",
     "connect_error",
-    "error_for_exception",
     "framing_error",
     "incomplete",
     "malformed",
@@ -110,48 +108,3 @@ def connect_error(exc: BaseException, url: str, timeout: float) -> FetchError:
     else:
         cause = Reason.CONNECTION_FAILED
     return ConnectionFailed(str(exc) or type(exc).__name__, url=url, stage="fetch", cause=cause)
-
-
-def error_for_exception(exc: BaseException, url: str, *, stage: str = "fetch") -> FetchError:
-    """The error for an exception raised by aiohttp, asyncio or the OS during a request."""
-    if isinstance(exc, FetchError):
-        return exc
-    try:
-        import aiohttp
-
-        if isinstance(exc, aiohttp.ClientConnectorCertificateError):
-            return certificate_refused(exc.certificate_error, url)
-        if isinstance(exc, aiohttp.ClientHttpProxyError):
-            # Only the status: the proxy's message may echo what we sent it.
-            kind = AccessDenied if exc.status == 407 else ConnectionFailed
-            return kind(
-                f"the proxy answered {exc.status}",
-                url=url,
-                stage=stage,
-                cause=Reason.PROXY_REFUSED,
-                status=exc.status,
-            )
-        if isinstance(exc, aiohttp.ClientResponseError):
-            # Raised by aiohttp itself only when it cannot parse the response (we never ask
-            # it to raise for a status): the bytes received are not a response.
-            return ConnectionFailed(
-                f"malformed response: {exc.message}",
-                url=url,
-                stage=stage,
-                cause=Reason.MALFORMED_RESPONSE,
-            )
-        if isinstance(exc, aiohttp.ClientPayloadError):
-            return ConnectionFailed(str(exc), url=url, stage=stage, cause=Reason.INCOMPLETE_BODY)
-        if isinstance(exc, aiohttp.ServerTimeoutError):
-            return FetchTimeout(str(exc), url=url, stage=stage, cause=Reason.TIMED_OUT)
-        if isinstance(exc, aiohttp.ClientConnectionError):
-            return ConnectionFailed(str(exc), url=url, stage=stage, cause=Reason.CONNECTION_FAILED)
-    except ImportError:  # pragma: no cover - aiohttp is a dependency
-        pass
-    if isinstance(exc, ssl.CertificateError):
-        return certificate_refused(exc, url)
-    if isinstance(exc, TIMEOUT_ERRORS):
-        return FetchTimeout(str(exc), url=url, stage=stage, cause=Reason.TIMED_OUT)
-    if isinstance(exc, (ConnectionError, OSError)):
-        return ConnectionFailed(str(exc), url=url, stage=stage, cause=Reason.CONNECTION_FAILED)
-    return FetchError(repr(exc), url=url, stage=stage, cause=Reason.UNKNOWN)

@@ -1,4 +1,4 @@
-"""The ``"http1"`` transport: a bounded pool of keep-alive HTTP/1.1 connections.
+"""The transport: a bounded pool of keep-alive HTTP/1.1 connections.
 
 Beyond the transport contract (:mod:`concurrent_loader.transport`):
 

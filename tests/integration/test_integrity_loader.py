@@ -1,7 +1,7 @@
 """End to end: a loader over a proxy that corrupts bodies, or sends stray bytes after a
 response, in front of SeaweedFS never yields a wrong sample. Every sample's SHA-256 is
-compared with what was uploaded (boto3's default CRC32 is on each object), on both
-transports, with and without the node cache, and for an object read in ranged parts.
+compared with what was uploaded (boto3's default CRC32 is on each object), with and
+without the node cache, and for an object read in ranged parts.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from concurrent_loader.testing import FaultPlan, LocalS3Server
 BUCKET = "integrity-loader"
 PREFIX = "objects/"
 BIG_PREFIX = "big/"
-TRANSPORTS = ("http1", "aiohttp")
 RETRY = FetchConfig(
     max_inflight_requests=4,
     retry=RetryConfig(max_attempts=8, base_delay=0.005, max_delay=0.02),
@@ -71,13 +70,12 @@ def batches_or_errors(loader: ConcurrentDataLoader) -> Iterator[list[str] | Base
 
 
 def load(
-    objects: Objects, proxy: Any, transport: str, cache: Path | None, epochs: int = 1
+    objects: Objects, proxy: Any, cache: Path | None, epochs: int = 1
 ) -> list[list[str] | BaseException]:
     ds = ObjectDataset(
         f"s3://{BUCKET}/{PREFIX}",
         objects.keys,
         endpoint_url=proxy.endpoint_url,
-        transport=transport,
         decode=sha256_hex,
         fetch_config=RETRY,
         cache=cache,
@@ -95,35 +93,31 @@ def env(s3_env: dict[str, str]) -> None:
 
 
 @pytest.mark.parametrize("cached", [False, True], ids=["store", "cache"])
-@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_corrupted_bodies_are_fetched_again_and_every_sample_is_right(
     objects: Objects,
     env: None,
     proxy_factory: Callable[..., Any],
     tmp_path: Path,
-    transport: str,
     cached: bool,
 ) -> None:
     proxy = proxy_factory(faults=FaultPlan(seed=11, corrupt=0.3))
     epochs = 2 if cached else 1  # the second from the cache, which only took checked bodies
-    got = load(objects, proxy, transport, tmp_path / "cache" if cached else None, epochs)
+    got = load(objects, proxy, tmp_path / "cache" if cached else None, epochs)
     want = [objects.digests[i : i + 8] for i in range(0, len(objects.keys), 8)] * epochs
     assert got == want
     assert proxy.stats()["faults"]["corrupt"] > 0
 
 
 @pytest.mark.parametrize("cached", [False, True], ids=["store", "cache"])
-@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_bodies_corrupted_every_time_end_in_integrity_error_never_in_a_sample(
     objects: Objects,
     env: None,
     proxy_factory: Callable[..., Any],
     tmp_path: Path,
-    transport: str,
     cached: bool,
 ) -> None:
     proxy = proxy_factory(faults=FaultPlan(corrupt=1.0))
-    got = load(objects, proxy, transport, tmp_path / "cache" if cached else None)
+    got = load(objects, proxy, tmp_path / "cache" if cached else None)
     assert got, "the loader yielded nothing"
     for item in got:
         assert isinstance(item, IntegrityError), f"a batch of corrupted bodies was yielded: {item}"
@@ -132,13 +126,11 @@ def test_bodies_corrupted_every_time_end_in_integrity_error_never_in_a_sample(
 
 
 @pytest.mark.parametrize("cached", [False, True], ids=["store", "cache"])
-@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_stray_bytes_after_a_response_never_become_a_sample(
     objects: Objects,
     env: None,
     proxy_factory: Callable[..., Any],
     tmp_path: Path,
-    transport: str,
     cached: bool,
 ) -> None:
     # Every body ends with a stray response in the same write; several epochs of GETs
@@ -146,7 +138,7 @@ def test_stray_bytes_after_a_response_never_become_a_sample(
     # to read one as a sample.
     proxy = proxy_factory(faults=FaultPlan(seed=5, stray_bytes=1.0))
     # With the cache, later epochs read what the first one wrote: only checked bodies.
-    got = load(objects, proxy, transport, tmp_path / "cache" if cached else None, epochs=4)
+    got = load(objects, proxy, tmp_path / "cache" if cached else None, epochs=4)
     stray = sha256_hex(b"stray")
     assert not [item for item in got if isinstance(item, list) and stray in item]
     want = [objects.digests[i : i + 8] for i in range(0, len(objects.keys), 8)] * 4

@@ -235,9 +235,8 @@ def self_signed_https(tmp_path_factory):
         thread.join(timeout=5)
 
 
-@pytest.mark.parametrize("transport", ["http1", "aiohttp"])
 @pytest.mark.parametrize("kind", ["https", "s3"])
-def test_self_signed_certificate_is_refused(self_signed_https, s3_env, kind, transport):
+def test_self_signed_certificate_is_refused(self_signed_https, s3_env, kind):
     if kind == "https":
         root, extra = f"{self_signed_https}/data/", {}
         url = f"{self_signed_https}/data/hello.bin"
@@ -246,7 +245,7 @@ def test_self_signed_certificate_is_refused(self_signed_https, s3_env, kind, tra
         url = "s3://bucket/data/hello.bin"
 
     def first(config: FetchConfig | None):
-        ds = ObjectDataset(root, ["hello.bin"], fetch_config=config, transport=transport, **extra)
+        ds = ObjectDataset(root, ["hello.bin"], fetch_config=config, **extra)
         return next(iter(ConcurrentDataLoader(ds, batch_size=1)))
 
     started = time.monotonic()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pickle
 import ssl
 
-import aiohttp
 import pytest
 
 from concurrent_loader.errors import (
@@ -19,7 +18,6 @@ from concurrent_loader.errors import (
 from concurrent_loader.transport.errors import (
     closed_early,
     connect_error,
-    error_for_exception,
     framing_error,
 )
 from concurrent_loader.transport.parser import BodyTooLarge, ProtocolError, RangeIgnored
@@ -53,34 +51,12 @@ def test_connect_errors(exc: BaseException, cls: type[FetchError], cause: str) -
     ],
 )
 def test_a_refused_certificate_is_not_retried_and_says_what_to_do(exc: BaseException) -> None:
-    for error in (connect_error(exc, URL, 2.5), error_for_exception(exc, URL)):
-        assert type(error) is CertificateRefused
-        assert (error.cause, error.url, error.stage) == ("CertificateRefused", URL, "fetch")
-        assert not error.retryable
-        assert "ca_bundle=" in str(error)
+    error = connect_error(exc, URL, 2.5)
+    assert type(error) is CertificateRefused
+    assert (error.cause, error.url, error.stage) == ("CertificateRefused", URL, "fetch")
+    assert not error.retryable
+    assert "ca_bundle=" in str(error)
 
-
-@pytest.mark.parametrize(
-    ("exc", "cls", "cause"),
-    [
-        (aiohttp.ClientPayloadError("short"), ConnectionFailed, "IncompleteBody"),
-        (aiohttp.ServerTimeoutError("slow"), FetchTimeout, "TimedOut"),
-        (aiohttp.ServerDisconnectedError(), ConnectionFailed, "ConnectionFailed"),
-        (TimeoutError(), FetchTimeout, "TimedOut"),
-        (ConnectionResetError(104, "reset"), ConnectionFailed, "ConnectionFailed"),
-        (OSError(5, "io"), ConnectionFailed, "ConnectionFailed"),
-        (RuntimeError("odd"), FetchError, "Unknown"),
-    ],
-)
-def test_error_for_exception(exc: BaseException, cls: type[FetchError], cause: str) -> None:
-    error = error_for_exception(exc, URL, stage="list")
-    assert type(error) is cls
-    assert (error.cause, error.url, error.stage) == (cause, URL, "list")
-
-
-def test_error_for_exception_keeps_our_own_errors() -> None:
-    error = ObjectTooLarge("big", url=URL, stage="fetch", cause="ObjectTooLarge")
-    assert error_for_exception(error, "other") is error
 
 
 def test_framing_errors() -> None:

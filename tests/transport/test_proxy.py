@@ -1,4 +1,4 @@
-"""Both transports through a forward proxy on loopback: absolute-form requests for http,
+"""The transport through a forward proxy on loopback: absolute-form requests for http,
 CONNECT tunnels with TLS inside for https, proxy credentials sent and never shown."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from concurrent_loader.config import Timeouts
 from concurrent_loader.errors import AccessDenied, ConfigError
-from concurrent_loader.transport import TRANSPORTS, Proxy, Transport, make_transport
+from concurrent_loader.transport import Proxy, Transport, make_transport
 
 from ._proxy import ForwardProxy
 from ._server import Server, origin_of, payload
@@ -21,21 +21,16 @@ SECRET = "s3cret"
 BASIC = "Basic dXNlcjpzM2NyZXQ="
 
 
-@pytest.fixture(params=TRANSPORTS)
-def name(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-def make(name: str, proxy: str, ssl_context: ssl.SSLContext | None = None) -> Transport:
+def make(proxy: str, ssl_context: ssl.SSLContext | None = None) -> Transport:
     return make_transport(
-        name, max_connections=4, timeouts=Timeouts(), ssl_context=ssl_context, proxy=proxy
+        max_connections=4, timeouts=Timeouts(), ssl_context=ssl_context, proxy=proxy
     )
 
 
-def test_plain_http_goes_through_the_proxy_in_absolute_form(run: Runner, name: str) -> None:
+def test_plain_http_goes_through_the_proxy_in_absolute_form(run: Runner) -> None:
     async def main() -> None:
         async with Server() as server, ForwardProxy(authorization=BASIC) as proxy:
-            transport = make(name, proxy.url(f"user:{SECRET}@"))
+            transport = make(proxy.url(f"user:{SECRET}@"))
             try:
                 origin = origin_of(server)
                 for n in (10, 100_000):
@@ -50,7 +45,7 @@ def test_plain_http_goes_through_the_proxy_in_absolute_form(run: Runner, name: s
 
 
 def test_https_is_tunnelled_with_connect_and_tls_inside(
-    run: Runner, name: str, certificate: tuple[Path, Path]
+    run: Runner, certificate: tuple[Path, Path]
 ) -> None:
     cert, key = certificate
 
@@ -59,7 +54,7 @@ def test_https_is_tunnelled_with_connect_and_tls_inside(
         server_context.load_cert_chain(cert, key)
         client_context = ssl.create_default_context(cafile=str(cert))
         async with Server(server_context) as server, ForwardProxy(authorization=BASIC) as proxy:
-            transport = make(name, proxy.url(f"user:{SECRET}@"), client_context)
+            transport = make(proxy.url(f"user:{SECRET}@"), client_context)
             try:
                 for n in (10, 200_000):
                     response = await transport.get(
@@ -77,7 +72,7 @@ def test_https_is_tunnelled_with_connect_and_tls_inside(
 
 
 def test_a_proxy_that_wants_other_credentials_is_access_denied_without_echoing_ours(
-    run: Runner, name: str, certificate: tuple[Path, Path]
+    run: Runner, certificate: tuple[Path, Path]
 ) -> None:
     cert, key = certificate
 
@@ -86,7 +81,7 @@ def test_a_proxy_that_wants_other_credentials_is_access_denied_without_echoing_o
         server_context.load_cert_chain(cert, key)
         client_context = ssl.create_default_context(cafile=str(cert))
         async with Server(server_context) as server, ForwardProxy(authorization="Basic x") as proxy:
-            transport = make(name, proxy.url(f"user:{SECRET}@"), client_context)
+            transport = make(proxy.url(f"user:{SECRET}@"), client_context)
             try:
                 with pytest.raises(AccessDenied) as info:
                     await transport.get(origin_of(server), "/len/1", [], url="s3://b/k")

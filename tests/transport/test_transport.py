@@ -1,5 +1,5 @@
-"""The Transport contract, checked the same way on every transport make_transport builds,
-against the local test server; and that the package knows HTTP only."""
+"""The Transport contract, checked on the transport make_transport builds, against the
+local test server; and that the package knows HTTP only."""
 
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ from concurrent_loader.errors import (
     ObjectTooLarge,
 )
 from concurrent_loader.transport import (
-    TRANSPORTS,
     ConnectionPool,
     Origin,
     Response,
@@ -36,44 +35,27 @@ from ._server import Server, origin_of, payload
 from .conftest import Runner
 
 
-def make(name: str) -> Transport:
-    return make_transport(name, max_connections=8, timeouts=Timeouts(), ssl_context=None)
+def make() -> Transport:
+    return make_transport(max_connections=8, timeouts=Timeouts(), ssl_context=None)
 
 
 async def get(transport: Transport, server: Server, path: str, **kwargs: Any) -> Response:
     return await transport.get(origin_of(server), path, [], url=f"test://{path}", **kwargs)
 
 
-@pytest.fixture(params=TRANSPORTS)
-def name(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
 def test_make_transport(run: Runner) -> None:
     async def main() -> None:
-        pool = make("http1")
+        pool = make()
         assert isinstance(pool, ConnectionPool)
         assert pool.max_connections == 8
         await pool.close()
-        from concurrent_loader.transport.aiohttp import AiohttpTransport
-
-        other = make("aiohttp")
-        assert isinstance(other, AiohttpTransport)
-        await other.close()
 
     run(main)
 
 
-def test_unknown_transport_is_a_config_error() -> None:
-    with pytest.raises(ConfigError) as info:
-        make("http3")
-    assert info.value.cause == "InvalidArgument"
-    assert "'http3'" in str(info.value) and "'http1'" in str(info.value)
-
-
-def test_whole_objects_and_their_headers(run: Runner, name: str) -> None:
+def test_whole_objects_and_their_headers(run: Runner) -> None:
     async def main() -> None:
-        transport = make(name)
+        transport = make()
         try:
             async with Server() as server:
                 for path, n in [("/len/0", 0), ("/len/100000", 100_000), ("/chunked/5000", 5000)]:
@@ -90,9 +72,9 @@ def test_whole_objects_and_their_headers(run: Runner, name: str) -> None:
     run(main)
 
 
-def test_a_callers_host_header_is_refused(run: Runner, name: str) -> None:
+def test_a_callers_host_header_is_refused(run: Runner) -> None:
     async def main() -> None:
-        transport = make(name)
+        transport = make()
         try:
             origin = Origin("http", "127.0.0.1", 1)
             with pytest.raises(ConfigError, match="Host"):
@@ -103,11 +85,11 @@ def test_a_callers_host_header_is_refused(run: Runner, name: str) -> None:
     run(main)
 
 
-def test_ranged_gets(run: Runner, name: str) -> None:
+def test_ranged_gets(run: Runner) -> None:
     whole = payload(10_000)
 
     async def main() -> None:
-        transport = make(name)
+        transport = make()
         try:
             async with Server() as server:
                 for route in ("range", "range-chunked", "range-bare"):
@@ -132,17 +114,15 @@ def test_ranged_gets(run: Runner, name: str) -> None:
     run(main)
 
 
-def test_transport_failures_are_typed(run: Runner, name: str) -> None:
+def test_transport_failures_are_typed(run: Runner) -> None:
     async def main() -> None:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-        transport = make(name)
+        transport = make()
         try:
             async with Server() as server:
-                # http1 raises IncompleteBody; aiohttp's payload error arrives as
-                # ConnectionFailed: the same cause either way, and both are retried.
-                with pytest.raises((IncompleteBody, ConnectionFailed)) as incomplete:
+                with pytest.raises(IncompleteBody) as incomplete:
                     await get(transport, server, "/truncate/100000")
                 assert incomplete.value.cause == "IncompleteBody"
                 assert incomplete.value.retryable
@@ -161,7 +141,6 @@ def test_transport_failures_are_typed(run: Runner, name: str) -> None:
 # Everything the package may import: HTTP and sockets, never a store's client or format.
 _ALLOWED_IMPORTS = {
     "__future__",
-    "aiohttp",
     "asyncio",
     "base64",
     "collections",
@@ -210,13 +189,13 @@ def test_the_package_knows_http_only() -> None:
     ],
 )
 def test_bytes_after_a_complete_response_are_never_read_as_the_next_one(
-    run: Runner, name: str, path: str, body: bytes
+    run: Runner, path: str, body: bytes
 ) -> None:
     # The next GET goes out as soon as the unasked-for response is on its way, before the
     # event loop has read it.
     async def main() -> None:
         async with Server() as server:
-            transport = make(name)
+            transport = make()
             try:
                 for sent in range(1, 4):
                     first = await get(transport, server, path)
@@ -234,7 +213,7 @@ def test_bytes_after_a_complete_response_are_never_read_as_the_next_one(
 
 @pytest.mark.parametrize("tls", [False, True])
 def test_a_clean_server_keeps_one_connection(
-    run: Runner, name: str, tls: bool, request: pytest.FixtureRequest
+    run: Runner, tls: bool, request: pytest.FixtureRequest
 ) -> None:
     # The look for unread bytes before each reuse finds none on a server that sends none,
     # over TLS too (where the socket carries records besides the responses).
@@ -248,7 +227,7 @@ def test_a_clean_server_keeps_one_connection(
     async def main() -> None:
         async with Server(server_context) as server:
             transport = make_transport(
-                name, max_connections=8, timeouts=Timeouts(), ssl_context=client_context
+                max_connections=8, timeouts=Timeouts(), ssl_context=client_context
             )
             try:
                 for n in [*range(20), 100_000, 1_000_000]:
@@ -263,12 +242,12 @@ def test_a_clean_server_keeps_one_connection(
     run(main)
 
 
-def test_concurrent_gets_never_read_bytes_past_another_response(run: Runner, name: str) -> None:
+def test_concurrent_gets_never_read_bytes_past_another_response(run: Runner) -> None:
     # Every response is followed by an unasked-for one in the same write; 48 GETs of distinct
     # objects share 8 connections, each reused as soon as it is released.
     async def main() -> None:
         async with Server() as server:
-            transport = make(name)
+            transport = make()
             try:
                 sizes = [20_000 + i for i in range(48)]
                 responses = await asyncio.gather(
@@ -282,12 +261,10 @@ def test_concurrent_gets_never_read_bytes_past_another_response(run: Runner, nam
     run(main)
 
 
-def test_a_transfer_coding_other_than_chunked_is_refused_not_retried(
-    run: Runner, name: str
-) -> None:
+def test_a_transfer_coding_other_than_chunked_is_refused_not_retried(run: Runner) -> None:
     async def main() -> None:
         async with Server() as server:
-            transport = make(name)
+            transport = make()
             try:
                 with pytest.raises(FetchError) as caught:
                     await get(transport, server, "/te-gzip/100")
@@ -304,13 +281,13 @@ def test_a_transfer_coding_other_than_chunked_is_refused_not_retried(
     run(main)
 
 
-def test_no_transport_asks_for_an_encoded_body(run: Runner, name: str) -> None:
+def test_no_transport_asks_for_an_encoded_body(run: Runner) -> None:
     # The body is handed over as the object's bytes, never decoded: a server asked for gzip
     # (nginx's gzip, a CDN, GCS for an object stored gzipped) would send bytes other than
     # the object's, and other bytes from each transport.
     async def main() -> None:
         async with Server() as server:
-            transport = make(name)
+            transport = make()
             try:
                 await get(transport, server, "/len/100")
             finally:
@@ -321,12 +298,10 @@ def test_no_transport_asks_for_an_encoded_body(run: Runner, name: str) -> None:
     run(main)
 
 
-def test_a_response_that_is_not_http_is_malformed_on_every_transport(
-    run: Runner, name: str
-) -> None:
+def test_a_response_that_is_not_http_is_malformed_on_every_transport(run: Runner) -> None:
     async def main() -> None:
         async with Server() as server:
-            transport = make(name)
+            transport = make()
             try:
                 with pytest.raises(ConnectionFailed) as caught:
                     await get(transport, server, "/garbage")
@@ -347,7 +322,7 @@ def test_a_response_that_is_not_http_is_malformed_on_every_transport(
 UNRESOLVABLE = "a." * 127 + "invalid"
 
 
-def test_a_failed_lookup_leaves_no_exception_unretrieved(run: Runner, name: str) -> None:
+def test_a_failed_lookup_leaves_no_exception_unretrieved(run: Runner) -> None:
     # GETs to a host that does not resolve: cancelled while the lookup runs (a deadline, a
     # hedge that lost), cut short by the connect timeout, and one let fail.
     async def main() -> None:
@@ -355,9 +330,9 @@ def test_a_failed_lookup_leaves_no_exception_unretrieved(run: Runner, name: str)
         unhandled: list[dict[str, Any]] = []
         loop.set_exception_handler(lambda _, context: unhandled.append(context))
         origin = Origin("http", UNRESOLVABLE, 9000)
-        transport = make_transport(name, max_connections=4, timeouts=Timeouts(), ssl_context=None)
+        transport = make_transport(max_connections=4, timeouts=Timeouts(), ssl_context=None)
         hurried = make_transport(
-            name, max_connections=4, timeouts=Timeouts(connect=0.0001), ssl_context=None
+            max_connections=4, timeouts=Timeouts(connect=0.0001), ssl_context=None
         )
         try:
             gets = [transport.get(origin, f"/{i}", [], url=f"s3://b/{i}") for i in range(8)]

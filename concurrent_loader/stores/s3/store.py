@@ -47,7 +47,6 @@ class S3Config:
     endpoint_url: str | None = None
     region: str | None = None
     credentials: CredentialSource = field(default_factory=CredentialSource)
-    transport: str = "http1"
     #: ``"path"``, ``"virtual"`` or None (botocore's ``auto``)
     addressing_style: str | None = None
     #: a CA bundle to trust, over the profile's ``ca_bundle`` and ``AWS_CA_BUNDLE``
@@ -76,7 +75,6 @@ class S3Config:
         aws_access_key_id: str | None = None,
         aws_secret_access_key: str | None = None,
         aws_session_token: str | None = None,
-        transport: str = "http1",
         addressing_style: str | None = None,
         ca_bundle: str | None = None,
         verify_checksums: bool = True,
@@ -122,7 +120,6 @@ class S3Config:
             endpoint_url,
             region,
             credentials,
-            transport,
             addressing_style,
             ca_bundle,
             verify_checksums=verify_checksums,
@@ -192,7 +189,6 @@ class S3Store:
         # does TLS: no trust store to load.
         tls = route.origin.scheme == "https"
         return make_transport(
-            self.config.transport,
             max_connections=self._fetch.max_connections,
             timeouts=self._fetch.timeouts,
             ssl_context=ssl_context_for(self._fetch, route.ca_bundle) if tls else None,
@@ -228,7 +224,7 @@ class S3Store:
             max_bytes=self._fetch.max_object_bytes,
             byte_range=(byte_range.start, byte_range.end) if byte_range else None,
         )
-        # The transports refuse a body shorter than its Content-Length (or its range).
+        # The transport refuses a body shorter than its Content-Length (or its range).
         if response.status in (200, 206):
             body = Body(response.body, response.first_byte_s, response.headers.get("etag"))
             config = self.config
