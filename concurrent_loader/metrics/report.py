@@ -1,11 +1,9 @@
-"""``loader.stats()``: the processes' merged counters and the consumer's stall ledger as one
-dictionary and one log line, with the verdict naming the stage that limits throughput.
+"""``loader.stats()``: merged counters and the consumer's stall ledger as one dictionary and
+one log line, with a verdict naming the stage that limits throughput.
 
-:class:`StallLedger` is the one stall ledger (the loader's ``stats()`` and
-:class:`~concurrent_loader.gpu.StallMeter` use it): a step is ``(wait, compute)``, the time
-``next()`` took and the time until the loop asked again; warm-up steps (a pipeline filling
-at an epoch's start, autotuning) are counted apart, so shares and percentiles describe the
-steady state. :func:`verdict` is a pure function of three shares.
+:class:`StallLedger` is the one stall ledger (also :class:`~concurrent_loader.gpu.StallMeter`'s):
+a step is ``(wait, compute)``; warm-up steps are counted apart, so shares and percentiles
+describe the steady state.
 """
 
 from __future__ import annotations
@@ -81,14 +79,9 @@ def verdict(
     decode_busy: float,
     cache_hit_rate: float | None = None,
 ) -> str:
-    """One line naming the bottleneck and what to change.
-
-    ``wait_share``: the training loop's share of time waiting for batches (steady state);
-    ``fetch_busy``: GETs in flight / allowed, averaged; ``decode_busy``: decode threads busy
-    / available, averaged; ``cache_hit_rate``: the share of reads the node-local cache
-    served, None without a cache. When storage is the bottleneck the line names the cache:
-    what it served, or that there is none.
-    """
+    """One line naming the bottleneck and what to change, from the loop's ``wait_share``,
+    ``fetch_busy`` and ``decode_busy`` (averaged shares of slots busy) and the cache's
+    ``cache_hit_rate`` (None: no cache), which a storage verdict names."""
     if wait_share < 0.1:
         return f"training step: the loader keeps up (the loop waited {wait_share:.0%} of the time)"
     if max(fetch_busy, decode_busy) < 0.5:
@@ -100,7 +93,8 @@ def verdict(
     if fetch_busy >= decode_busy:
         line = (
             f"storage: the loop waited {wait_share:.0%} of the time and fetch slots were "
-            f"{fetch_busy:.0%} busy; raise max_inflight_requests or num_workers"
+            f"{fetch_busy:.0%} busy; raise the dataset's "
+            "`FetchConfig.max_inflight_requests` or num_workers"
         )
         if cache_hit_rate is None:
             return f"{line}, or cache= the dataset on local disk for the epochs after the first"

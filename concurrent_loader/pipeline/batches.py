@@ -1,33 +1,19 @@
-"""The per-process batch pipeline: fetch -> decode -> collate, pipelined across batches.
+"""One process's batches (a worker's, or the main process's with ``num_workers=0``):
+fetch -> decode -> collate, pipelined across batches, in sampler order.
 
-One :class:`BatchPipeline` runs in each process that produces batches (each DataLoader
-worker, or the main process when ``num_workers=0``). It is given this process's share of
-the epoch's batches, in sampler order (an iterable it takes batches from only as it starts
-them), and yields them collated, in that order. It keeps the order and the batches in
-progress (one :class:`~.slot.Slot` each); a producer, chosen once by the dataset, makes
-the samples: :class:`~.remote.RemoteReads` (a remote source: GETs on the event loop),
-:class:`~.produce.LocalReads` (a local store: read and decode in one pool job) or
-:class:`~.produce.GetItems` (a dataset without a source: ``__getitem__`` on its threads).
+A :class:`BatchPipeline` keeps the order and one :class:`~.slot.Slot` per batch in
+progress; a producer chosen once by the dataset makes the samples (:mod:`.remote`,
+:mod:`.produce`). Invariants:
 
-Invariants:
-
-- Batch ``b`` holds exactly the samples of ``batches[b]``, in order, whatever order they
-  complete in; every sample is delivered exactly once.
-- At most ``prefetch_batches`` batches are in progress (started and not yet taken by the
-  consumer); the next batches' samples are produced while the current one is collated, with
-  no per-batch barrier. A batch is taken from ``batches`` only when it starts, so a worker
-  claiming batches has claimed no more than it started (resume counts on it).
-- The first failure of a batch fails that batch at once; it is raised when the consumer
-  reaches the batch, so every earlier batch is still delivered. :meth:`outcomes` yields it
-  as a :class:`~.slot.Failure` instead and goes on with the next batches, as torch's
-  DataLoader does after an error. With ``on_error="skip"`` a sample failing with a
-  :class:`~concurrent_loader.errors.LoaderError` is left out instead and the batch is
-  yielded as :class:`~.slot.Partial`; other exceptions (bugs) always fail, with a note
-  naming the object.
-- A stall (``LoaderStalled``) breaks the pipeline: it is the outcome of every batch in
-  progress, and no batch starts after it.
-- :meth:`close` (also on ``break``, exceptions and garbage collection of the generator)
-  cancels outstanding work, joins the threads and returns the runtime lease; idempotent.
+- batch ``b`` holds exactly the samples of ``batches[b]``, in order; each sample is
+  delivered once;
+- at most ``prefetch_batches`` batches are in progress, with no per-batch barrier; a batch
+  is taken from ``batches`` only when it starts (a worker claims no more than it started);
+- a batch's first failure fails it, raised when the consumer reaches it (earlier batches
+  still arrive); :meth:`outcomes` yields it as a :class:`~.slot.Failure` and goes on;
+- a stall (``LoaderStalled``) is the outcome of every batch in progress; none starts after;
+- :meth:`close` (also on ``break``, errors, garbage collection) cancels work, joins the
+  threads and returns the runtime lease; idempotent.
 """
 
 from __future__ import annotations
@@ -100,12 +86,8 @@ class BatchPipeline:
                 yield outcome
 
     def outcomes(self) -> Generator[Any, None, None]:
-        """One outcome per batch started, in order: the batch, or :class:`Failure` for a batch
-        that failed, after which the next batches follow as usual.
-
-        A stall (``LoaderStalled``) breaks the pipeline: it is the outcome of the batch waited
-        on and of every batch in progress, no batch starts after it, and :attr:`broken` holds
-        it. Closes the pipeline when done."""
+        """One outcome per batch started, in order: the batch, or :class:`Failure`; after a
+        stall, :attr:`broken` holds it (see the module docstring). Closes the pipeline when done."""
         try:
             for _ in range(self._prefetch):
                 if not self._start_next():
@@ -182,5 +164,5 @@ def _producer(
         return GetItems(dataset, options, stats)
     if source.store.capabilities.remote:
         return RemoteReads(dataset, source, options, stats, watch)
-    store = source.store.open(options.fetch_config(source.fetch_config))
+    store = source.store.open(source.fetch_config)
     return LocalReads(dataset, source, store, options, stats)  # type: ignore[arg-type]

@@ -1,15 +1,11 @@
-"""The pipeline's settings, validated once (``ConfigError``) and derived in one place.
-
-They say how a process produces batches. How bytes are fetched (requests and bytes in
-flight, timeouts, retries, hedges, reads in parts) is the dataset's: its ``FetchConfig``
-and ``PartsConfig``; ``parts`` here only carries the dataset's to each process.
-"""
+"""How a process produces batches, validated once (``ConfigError``). How bytes are fetched
+is the dataset's ``FetchConfig`` and ``PartsConfig``; ``parts`` here only carries the latter."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import ClassVar, NoReturn
+from typing import NoReturn
 
 from ..config import FetchConfig
 from ..errors import ConfigError, Reason
@@ -20,16 +16,10 @@ __all__ = ["PipelineOptions", "available_cpus"]
 
 @dataclass(frozen=True)
 class PipelineOptions:
-    """Per process:
-
-    - ``decode_threads``: threads decoding samples of our datasets;
-    - ``getitem_threads``: threads calling ``__getitem__`` of a dataset that is not ours;
-    - ``prefetch_batches``: batches in progress ahead of the consumer;
-    - ``on_error``: ``"raise"`` or ``"skip"``;
-    - ``stall_timeout_s``: seconds without progress before ``LoaderStalled`` (None: never),
-      with a WARNING every fifth of it (at most every minute) before;
-    - ``parts``: the dataset's :class:`~concurrent_loader.fetch.parts.PartsConfig`.
-    """
+    """Per process: ``decode_threads`` (our datasets), ``getitem_threads`` (a foreign
+    dataset's ``__getitem__``), ``prefetch_batches`` (in progress ahead of the consumer),
+    ``on_error`` (``"raise"`` or ``"skip"``), ``stall_timeout_s`` (None: never; a WARNING every
+    fifth of it, at most every minute, before), ``parts`` (the dataset's ``PartsConfig``)."""
 
     decode_threads: int = 1
     getitem_threads: int = 64
@@ -37,13 +27,6 @@ class PipelineOptions:
     on_error: str = "raise"
     stall_timeout_s: float | None = 300.0
     parts: PartsConfig = field(default_factory=PartsConfig)
-
-    # The fetch client's config and byte budget are the source's own ``FetchConfig``: the
-    # remote producer still asks these two, which give it unchanged.
-    max_inflight_bytes: ClassVar[None] = None
-
-    def fetch_config(self, base: FetchConfig) -> FetchConfig:
-        return base
 
     def __post_init__(self) -> None:
         if self.stall_timeout_s is not None and not self.stall_timeout_s > 0:

@@ -1,21 +1,13 @@
-"""Producers that make a batch's samples on a thread pool: ``__getitem__``, and local reads.
+"""Producers that make a batch's samples on a thread pool: ``__getitem__`` (:class:`GetItems`)
+and local reads (:class:`LocalReads`); :mod:`.remote` builds on them.
 
-A producer puts each sample of a started :class:`~.slot.Slot` in it, by position, from any
-thread, in any order; the slot keeps the batch's order. Invariants, for every producer:
+Each puts a started :class:`~.slot.Slot`'s samples by position, from any thread. Invariants:
 
-- each sample is put, skipped or failed exactly once (a slot ignores whatever follows its
-  completion); a sample whose batch already failed is not produced;
-- an index that is not a plain int (a dict key, a list for a bulk ``__getitem__``) goes to
-  ``dataset[index]`` as it is, as torch passes it, whatever the producer;
-- a failing sample is skipped (``on_error="skip"``, a ``LoaderError`` only, counted as
-  ``skipped``) or fails its batch; an error that is not a ``LoaderError`` (user code) gets
-  a note naming the object (or the item) and the dataset's type;
-- :meth:`GetItems.close` cancels the jobs not started and joins the threads, except after a
-  stall, when a thread may be stuck in user code for good.
-
-:class:`GetItems` calls ``dataset[index]`` (a dataset without a source); :class:`LocalReads`
-reads a local store's objects and decodes them in the same job; the remote producer
-(:mod:`.remote`) builds on :class:`GetItems`.
+- each sample is put, skipped or failed exactly once; a failed batch's samples are not made;
+- an index that is not a plain int goes to ``dataset[index]`` as it is, as torch passes it;
+- a failing sample is skipped (``on_error="skip"``, ``LoaderError`` only) or fails its
+  batch; other errors (user code) get a note naming the object and the dataset's type;
+- :meth:`GetItems.close` cancels jobs not started and joins the threads, except after a stall.
 """
 
 from __future__ import annotations
@@ -61,7 +53,6 @@ class GetItems:
         self.pool = GatedThreadPool(self.threads, f"concurrent-loader-{name}")
 
     def start(self, slot: Slot) -> None:
-        """Start producing the slot's samples."""
         for position, index in enumerate(slot.indices):
             self.pool.submit(self.complete, slot, position, index)
 

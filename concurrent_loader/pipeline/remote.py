@@ -1,25 +1,15 @@
-"""The remote producer: a batch's GETs on the event loop, decodes on the decode threads.
-
-::
-
-    consumer thread         event loop thread (runtime)               decode threads
-    start batch b+p  --->   plan the batch's fetches; per GET:  --->  source.decode, put in
-                            reserve bytes, GET                        the slot
-
-:func:`~concurrent_loader.sources.plan.plan_fetches` decides which GETs a batch makes
-and how each is read (whole, in parts); this module carries it out.
+"""The remote producer: a batch's GETs on the event loop (planned by
+:func:`~concurrent_loader.sources.plan.plan_fetches`), decodes on the decode threads.
 Invariants, besides those of :mod:`.produce`:
 
-- the fetch client keeps at most ``max_inflight_requests`` GETs in flight, and the
-  :class:`~concurrent_loader.fetch.ByteBudget` keeps fetched-but-undecoded bytes (plus those
-  expected of the GETs in flight) within ``max_inflight_bytes``: every byte reserved or held
-  is given back once, when its sample is decoded or dropped, or its GET fails;
+- fetched-but-undecoded bytes (plus those expected in flight) stay within the dataset's
+  ``FetchConfig.max_inflight_bytes`` (:class:`~concurrent_loader.fetch.ByteBudget`); every
+  byte reserved is given back once: decoded, dropped, or its GET failed;
 - fetched samples are decoded earliest batch first (:class:`~.slot.DecodeQueue`);
-- a failed GET fails (or skips) its sample, named by the source when it can
-  (``read_failed``: a shard's sample, member and offset); a failure while planning fails
-  the batch instead of leaving it unfinished;
-- :meth:`RemoteReads.close` cancels and awaits the batch's GETs, drops the samples not
-  decoded yet, joins the threads and returns the runtime lease, in that order.
+- a failed GET fails (or skips) its sample, named by the source when it can; a failure
+  while planning fails the batch;
+- :meth:`RemoteReads.close` cancels and awaits the GETs, drops undecoded samples, joins the
+  threads and returns the runtime lease, in that order.
 """
 
 from __future__ import annotations
@@ -69,7 +59,7 @@ class RemoteReads(SourceSamples):
         stats: StageStats,
         watch: StallWatch,
     ) -> None:
-        config = options.fetch_config(source.fetch_config)
+        config = source.fetch_config
         runtime = self._runtime = acquire_runtime()
         try:
             self._client = watch.result(
@@ -80,8 +70,7 @@ class RemoteReads(SourceSamples):
             runtime.release()
             raise
         super().__init__(dataset, source, options, stats, "remote")
-        limit = options.max_inflight_bytes or config.max_inflight_bytes
-        self._budget = ByteBudget(limit, runtime.call_soon)
+        self._budget = ByteBudget(config.max_inflight_bytes, runtime.call_soon)
         self._parts = options.parts
         # A shard source's failed reads name the sample's member and offset.
         self._read_failed = source.read_failed if isinstance(source, NamingSource) else _as_is

@@ -107,11 +107,8 @@ class Slot:
         self.items = []
 
     def collated(self) -> Any:
-        """The batch, collated in the calling (consumer) thread.
-
-        Not on a decode thread: torch ops called from a new thread start their own OpenMP
-        team, which spins against the decode threads (measured: 3.5x the CPU per image).
-        """
+        """The batch, collated in the consumer thread: torch ops on a new thread start their
+        own OpenMP team, which spins against the decode threads (3.5x the CPU per image)."""
         items = self.future.result()
         try:
             batch = self.collate(items) if items else None
@@ -125,18 +122,11 @@ class Slot:
 
 class DecodeQueue:
     """Fetched samples waiting for a decode thread, taken earliest batch first (then by
-    position), whatever order their GETs completed in.
+    position), so the batch the consumer waits for is not decoded behind later ones.
 
-    GETs of several batches complete interleaved; decoded in that order, the batch the
-    consumer waits for (the first one of an epoch, say) would finish only when the decode
-    threads had also worked through the samples of the batches after it.
-
-    A pool job drains the queue, most urgent sample first, until it is empty; a sample put
-    starts a new job only while fewer than ``max_jobs`` run. With the decode threads busy
-    (the usual case) a fetched sample is one heap push: no pool job, no thread woken. The
-    invariant, under the lock: ``running <= max_jobs``, and a non-empty queue has a job
-    running that will take from it. A job gives way between samples while its process
-    forks (``yield_to_fork``), so a fork waits for one decode, not for the queue.
+    A pool job drains the queue; a put starts a job only while fewer than ``max_jobs`` run.
+    Invariant, under the lock: ``running <= max_jobs``, and a non-empty queue has a running
+    job that will take from it. A job gives way between samples while the process forks.
     """
 
     def __init__(

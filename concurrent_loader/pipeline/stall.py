@@ -1,13 +1,6 @@
-"""No silent hang: a process that waits too long says so, then fails with what it waited on.
-
-:class:`StallWatch` waits on a future in slices. After each slice without a result it logs
-a WARNING naming the stall; once ``timeout_s`` has passed it raises
-:class:`~concurrent_loader.errors.LoaderStalled` whose message holds what the process was
-waiting for (``describe()``: GETs in flight, the oldest one's age and object) and the
-Python stack of every thread of the process. In a worker the error reaches the training
-loop like any other, so a deadlock, a lost connection or a store that stopped answering
-ends in a clear error instead of a loop that waits forever.
-"""
+"""No silent hang: :class:`StallWatch` waits on a future, logs a WARNING after each slice
+without progress and, after ``timeout_s``, raises ``LoaderStalled`` naming what the process
+waited for (``describe()``) with every thread's Python stack."""
 
 from __future__ import annotations
 
@@ -55,7 +48,6 @@ class StallWatch:
         self.describe = describe
 
     def result(self, future: concurrent.futures.Future[T], what: str) -> T:
-        """``future.result()``, watched."""
         self.wait(future, what)
         return future.result()
 

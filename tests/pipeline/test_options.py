@@ -63,6 +63,6 @@ def test_given_values_are_kept():
     assert options.on_error == "skip"
 
 
-def test_the_fetch_config_is_the_datasets():
-    config = FetchConfig(max_inflight_requests=3)
-    assert PipelineOptions().fetch_config(config) is config
+def test_fetching_is_left_to_the_datasets_fetch_config():
+    assert not hasattr(PipelineOptions(), "fetch_config")
+    assert not hasattr(PipelineOptions(), "max_inflight_bytes")
