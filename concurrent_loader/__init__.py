@@ -1,14 +1,7 @@
 """concurrent_loader: PyTorch data loading from S3-compatible object storage at local-disk speed.
 
-The path of a sample, by folder: :mod:`~concurrent_loader.loader` (sampler -> the epoch's
-plan -> worker processes), :mod:`~concurrent_loader.pipeline` (a process's batches, in
-order), :mod:`~concurrent_loader.sources` (index -> reads), :mod:`~concurrent_loader.fetch`
-(reads -> bytes through retry and limits, many GETs in flight per process),
-:mod:`~concurrent_loader.stores` (S3, HTTP, local files, in-memory) over
-:mod:`~concurrent_loader.transport` (HTTP/1.1), :mod:`~concurrent_loader.decode` (bytes ->
-samples, on a thread pool) and :mod:`~concurrent_loader.gpu` (batches -> device, on a copy
-stream). Users meet it as :class:`ObjectDataset` / :class:`ImageFolder` and
-:class:`ConcurrentDataLoader`. ``ARCHITECTURE.md`` draws the whole path.
+Users meet it as :class:`ObjectDataset` / :class:`ImageFolder` / :class:`ShardDataset` and
+:class:`ConcurrentDataLoader`; ``ARCHITECTURE.md`` draws the path of a sample.
 """
 
 from .config import FetchConfig, HedgeConfig, RetryConfig, Timeouts

@@ -1,9 +1,5 @@
-"""Small frozen value objects that configure fetching.
-
-Every limit the loader enforces lives here, validated once in ``__post_init__`` so a bad
-value fails at construction with a ``ConfigError`` (a ``ValueError``), not deep inside a
-worker process.
-"""
+"""Frozen value objects that configure fetching, each validated once in ``__post_init__``:
+a bad value fails at construction with ``ConfigError`` (a ``ValueError``), not in a worker."""
 
 from __future__ import annotations
 
@@ -27,15 +23,10 @@ def _check_seconds(owner: str, name: str, value: object, *, zero: bool) -> None:
 
 @dataclass(frozen=True)
 class Timeouts:
-    """Seconds allowed for each phase of one GET, and for the whole of it. No request can
-    hang a worker forever.
-
-    ``read`` is the longest stall allowed between two chunks of the body, not the time for
-    the whole body, so large objects on slow links are not cut off while they still flow;
-    ``attempt`` bounds the whole attempt, so a server that trickles (a byte every few
-    seconds, each within ``read``) cannot hold one forever either. The object as a whole
-    is bounded by ``RetryConfig.max_total_seconds``.
-    """
+    """Seconds allowed for each phase of one GET and for the whole attempt, so no request
+    hangs a worker: ``read`` bounds a stall between two body chunks (not the whole body),
+    ``attempt`` the whole attempt (a trickling server cannot hold it), and
+    ``RetryConfig.max_total_seconds`` the object."""
 
     connect: float = 10.0
     """Seconds to open a connection (TCP and TLS)."""
@@ -47,9 +38,7 @@ class Timeouts:
     """Seconds the body may pause between two chunks."""
 
     attempt: float = 60.0
-    """Seconds one attempt may take in all, from its send to its last body byte, whatever
-    the phases above allow: 60 s lets a 1 GiB object (the default ``max_object_bytes``)
-    arrive at 20 MB/s, and cuts off a trickling server so that a retry can go elsewhere."""
+    """Seconds one attempt may take in all, send to last body byte (60 s: 1 GiB at 20 MB/s)."""
 
     def __post_init__(self) -> None:
         for name in ("connect", "first_byte", "read", "attempt"):
@@ -58,62 +47,45 @@ class Timeouts:
 
 @dataclass(frozen=True)
 class RetryConfig:
-    """How transient failures are retried: exponential backoff with full jitter, within a
-    time budget per object.
+    """Retries of transient failures: exponential backoff with full jitter, within
+    ``max_total_seconds`` per object. Errors a retry cannot mend (404, 403, ...) are never
+    retried.
 
-    Two kinds of transient failure are told apart:
-
-    - a **failure** (5xx other than SlowDown, a reset or refused connection, a truncated
-      body, a timeout) is retried up to ``max_attempts`` attempts in all, ``base_delay`` and
-      ``max_delay`` apart (the AWS SDKs' "standard" mode: 3 attempts, a delay drawn
-      uniformly from ``[0, min(max_delay, base_delay * 2**retry)]``);
-    - a **throttle** (503 SlowDown, 429, RequestLimitExceeded: :class:`Throttled`) is not a
-      failure: the store is asking for fewer requests, so it is retried with its own, longer
-      backoff (``throttle_base_delay``, ``throttle_max_delay``), cut short as soon as
-      another GET to the store succeeds, never counted against ``max_attempts``, for as
-      long as ``max_total_seconds`` allows, while the process also cuts its requests in
-      flight (once per round, by half the fraction throttled; see
-      :mod:`concurrent_loader.fetch.tuning`) and grows them back when throttles stop.
-
-    With the defaults a SlowDown storm of up to about 100 s loses nothing: each object waits
-    it out, and resumes as soon as one GET of the process gets through after its end (at
-    most ``throttle_max_delay`` after it). Errors that a retry cannot mend (404, 403, ...)
-    are never retried.
+    - a **failure** (5xx other than SlowDown, a reset or refused connection, a truncated body,
+      a timeout) gets up to ``max_attempts`` attempts, waiting
+      ``uniform(0, min(max_delay, base_delay * 2**retry))`` (the AWS SDKs' "standard" mode);
+    - a **throttle** (:class:`Throttled`: 503 SlowDown, 429, RequestLimitExceeded) is not
+      counted against ``max_attempts``: it backs off with ``throttle_*`` delays, cut short as
+      soon as another GET to the store succeeds, while the process cuts its requests in flight
+      (:mod:`concurrent_loader.fetch.tuning`). With the defaults a SlowDown storm of about
+      100 s loses nothing.
     """
 
     max_attempts: int = 3
-    """Attempts in all (the first and its retries) for failures other than throttles;
-    1 means no retry. Throttles do not count."""
+    """Attempts in all for failures (1: no retry); throttles do not count."""
 
     base_delay: float = 0.05
-    """Seconds: the first retry after a failure waits up to this; each further retry up to
-    twice as long as the one before, at most ``max_delay``."""
+    """Seconds: the first retry's wait cap after a failure; it doubles per retry."""
 
     max_delay: float = 20.0
     """Seconds: the longest wait before a retry after a failure."""
 
     throttle_base_delay: float = 0.5
-    """Seconds: the first retry after a throttle waits up to this, each further one up to
-    twice as long, at most ``throttle_max_delay`` (0.5 s as the AWS SDKs' throttling
-    backoff: a store that throttles needs time, not a quick second try)."""
+    """Seconds: the first retry's wait cap after a throttle (as the AWS SDKs); it doubles."""
 
     throttle_max_delay: float = 10.0
-    """Seconds: the longest wait before a retry after a throttle, so an object waiting out
-    a SlowDown storm retries at least this often and resumes at most this long after it."""
+    """Seconds: the longest wait before a retry after a throttle (so, how late an object
+    resumes after a SlowDown storm)."""
 
     max_total_seconds: float = 120.0
-    """Seconds one object may take from its first attempt's send to its last byte: attempts,
-    backoff between them and waiting for a free request slot for a retry (waiting for the
-    first slot, behind the process's other GETs, does not count). It holds however the
-    server behaves (trickling, stalling, never answering, throttling without end): when it
-    runs out, or a retry could not start before it does, the object fails with
-    ``FetchTimeout`` (``Reason.DEADLINE_EXCEEDED``), the last attempt's error as its
-    ``__cause__``."""
+    """Seconds one object may take from its first send to its last byte (attempts, backoff,
+    waiting for a slot for a retry; not the wait for its first slot), however the server
+    behaves; then it fails with ``FetchTimeout`` (``Reason.DEADLINE_EXCEEDED``), the last
+    attempt's error as its ``__cause__``."""
 
     throttle_cooldown: float = 0.0
-    """Seconds after a throttle during which the process's requests in flight do not grow
-    back (0: they grow again from the next round without a throttle; the once-per-round
-    cut already keeps a throttling store from being probed too hard)."""
+    """Seconds after a throttle during which requests in flight do not grow back (0: from
+    the next round without a throttle)."""
 
     def __post_init__(self) -> None:
         attempts = self.max_attempts
@@ -136,44 +108,32 @@ class RetryConfig:
 
 @dataclass(frozen=True)
 class HedgeConfig:
-    """Hedged GETs, after "The Tail at Scale" (Dean and Barroso, 2013): a GET that has no
-    answer after a delay gets one more GET for the same object, and whichever completes
-    first is used (the other is cancelled, its connection closed).
+    """Hedged GETs ("The Tail at Scale"): a GET without an answer after a delay gets a
+    second GET for the same object; the first to complete wins, the other is cancelled.
 
-    The delay is the ``percentile``-th percentile of the latencies of this process's recent
-    GETs to the store (whole GETs, first send to last byte), kept within ``min_delay`` and
-    ``max_delay``; until a few GETs have completed it is ``max_delay``. At most one hedge
-    is sent per attempt, and only when one of the few hedge slots beyond the in-flight
-    limit is free (``FetchConfig.max_hedges_in_flight``: a hedge never waits behind the
-    GETs it is meant to overtake) and the store did not throttle most GETs of the last
-    round (hedging a store in a SlowDown storm would hit it harder). Hedges spend a token
-    bucket that each GET fills by ``budget`` (at most 10 tokens, 5 at the start): over
-    ``n`` GETs at most ``5 + budget * n`` hedges are sent, so a store that is slow for
-    everyone sees at most ``budget`` more GETs, never twice as many. Hedges are paced, at
-    most four per delay, oldest GET first, so GETs that come due together (a burst that
-    only queues at the store) do not take every token at once. If the hedge fails
-    (transiently) while its GET still has no answer, the attempt fails with the hedge's
-    error and is retried: the GET that outlasted the delay and its hedge is presumed
-    stalled, and is cancelled rather than waited for until ``Timeouts.read``.
+    The delay is the ``percentile`` of this process's recent whole-GET latencies, within
+    ``min_delay`` and ``max_delay`` (``max_delay`` until a few GETs completed). At most one
+    hedge per attempt, only in a free hedge slot beyond the in-flight limit
+    (``FetchConfig.max_hedges_in_flight``) and not while the store throttles most GETs.
+    Hedges spend a token bucket each GET fills by ``budget`` (5 tokens at start, at most 10):
+    over ``n`` GETs at most ``5 + budget * n`` hedges. At most four hedges per delay, oldest
+    GET first. A hedge that fails while its GET has no answer fails the attempt with its
+    error (the GET is presumed stalled and cancelled), and the attempt is retried.
     """
 
     enabled: bool = True
     """Whether slow GETs are hedged at all."""
 
     percentile: float = 98.0
-    """Which percentile of recent latencies a GET must outlast to be hedged (p98: about
-    one GET in fifty, well within ``budget``, so tokens are left whenever a GET stalls or
-    straggles, which is what hedging is for; p95 would spend the whole 5 % budget on the
-    ordinary tail)."""
+    """The percentile of recent latencies a GET must outlast to be hedged (p98 leaves
+    tokens for stalls; p95 would spend the 5 % budget on the ordinary tail)."""
 
     min_delay: float = 0.02
-    """Seconds: the shortest delay before a hedge, so that scheduling noise on a fast
-    store (a few ms per GET) is not hedged."""
+    """Seconds: the shortest delay before a hedge (scheduling noise is not hedged)."""
 
     max_delay: float = 2.0
-    """Seconds: the longest delay before a hedge, however slow recent GETs were (the 2 s
-    after which AWS advises retrying a slow S3 request), and the delay before enough
-    latencies are known."""
+    """Seconds: the longest delay before a hedge, and the delay until enough latencies are
+    known (AWS's 2 s for a slow S3 request)."""
 
     budget: float = 0.05
     """Hedges allowed per GET sent, in the long run (0.05: at most 5 % more GETs)."""
@@ -204,15 +164,11 @@ SELF_TUNED_CAP = 64
 class FetchConfig:
     """Limits of one process's fetch stage, for one store.
 
-    ``max_inflight_requests`` pins the GETs in flight per process to at most that number
-    (throttles still lower it for a while); left as None, the number is **self-tuned**
-    between 4 and :data:`SELF_TUNED_CAP` (64) from what is measured: throttles, and GET
-    latency against its unloaded baseline (see :mod:`concurrent_loader.fetch.tuning`). On
-    top of either, up to ``max_hedges_in_flight`` hedged GETs may be in flight. At most
-    ``max_inflight_bytes`` of fetched-but-not-yet-decoded bodies are held (whatever the
-    limit, this bounds memory); an object larger than ``max_object_bytes`` is refused with
-    ``ObjectTooLarge`` before its body is read. ``timeouts`` bound each GET, ``retry`` what
-    follows a failed one, ``hedge`` when a slow one gets a second GET.
+    ``max_inflight_requests`` pins the GETs in flight per process (throttles still lower it);
+    None self-tunes it between 4 and :data:`SELF_TUNED_CAP` (:mod:`concurrent_loader.fetch.tuning`).
+    Up to ``max_hedges_in_flight`` hedges go beyond it. At most ``max_inflight_bytes`` of
+    fetched, undecoded bodies are held; an object over ``max_object_bytes`` is refused
+    (``ObjectTooLarge``) before its body is read.
     """
 
     max_inflight_requests: int | None = None

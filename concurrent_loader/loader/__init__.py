@@ -1,6 +1,4 @@
-"""The loader users meet: :class:`ConcurrentDataLoader` (:mod:`.dataloader`), with its epoch
-plan (:mod:`.plan`), per-worker iteration (:mod:`.worker`), resumable state (:mod:`.state`)
-and skip marking (:mod:`.partial`)."""
+"""The loader users meet: :class:`ConcurrentDataLoader` and the marks of partial batches."""
 
 from .dataloader import ConcurrentDataLoader
 from .partial import PartialBatch, PartialDict, PartialList, is_partial

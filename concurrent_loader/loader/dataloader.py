@@ -1,28 +1,13 @@
 """``ConcurrentDataLoader``: a ``torch.utils.data.DataLoader`` whose workers keep many
-requests in flight, pipelined across batches.
+requests in flight, pipelined across batches, on public PyTorch API only.
 
-It is a DataLoader by composition, on public PyTorch API only. ``__init__`` hands the
-user's arguments to ``DataLoader.__init__``, so torch validates them and every attribute
-(``dataset``, ``batch_size``, ``sampler``, ``batch_sampler``, ``collate_fn``,
-``drop_last``, ``generator``, ...) is what a stock DataLoader built with them would have.
-Each epoch (``__iter__``) then does what torch's iterator does, in the same order: draw the
-workers' base seed from ``generator`` (a new iterator only, as torch), then the epoch's
-batches from the (batch) sampler, here all at once, into a shared-memory
-:class:`~.plan.EpochPlan`. An inner, plain DataLoader iterates a
-:class:`~.worker.PlannedBatches` over that plan: each worker process produces its batches
-through a :class:`~concurrent_loader.pipeline.BatchPipeline`, and torch's in-order round
-robin over workers returns them as batches ``0, 1, 2, ...`` (with ``in_order=False``,
-workers claim batches as they go and an idle one takes over). The inner loader takes the
-user's ``num_workers``, ``pin_memory``, ``timeout``, ``worker_init_fn``,
-``multiprocessing_context``, ``prefetch_factor``, ``persistent_workers`` and ``in_order``,
-and a private generator holding the same base seed, so workers are seeded as torch seeds
-them. Every start method works: workers need only the picklable dataset and the plan.
-
-An ``IterableDataset`` is iterated as a stock DataLoader iterates it (sharding through
-``get_worker_info()`` is the dataset's own), with none of the pipeline.
-
-Beside it: the epoch's plan (:mod:`.plan`), the worker dataset (:mod:`.worker`), the
-iterator (:mod:`.iterator`) and its resumable state (:mod:`.state`).
+Guarantees: torch validates the user's arguments and sets every attribute as a stock
+DataLoader would. Each epoch does what torch's iterator does, in the same order: the
+workers' base seed from ``generator`` (new iterators only), then the epoch's batches from
+the sampler, all at once, into a shared :class:`~.plan.EpochPlan`. An inner, plain
+DataLoader (the user's worker settings, a generator holding the same base seed) iterates
+:class:`~.worker.PlannedBatches` over it, so batches arrive as ``0, 1, 2, ...``. Every
+start method works. An ``IterableDataset`` is iterated as a stock DataLoader does.
 """
 
 from __future__ import annotations
@@ -65,36 +50,22 @@ T_co = TypeVar("T_co", covariant=True)
 class ConcurrentDataLoader(DataLoader[T_co]):
     """A ``DataLoader`` that fetches many objects concurrently per worker process.
 
-    Takes every ``torch.utils.data.DataLoader`` argument with the same meaning (validated by
-    torch, attributes as torch sets them), plus how batches are produced (see
-    :class:`~concurrent_loader.pipeline.PipelineOptions`). How bytes are fetched (requests
-    and bytes in flight, timeouts, retries, hedges, reads in parts, the cache) is the
-    dataset's: its ``fetch_config``, ``parts`` and store config.
+    Takes every ``torch.utils.data.DataLoader`` argument with torch's meaning, plus how
+    batches are produced (:class:`~concurrent_loader.pipeline.PipelineOptions`); how bytes are
+    fetched is the dataset's (``fetch_config``, ``parts``, its store).
 
-    - ``decode_threads``: decode threads per process (default: the process's share of CPUs);
-    - ``getitem_threads``: threads per process calling ``__getitem__`` of a dataset that is
-      not ours (default 64);
-    - ``prefetch_batches``: batches in progress per process ahead of the consumer (default:
-      enough to keep the dataset's GETs in flight busy, at least 2); torch's
-      ``prefetch_factor`` keeps its meaning, for the finished batches each worker queues;
-    - ``seed``: the shuffle seed shared by all ranks under ``torch.distributed`` when the
-      loader shards by itself (no ``sampler`` or ``batch_sampler`` given);
-    - ``on_error``: ``"raise"`` (default; the failed batch's error is raised by ``next()``
-      and the next call goes on with the following batch, as torch) or ``"skip"``, with
-      ``max_skipped`` (a count, or a fraction of the epoch's samples) before
-      ``SkipBudgetExceeded`` ends the epoch;
-    - ``log_every_s``: log :meth:`stats` as one INFO line this often (off by default);
-    - ``stall_timeout_s``: a process that waits this long for a batch raises
-      ``LoaderStalled`` naming what it waited on, with every thread's stack (default 300 s;
-      None: never); it logs a WARNING before.
+    - ``decode_threads``, ``getitem_threads``, ``prefetch_batches``: per process (defaults
+      derived by ``PipelineOptions.derive``); torch's ``prefetch_factor`` keeps its meaning;
+    - ``seed``: the shuffle seed shared by all ranks when the loader shards by itself under
+      ``torch.distributed`` (no ``sampler`` or ``batch_sampler`` given);
+    - ``on_error``: ``"raise"`` (``next()`` raises the failed batch's error, the next call goes
+      on) or ``"skip"``, within ``max_skipped`` (a count or a fraction of the epoch's samples)
+      before ``SkipBudgetExceeded``;
+    - ``log_every_s``: log :meth:`stats` this often; ``stall_timeout_s``: a process waiting
+      this long raises ``LoaderStalled`` (None: never).
 
-    Persistent workers fetch the next epoch's first batches while an epoch ends, when its
-    plan can be predicted (:mod:`.lookahead`); what a changed plan leaves unused is dropped,
-    never delivered. A sampler with ``set_batching`` (``ShardOrderSampler``) is told the
-    workers and batch size as each epoch starts.
-
-    ``len(loader)`` is the number of batches. An ``IterableDataset`` is loaded as a stock
-    DataLoader loads it (none of the options above apply to it).
+    Persistent workers fetch the next epoch's first batches ahead when its plan can be
+    predicted (:mod:`.lookahead`); a wrong prediction is never delivered.
     """
 
     def __init__(

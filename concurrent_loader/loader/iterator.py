@@ -1,20 +1,15 @@
 """One epoch of a ``ConcurrentDataLoader``: what ``iter(loader)`` returns.
 
-It takes the outcomes of the inner DataLoader one by one: a batch is returned; a
-:class:`~concurrent_loader.pipeline.Failure` is raised with the worker's exception (its type
-and attributes intact) and the iterator stays usable, so the next ``next()`` returns the
-batch after the failed one, as a stock DataLoader does. A batch that lost samples under
-``on_error="skip"`` is marked and logged; past ``max_skipped`` the epoch ends with
-``SkipBudgetExceeded``. It also counts the batches the consumer received (the resume point)
-and how long it waited for each.
+- a :class:`~concurrent_loader.pipeline.Failure` is raised with the worker's exception
+  intact, and the next ``next()`` returns the batch after it, as torch;
+- a batch that lost samples (``on_error="skip"``) is marked and logged; past
+  ``max_skipped`` the epoch ends with ``SkipBudgetExceeded``;
+- a worker killed without raising ends the epoch with a ``WorkerError`` naming it, after
+  the workers are reaped;
+- errors are raised from a frame that does not hold the iterator, so a kept error does not
+  keep the worker processes alive.
 
-A worker process that dies without raising (killed by the OS) ends the epoch with a
-``WorkerError`` naming it: the batches it held are lost, and the others go with their
-workers, which are reaped before the error is raised. A later ``iter(loader)`` starts new
-workers.
-
-Errors are raised from a frame that does not hold the iterator, so a caller that keeps the
-error (a logging handler, ``pytest.raises``) does not keep the worker processes alive.
+It also counts the batches received (the resume point) and each wait.
 """
 
 from __future__ import annotations

@@ -1,35 +1,16 @@
 """Next-epoch prefetch for persistent workers: the next epoch's first batches are fetched
-while this epoch drains, and delivered only if they are the batches the next epoch asks for.
+while this epoch drains, and delivered only if they are exactly the batches it asks for.
 
-Main process (:func:`predict_next_epoch`). When an epoch's plan is drawn, the next epoch's
-plan is drawn too, from copies of the random state it will be drawn from, and written to a
-second shared plan (an empty one when no prediction can be made). The prediction is made
-only where the next plan is a function of state the loader can copy and put back:
+:func:`predict_next_epoch` (main process) draws the next plan from copies of the random
+state it will be drawn from, only where that state can be copied and put back: torch's
+``SequentialSampler``, ``RandomSampler``, ``SubsetRandomSampler`` or ``DistributedSampler``
+(exactly those classes; a user's ``DistributedSampler`` at its epoch plus one), possibly in
+torch's ``BatchSampler``, shuffling with a ``torch.Generator`` (not the global RNG). Every
+random state is restored, so prediction changes no epoch's order.
 
-- the batches come from torch's ``SequentialSampler``, ``RandomSampler``,
-  ``SubsetRandomSampler`` or ``DistributedSampler`` (exactly these classes, none of their
-  subclasses), possibly in torch's ``BatchSampler``, or the loader shards by itself under
-  ``torch.distributed``;
-- a shuffle draws from a ``torch.Generator`` of the loader or of the sampler, not from
-  torch's global RNG (the training step between two epochs draws from that one: dropout,
-  say, so a prediction would miss);
-- a user's ``DistributedSampler`` is predicted at its epoch plus one (what
-  ``set_epoch(epoch + 1)`` before the next epoch gives).
-
-The states of the generators involved and torch's global RNG are put back as they were, so
-the prediction changes nothing in the order of the epochs (see :mod:`.state`).
-
-Worker (:class:`Lookahead`). A worker's :class:`~concurrent_loader.pipeline.BatchPipeline`
-takes its batches from a :class:`Feed`: its share of the epoch, then its share of the
-predicted plan. So once the share is fully started the pipeline goes on with the predicted
-batches, within the same ``prefetch_batches`` window and byte budget, while the consumer
-drains the epoch. The epoch ends after exactly its own batches; the pipeline is kept (with
-its predicted batches in progress) for the next epoch, whose real share is compared, batch
-by batch, with the predicted batches started: if they are its first batches, the pipeline
-goes on and delivers them; otherwise (``set_epoch``, ``load_state_dict``, a resumed epoch,
-a sampler changed by the user...) the kept pipeline is closed (its GETs cancelled, its bytes
-released) and the epoch starts a new one: nothing predicted is ever delivered unless it is
-exactly the batch asked for.
+:class:`Lookahead` (worker) feeds its pipeline the epoch's share, then the predicted share;
+the pipeline is kept for the next epoch only if its predicted batches are that epoch's
+first ones, else closed (GETs cancelled, bytes released).
 """
 
 from __future__ import annotations
@@ -96,12 +77,9 @@ def predict_next_epoch(
     users: bool,
     generators: resume.GeneratorStates,
 ) -> Batches | None:
-    """The batches ``sampler`` will yield next epoch, or None when that cannot be predicted.
-
-    ``sampler`` is what the next epoch's batches (``batched``) or indices come from;
-    ``users``: it is the user's own (a ``DistributedSampler`` of it is then predicted at its
-    next epoch). Every random state drawn from is restored.
-    """
+    """The batches ``sampler`` (of batches when ``batched``) yields next epoch, or None when
+    that cannot be predicted; ``users``: it is the user's own. Every random state drawn from
+    is restored."""
     if not _predictable(sampler):
         return None
     if users:
@@ -189,13 +167,10 @@ class Lookahead:
         predicted: Sequence[list[Any]],
         start: Callable[[Feed], BatchPipeline],
     ) -> Generator[Any, None, None]:
-        """Yield exactly one outcome per batch of ``share``, in order: the batch, or a
-        :class:`~concurrent_loader.pipeline.Failure` (for every batch left when the pipeline
-        broke or could not start). ``start(feed)`` makes a new pipeline.
-
-        On a normal end with predicted batches in progress, the pipeline is kept for the next
-        call; otherwise (also on ``close()`` of this generator) it is closed.
-        """
+        """Exactly one outcome per batch of ``share``, in order: the batch, or a ``Failure`` (for
+        every batch left once the pipeline broke or could not start); ``start(feed)`` makes a
+        pipeline. It is kept for the next call only after a normal end with predicted batches in
+        progress; otherwise (also on ``close()``) closed."""
         pipeline, outcomes, feed = self._pipeline, self._outcomes, self._feed
         self._pipeline = self._outcomes = self._feed = None
         if pipeline is not None and outcomes is not None and feed is not None:

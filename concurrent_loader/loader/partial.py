@@ -38,7 +38,6 @@ _MARKED: dict[type, type] = {tuple: PartialBatch, list: PartialList, dict: Parti
 
 
 def mark(batch: Any, skipped: list[SkippedSample]) -> Any:
-    """``batch`` marked with what it lost."""
     for kind, marked_kind in _MARKED.items():
         if isinstance(batch, kind):
             marked = marked_kind(batch)

@@ -1,17 +1,10 @@
 """The epoch's batches, drawn in the main process and shared with every worker.
 
-Batches of plain ``int`` indices (what torch's samplers yield) are kept as two int64
-tensors; batches of anything else (dict keys, a list for a bulk ``__getitem__``, numpy
-integers) are pickled into a byte tensor, so a worker passes each index to the dataset
-exactly as the sampler yielded it, as torch does.
-
-Workers get their batches in one of two ways:
-
-- a fixed share (``share(w, W)``: batches ``w, w+W, ...``), so torch's in-order round robin
-  over the workers hands them back as ``0, 1, 2, ...``;
-- claims (``claim``): each worker takes the next batch no worker has taken yet, under a
-  lock, so an idle worker takes over the work of a slow one (``in_order=False``). Each
-  batch is claimed exactly once; a claim of an earlier epoch's generation gets nothing.
+Plain ``int`` indices are kept as two int64 tensors, anything else pickled, so a worker
+passes each index to the dataset exactly as the sampler yielded it. A worker gets a fixed
+share (``share(w, W)``: batches ``w, w+W, ...``, which torch's round robin returns in
+order) or claims batches (``in_order=False``): each batch is claimed exactly once, and a
+claim of an earlier generation gets nothing.
 """
 
 from __future__ import annotations
@@ -115,12 +108,9 @@ def _fits(need: tuple[int, int, int], have: tuple[int, int, int]) -> bool:
 
 
 class EpochPlan:
-    """The epoch's batches in shared memory, so every worker (also persistent ones) reads them.
-
-    ``control`` holds the number of batches, the plan's generation (one more per
-    :meth:`write`), the next batch to claim and the size of a pickled plan. Int plans are
-    ``indices[offsets[b]:offsets[b+1]]`` for batch ``b``; other plans are ``blob``.
-    """
+    """The epoch's batches in shared memory, read by every worker (persistent ones too).
+    ``control``: batch count, generation (one more per :meth:`write`), next batch to claim,
+    pickled size; int batch ``b`` is ``indices[offsets[b]:offsets[b+1]]``, others ``blob``."""
 
     def __init__(self) -> None:
         self.control = torch.zeros(4, dtype=torch.int64).share_memory_()
@@ -140,12 +130,9 @@ class EpochPlan:
         room: Sequence[Sequence[Any]] = (),
         lock: Lock | None = None,
     ) -> None:
-        """Write ``batches`` as the next generation; when buffers are (re)made, size them for
-        at least ``room`` too (a resumed epoch writes only its rest, later epochs all of it).
-
-        Persistent workers keep the buffers they were started with, so then (``may_grow``
-        False) the plan cannot outgrow them. ``lock``: the claims' lock, held while writing.
-        """
+        """Write ``batches`` as the next generation, under the claims' ``lock``; buffers made
+        now are sized for at least ``room`` batches too. Persistent workers keep their buffers
+        (``may_grow`` False): then the plan cannot outgrow them."""
         have = (self.indices.numel(), self.offsets.numel(), self.blob.numel())
         ints = _all_ints(batches)
         if ints:
@@ -198,7 +185,6 @@ class EpochPlan:
         self.control[_GENERATION] += 1
 
     def batches(self) -> list[list[Any]]:
-        """Every batch of the plan, in order."""
         blob_bytes = int(self.control[_BLOB_BYTES])
         if blob_bytes:
             plan: list[list[Any]] = pickle.loads(self.blob[:blob_bytes].numpy().tobytes())

@@ -1,18 +1,10 @@
-"""The worker processes of an inner DataLoader, as the main process sees them: which died,
-and how.
+"""The worker processes of an inner DataLoader, as the main process sees them.
 
-torch starts its workers through the ``multiprocessing_context`` it is given. The inner
-DataLoader is given :meth:`WorkerProcesses.context`: the user's context (torch's default
-one when they gave none), which also notes each process it makes. So the loader knows its
-workers from their start, before any of them runs a line of ours, and a worker that the OS
-killed is named with its pid and signal even once torch has reaped it.
-
-Only weak references are kept: the processes live exactly as long as torch's iterator keeps
-them, and end by its shutdown.
-
-:class:`Workers` holds the inner DataLoader of each epoch (a new one each epoch, or the one
-persistent workers keep) and turns a ``RuntimeError`` of torch's into a ``WorkerError``
-naming the workers that died.
+The inner DataLoader's ``multiprocessing_context`` is :meth:`WorkerProcesses.context`, the
+user's (or torch's default) context noting each process it makes, so a worker the OS killed
+is named with its pid and signal even after torch reaped it. Only weak references are kept.
+:class:`Workers` holds each epoch's inner DataLoader and turns torch's ``RuntimeError`` into
+a ``WorkerError`` naming the workers that died.
 """
 
 from __future__ import annotations
@@ -134,13 +126,9 @@ def _passthrough(batch: Any) -> Any:
 
 
 class Workers:
-    """The inner DataLoader over each epoch's plan, and its worker processes: the workers
-    produce ``dataset``'s batches with ``options``, counting in ``stats``, seeded from
-    ``generator`` (it holds the base seed).
-
-    A new inner loader each epoch; with persistent workers, the one (and the shared plans:
-    the epoch's and the predicted next one) the first epoch started, rewritten each epoch.
-    """
+    """The inner DataLoader over each epoch's plan (a new one each epoch, or the one persistent
+    workers keep, with its shared plans rewritten), its workers producing ``dataset``'s
+    batches with ``options``, seeded from ``generator``."""
 
     def __init__(
         self,
@@ -212,14 +200,9 @@ class Workers:
 
     def failure(self, exc: BaseException, processes: WorkerProcesses) -> BaseException:
         """The error to raise for ``exc``, raised while ``processes`` ran: a ``WorkerError``
-        naming each that died without raising (torch says so with a ``RuntimeError``, from
-        its iterator or from its SIGCHLD handler, wherever the main process is), else
-        ``exc`` itself.
-
-        Their inner iterator is then let go, persistent or not: once the caller drops its
-        own reference, torch's shutdown of it joins the other workers. The next epoch starts
-        new ones, as a stock DataLoader's next epoch does.
-        """
+        naming each that died without raising (torch's ``RuntimeError``, from its iterator or
+        SIGCHLD handler), else ``exc``. Their inner iterator is let go, persistent or not: the
+        next epoch starts new workers, as torch's does."""
         deaths = processes.dead() if isinstance(exc, RuntimeError) else []
         if not deaths:
             return exc

@@ -1,18 +1,11 @@
 """What the main process does as an epoch starts new worker processes.
 
-- :func:`fresh_credentials`: expiring credentials (instance roles, SSO, assumed roles) were
-  resolved when the dataset was made; workers started hours later would receive a snapshot
-  near its expiry and each build its own botocore chain (an import, ``SSLContext`` objects,
-  a metadata request per worker). Before new workers start, a snapshot within botocore's
-  refresh window is resolved again, once, here.
-- :func:`frozen_heap`: while workers are forked, the objects of the main process are moved to
-  the garbage collector's permanent generation (``gc.freeze()``) and back after
-  (``gc.unfreeze()``), so a worker never collects them: its collections do not write to the
-  pages of inherited objects (they stay shared with the main process), and a cycle that was
-  garbage at the fork (a client holding a socket, say) is never finalised in a worker, where
-  its ``__del__`` would act on a socket or TLS session the main process still uses. A
-  program that froze its heap itself (the pattern Python's documentation gives) is left as
-  it is.
+- :func:`fresh_credentials`: a credential snapshot near expiry is resolved again, once,
+  before workers get a copy of it;
+- :func:`frozen_heap`: the main process's objects are ``gc.freeze()``-d while workers fork,
+  so a worker never collects them (inherited pages stay shared, and no inherited garbage
+  cycle is finalised in a worker, acting on sockets the main process still uses). A heap
+  the program froze itself is left as it is.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
-"""Exact resume: what a loader records of its place in the epochs, and how it restores it.
+"""Exact resume: a loader's place in its epochs, and its restoring.
 
-The epoch's plan is drawn in the main process from the sampler, so the place is small: the
-epoch number, the random state the epoch's draws started from (the loader's ``generator``,
-a sampler's own generator, or torch's global RNG when the loader has no generator), whether
-the epoch drew the workers' base seed first (as torch does for each new iterator), and how
-many batches the consumer received. A loader built with the same arguments sets that state
-(the global RNG too: it is where the epoch's order came from), redraws the same plan and
-skips what was received: the same batches, in the same order,
-whatever ``num_workers`` is and whatever order GETs complete in. The state is plain values
-and tensors (``torch.save`` takes it), in torchdata's ``StatefulDataLoader`` protocol.
+The place is small: the epoch number, the random state the epoch's draws started from (the
+loader's ``generator``, a sampler's, or torch's global RNG), whether the epoch drew the
+workers' base seed first, and how many batches the consumer received. Restored, the same
+plan is redrawn and what was received skipped: the same batches in the same order, whatever
+``num_workers`` and GET order. Plain values and tensors, in torchdata's protocol.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
-"""What the inner ``torch.utils.data.DataLoader`` iterates: each process's batches of the
-epoch's plan, produced by a :class:`~concurrent_loader.pipeline.BatchPipeline`.
+"""What the inner DataLoader iterates: each process's batches of the epoch's plan, produced
+by a :class:`~concurrent_loader.pipeline.BatchPipeline`.
 
-:class:`PlannedBatches` is an ``IterableDataset`` for torch, and the user's dataset for
-everyone else: attribute reads and writes, ``len``, ``[]`` and ``__class__`` go to the
-user's dataset. So in a worker, ``get_worker_info().dataset`` behaves as the user's dataset
-(a ``worker_init_fn`` that sets ``info.dataset.shard = info.id`` sets it on the dataset the
-pipeline reads), as with a stock DataLoader.
-
-Every batch of a worker's share has exactly one outcome: the batch, or a
-:class:`~concurrent_loader.pipeline.Failure` carrying the exception as the original object
-(not re-created from its message as torch would), so its type and attributes (``url``,
-``cause``, ...) arrive intact, and the batches after it still follow.
-
-A persistent worker (a second, predicted plan given) keeps its pipeline from one epoch to
-the next through a :class:`~.lookahead.Lookahead`, which fetches the next epoch's first
-batches while this one drains. A worker leaves Ctrl-C (SIGINT) to the main process.
+:class:`PlannedBatches` is an ``IterableDataset`` to torch and the user's dataset to everyone
+else (attributes, ``len``, ``[]``, ``__class__``), so ``get_worker_info().dataset`` behaves
+as it would with a stock DataLoader. Every batch of a share has exactly one outcome: the
+batch, or a :class:`~concurrent_loader.pipeline.Failure` carrying the original exception.
+A persistent worker keeps its pipeline across epochs (:class:`~.lookahead.Lookahead`). A
+worker leaves Ctrl-C to the main process.
 """
 
 from __future__ import annotations
@@ -50,17 +42,10 @@ def _hold_runtime_for_this_process() -> None:
 
 
 def _leave_ctrl_c_to_the_main_process() -> None:
-    """A worker ignores SIGINT (unless ``worker_init_fn`` set its own handler).
-
-    Ctrl-C in a terminal reaches the whole process group. torch's worker loop ends on the
-    ``KeyboardInterrupt`` at once, before the main process has set its workers' done event,
-    so the worker does not cancel the join of its result queue's feeder thread: its exit
-    waits for the feeder to write batches into a pipe the interrupted main process no longer
-    reads, and the main process waits for the worker (5 s, torch's ``MP_STATUS_CHECK_INTERVAL``)
-    before terminating it. Left running, the worker is stopped by the main process's shutdown
-    of its iterator (done event set: the queue is closed without flushing), within one batch.
-    It also survives a main process that handles Ctrl-C itself and goes on.
-    """
+    """A worker ignores SIGINT (unless ``worker_init_fn`` set its own handler): on a
+    ``KeyboardInterrupt`` torch's worker would exit waiting for its queue's feeder thread to
+    write into a pipe the main process no longer reads, holding up the main process 5 s. Left
+    running, it ends with the main process's shutdown of its iterator, within one batch."""
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 

@@ -1,7 +1,4 @@
-"""What the loader measures: per-process counters and histograms merged through shared
-memory and the cache tally (:mod:`.stats`), the one percentile function
-(:mod:`.percentile`), the stall ledger, the verdict and the ``stats()`` report
-(:mod:`.report`)."""
+"""What the loader measures, merged across processes, and the ``stats()`` report."""
 
 from .percentile import percentile
 from .report import StallLedger, format_stats, loader_stats, verdict

@@ -1,15 +1,11 @@
 """Per-stage counters and latency histograms, cheap to update and merged across processes.
 
-Each process's pipeline counts into a :class:`StageStats` and after every batch copies it
-into its own row of a shared-memory matrix (:class:`SharedStats`) that the main process
-sums on demand: no queue, message or lock between processes. Latencies go into fixed
-log-scale histograms (10 buckets per decade, 1 us to 1000 s): merging is adding arrays, and
-a percentile is the upper edge of its bucket (about 26 % wide).
-
-A node-local cache counts into its process's one :class:`CacheTally` (no pipeline observer
-reaches inside a store); a pipeline's :class:`StageStats` reports what the tally gained
-since the pipeline started, so two loaders caching at once in one process both see the
-process's combined counts.
+Each process counts into a :class:`StageStats` and copies it after every batch into its row
+of a shared-memory matrix (:class:`SharedStats`) the main process sums: no queue or lock
+between processes. Latency histograms are log-scale (10 buckets per decade, 1 us to 1000 s),
+so merging adds arrays and a percentile is its bucket's upper edge (about 26 % wide). A
+cache counts into its process's one :class:`CacheTally`; a pipeline reports what it gained
+since the pipeline started.
 """
 
 from __future__ import annotations
@@ -106,12 +102,8 @@ def cache_tally() -> CacheTally:
 
 
 class StageStats:
-    """What one process's pipeline did. Thread-safe; ``vector()`` is its flat form.
-
-    It is the :class:`~concurrent_loader.fetch.FetchObserver` the pipeline hands the fetch
-    client, so responses, retries, throttles and hedges are counted for the pipeline they
-    were for.
-    """
+    """What one process's pipeline did. Thread-safe; ``vector()`` is its flat form. It is the
+    fetch client's :class:`~concurrent_loader.fetch.FetchObserver`."""
 
     def __init__(
         self, vector: list[float] | None = None, *, cache: CacheTally | None = None

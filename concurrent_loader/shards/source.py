@@ -1,27 +1,15 @@
 """Samples of tar shards: sample ``i`` is one ranged read of its shard, checked header by header.
 
-Global index ``i`` enumerates samples shard by shard in the order of ``shards`` (shard 0's
-samples first, in tar order): ``shard_lengths[s]`` samples in shard ``s``. A sample is read
-as one byte range, from where the previous sample's last member ends through the headers
-of the next sample's first member (from the shard's start, for its first sample; to the
-shard's end, for its last), so the spans of a shard's samples cover it, neighbours sharing
-the members between them: :meth:`ShardSource.decode` walks the span's headers and refuses
-(:class:`~concurrent_loader.errors.ShardError`, naming shard, member and offset) a sample
-whose span is not exactly the members its index lists (``IndexMismatch``) or holds a sample
-member the index leaves out that belongs to it (``MissingMember``). A sample that ends past
-the shard's listed size is refused before any GET (``TruncatedShard``); an index written
-for a smaller shard than the one listed is refused when the source is made.
-
-What the walks prove: when the samples before it in its shard read without error, a
-sample is exactly the one ``webdataset`` reads there (the first walk starts at the shard's
-start, and each ends where the next starts, having checked the next sample's first
-header). A hostile index can do no more than make a sample fail, or make a wrong sample
-follow one that fails: an index that puts a member inside another's data (a tar stored
-in a tar) must misplace an earlier member of the same shard.
-
-Samples are dicts as ``webdataset`` makes them: ``{"__key__": key, "__url__": shard URL,
-extension: bytes, ...}``, passed to ``decode`` when one is given. A failed read names the
-sample's shard, member and offset (:meth:`ShardSource.read_failed`).
+Index ``i`` runs over the samples shard by shard, in tar order (``shard_lengths[s]`` in
+shard ``s``). A sample's span runs from where the previous sample ends through the next
+sample's first headers (:meth:`ShardSource._span`), so a shard's spans cover it.
+:meth:`ShardSource.decode` refuses (``ShardError`` naming shard, member and offset) a span
+that is not exactly the members the index lists (``IndexMismatch``) or holds a member of
+the sample the index leaves out (``MissingMember``); a sample past the shard's listed size
+is refused before any GET (``TruncatedShard``), an index for a smaller shard when the
+source is made. When the samples before it read without error, a sample is exactly the one
+``webdataset`` reads there; a hostile index can only make samples fail. Samples are dicts
+as ``webdataset`` makes them (``__key__``, ``__url__``, extension: bytes).
 """
 
 from __future__ import annotations
@@ -116,7 +104,6 @@ class ShardSource:
         return len(self.sample_keys)
 
     def shard_of(self, index: int) -> int:
-        """The number of the shard holding sample ``index``."""
         return int(np.searchsorted(self._shard_starts, index, side="right")) - 1
 
     def _members(self, index: int) -> range:
@@ -131,13 +118,9 @@ class ShardSource:
         return index + 1 == int(self._shard_starts[self.shard_of(index) + 1])
 
     def _span(self, index: int) -> ByteRange:
-        """What is read of sample ``index``: from where the previous sample's last member
-        ends (the shard's start, for its first sample) to the data of the next sample's
-        first member, its headers included (to the shard's end, in the index, for the
-        shard's last sample). The spans of a shard's samples cover it, neighbours sharing
-        the members between them and the next sample's first headers, so walking a span's
-        headers sees every member the sample could be missing, and an index that points
-        inside a member is noticed."""
+        """What is read of sample ``index``: from where the previous sample's last member ends
+        (the shard's start) through the headers of the next sample's first member (the shard's
+        end, for its last sample), so walking it sees every member the sample could be missing."""
         shard = self.shard_of(index)
         if index == int(self._shard_starts[shard]):
             start = 0
@@ -262,15 +245,10 @@ class ShardSource:
         )
 
     def _check(self, index: int, found: list[Member], walk: TarWalk) -> None:
-        """The sample members walked in the sample's span are exactly those its index lists,
-        at the offsets it gives, then the next sample's first member (whose headers end the
-        span), or the end of the archive for a shard's last sample; a sample member the
-        index leaves out that webdataset would group into this sample (or, for the shard's
-        last sample, any after it) is ``MissingMember``.
-
-        With the walks of the samples before it in the shard, this proves the sample is the
-        one webdataset reads: the first sample's walk starts at the shard's start, and each
-        walk ends where the next starts, having seen the next sample's first header."""
+        """The sample members walked in the span are exactly those the index lists, at its
+        offsets, then the next sample's first member (or the archive's end); a member the index
+        leaves out that webdataset would group into this sample is ``MissingMember``. With the
+        walks before it, this proves the sample is the one webdataset reads."""
         url = self.url_for(index)
         last = self._last_of_shard(index)
         members = list(self._members(index))

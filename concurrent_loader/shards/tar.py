@@ -1,32 +1,18 @@
 """Tar archives as bytes: headers, members, and WebDataset's grouping of members into samples.
 
-Pure functions over ``bytes``; no file, socket or event loop. A member's header is a
-512-byte ustar block, optionally preceded by pax extended headers (``x``, whose ``path``
-and ``size`` records override the block's) or GNU long names (``L``, ``K``); pax global
-headers (``g``) are skipped. Headers are read as Python's ``tarfile`` reads them (which
-``webdataset`` uses), field by field, so a shard's members are the ones ``webdataset``
-sees; where ``tarfile`` would stop or fail, so do we, never yielding a member it would
-not.
+Pure functions over ``bytes``. Headers (ustar, pax ``x``/``g``, GNU ``L``/``K``) are read
+field by field as Python's ``tarfile`` reads them, so the members are those ``webdataset``
+sees, and where ``tarfile`` would stop or fail, so do we. A walk takes time linear in the
+bytes walked, and every malformed header (checksum, number fields, pax framing, sizes of
+:data:`MAX_SIZE` or more, extended headers past the end or over
+:data:`MAX_EXTENDED_HEADER`, truncation, GNU sparse) is a ``ShardError`` naming the shard
+and offset, never another exception.
 
-Guarantees: a walk ends in time linear in the bytes walked (every step moves forward by
-at least one block), and every malformed header (bad checksum, a number field that is not
-a number, a pax record of length 0 or without its framing, a non-UTF-8 pax key, a size of
-:data:`MAX_SIZE` or more, an extended header past the shard's end or larger than
-:data:`MAX_EXTENDED_HEADER`, a truncated block, GNU sparse members) is a
-:class:`~concurrent_loader.errors.ShardError` naming the shard and the header's byte
-offset, never another exception.
-
-Grouping follows the ``webdataset`` library exactly (``tariterators.py``), so a shard reads
-as the same samples here and there:
-
-- only regular files are members; names matching ``__[^/]*__($|/)`` at the start, and
-  top-level names starting and ending with ``__``, are metadata and skipped;
-- a name splits into key and extension at the first dot of its last path component
-  (``^((?:.*/|)[^.]+)[.]([^/]*)$``: ``a/b.seg.jpg`` is key ``a/b``, extension
-  ``seg.jpg``); a name without one is skipped; extensions are lower-cased;
-- consecutive members with the same key form one sample; two members of one sample with
-  the same extension, or an extension ``__key__`` or ``__url__`` (the sample's own
-  fields), are an error (``webdataset`` raises ``ValueError``).
+Grouping is ``webdataset``'s (``tariterators.py``): regular files only; metadata names
+(``__[^/]*__($|/)`` at the start, top-level ``__*__``) skipped; key and extension split at
+the first dot of the last path component (extension lower-cased; no dot: skipped);
+consecutive members with one key form a sample; a repeated extension, or ``__key__`` or
+``__url__``, is an error.
 """
 
 from __future__ import annotations
@@ -92,7 +78,6 @@ class _Header:
 
 
 def padded(size: int) -> int:
-    """``size`` rounded up to whole 512-byte blocks."""
     return -(-size // BLOCK) * BLOCK
 
 

@@ -1,14 +1,7 @@
-"""What a sample is made of: the contract between datasets and the pipeline.
-
-A :class:`SampleSource` turns a dataset index into the reads it needs from one store (a
-key, optionally a byte range, optionally the expected size) and, once their bytes are in,
-into the sample (on a decode thread). One object per sample
-(:class:`~concurrent_loader.sources.objects.ObjectSource`) is one read; a member of a tar
-shard is a ranged read; a sample of several objects is several reads. The pipeline never
-looks further into a dataset than this.
-
-A source is picklable (it travels to workers with the dataset) and holds no open resource.
-"""
+"""The contract between datasets and the pipeline: a :class:`SampleSource` turns an index
+into reads from one store and, given their bytes, into the sample (on a decode thread).
+The pipeline never looks further into a dataset. A source is picklable and holds no open
+resource."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Loading samples outside the pipeline: ``dataset[i]`` and ``dataset.__getitems__``.
-
-Remote reads go through this process's fetch client on its runtime, all of a batch's reads
-at once; local reads happen on the calling thread, through the store the caller keeps open
-for its process. Decoding happens on the calling thread.
-"""
+"""Loading samples outside the pipeline (``dataset[i]``, ``__getitems__``): remote reads
+all at once through the process's fetch client, local ones and decoding on the caller's
+thread."""
 
 from __future__ import annotations
 

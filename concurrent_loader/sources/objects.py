@@ -23,13 +23,9 @@ class ObjectDecoder(Protocol):
 
 
 class CallDecoder:
-    """``decode(data)``, or the bytes themselves when ``decode`` is None.
-
-    Whatever ``decode`` raises becomes a :class:`~concurrent_loader.errors.DecodeError`
-    naming the object (the original exception is its ``__cause__``), so ``on_error="skip"``
-    applies to it and the message says which object failed; a ``LoaderError`` raised without
-    naming an object gets the object's URL.
-    """
+    """``decode(data)``, or the bytes themselves when ``decode`` is None. What ``decode``
+    raises becomes a ``DecodeError`` naming the object (the original as ``__cause__``); a
+    ``LoaderError`` without an object gets the object's URL."""
 
     def __init__(self, decode: Callable[[bytes | bytearray], Any] | None) -> None:
         self.decode = decode

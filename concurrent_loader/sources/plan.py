@@ -1,11 +1,6 @@
-"""How a sample's reads become GETs: each one whole, or in ranged parts.
-
-Pure functions, no I/O. :func:`plan_fetches` is the one place that decides, for a batch's
-samples, which GETs are made and how each one is read (see :func:`plan_get`); the pipeline
-only carries the plan out. Every read is one GET of its own: reads of one object are never
-merged (a shard read in random order is served by read-ahead spans instead, see
-:mod:`concurrent_loader.stores.readahead`).
-"""
+"""How a sample's reads become GETs, each whole or in ranged parts: pure functions, the
+one place that decides (:func:`plan_fetches`). Every read is its own GET; reads of one
+object are never merged."""
 
 from __future__ import annotations
 
