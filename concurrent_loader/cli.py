@@ -5,7 +5,8 @@ Commands::
     concurrent-loader manifest ROOT -o FILE [--endpoint-url URL] [--anonymous] ...
     concurrent-loader inspect  ROOT [--image-folder] [--json] [--endpoint-url URL] ...
     concurrent-loader pack     SRC DEST [--shard-size 256MB] [--image-folder] ...
-    concurrent-loader cache warm [ROOT] [--manifest FILE] --cache DIR [--max-bytes N] ...
+    concurrent-loader cache warm [ROOT] [--manifest FILE] --cache DIR [--max-bytes N]
+                                 [--presize SHORT_SIDE [--format jpeg|raw] [--quality Q]] ...
     concurrent-loader cache info DIR [--json]
     concurrent-loader cache clear DIR
 
@@ -31,6 +32,7 @@ from typing import IO, Any
 from .cache import CacheConfig, CachedStoreConfig, clear_cache, describe_cache
 from .cache.warm import warm_cache
 from .dataset import IMG_EXTENSIONS, ImageFolder, ObjectDataset
+from .decode.presize import FORMATS, Presize
 from .errors import ConfigError, LoaderError, Reason
 from .listing import list_store, progress
 from .shards.pack import add_pack_arguments, run_pack
@@ -179,7 +181,17 @@ def _human_bytes(n: int) -> str:
 def cmd_cache_warm(args: argparse.Namespace) -> int:
     if args.root is None and args.manifest is None:
         raise ConfigError("cache warm needs ROOT or --manifest FILE", cause=Reason.INVALID_ARGUMENT)
-    cache = CacheConfig(args.cache, max_bytes=args.max_bytes)
+    presize = None
+    if args.presize is not None:
+        quality = 90 if args.quality is None else args.quality
+        presize = Presize(args.presize, format=args.format or "jpeg", quality=quality)
+    elif args.format is not None or args.quality is not None:
+        raise ConfigError("--format and --quality need --presize", cause=Reason.INVALID_ARGUMENT)
+    cache = CacheConfig(args.cache, max_bytes=args.max_bytes, presize=presize)
+    if args.processes is not None and args.processes < 1:
+        raise ConfigError(
+            f"--processes must be >= 1, got {args.processes}", cause=Reason.INVALID_ARGUMENT
+        )
     options: dict[str, Any] = {
         "endpoint_url": args.endpoint_url,
         "region": args.region,
@@ -201,10 +213,13 @@ def cmd_cache_warm(args: argparse.Namespace) -> int:
         )
     keys = list(dataset.keys)
     with progress(args.progress, f"warming {args.cache}") as tick:
-        report = warm_cache(store, keys, dataset.fetch_config, on_object=tick)
+        report = warm_cache(
+            store, keys, dataset.fetch_config, on_object=tick, processes=args.processes
+        )
     info = describe_cache(store.cache.directory)
+    form = "" if presize is None else f" as {presize.identity}"
     print(
-        f"read {report.objects} objects ({_human_bytes(report.bytes)}) of {store}, "
+        f"read {report.objects} objects ({_human_bytes(report.bytes)}{form}) of {store}, "
         f"{report.already_cached} already cached; the cache holds {info['entries']} entries "
         f"({_human_bytes(info['bytes'])}) of a budget of {_human_bytes(store.cache.budget)}",
         file=sys.stderr,
@@ -219,6 +234,7 @@ def cmd_cache_info(args: argparse.Namespace) -> int:
         return 0
     rate = info["hit_rate"]
     print(f"directory:  {info['directory']}")
+    print(f"forms:      {', '.join(info['forms']) or '-'}")
     print(f"entries:    {info['entries']}")
     print(f"bytes:      {info['bytes']} ({_human_bytes(info['bytes'])})")
     print(f"hits:       {info['hits']} ({_human_bytes(info['bytes_served'])} served)")
@@ -312,6 +328,29 @@ def _cache_commands(commands: Any) -> None:
     warm.add_argument("--manifest", default=None, help="read the keys of this manifest")
     warm.add_argument("--cache", required=True, help="the cache directory")
     warm.add_argument("--max-bytes", type=int, default=None, help="the cache's byte budget")
+    warm.add_argument(
+        "--presize",
+        type=int,
+        default=None,
+        metavar="SHORT_SIDE",
+        help="keep each image pre-sized to this shorter side instead of its bytes "
+        "(the dataset must name the same setting: CacheConfig(presize=Presize(...)))",
+    )
+    warm.add_argument(
+        "--format",
+        choices=FORMATS,
+        default=None,
+        help="with --presize: a re-encoded JPEG (default) or raw uint8 pixels",
+    )
+    warm.add_argument(
+        "--quality", type=int, default=None, help="with --presize: the JPEG quality (default 90)"
+    )
+    warm.add_argument(
+        "--processes",
+        type=int,
+        default=None,
+        help="with --presize: processes that re-encode (default: one per core)",
+    )
     warm.add_argument("--endpoint-url", default=None, help="S3 endpoint (default: AWS chain)")
     warm.add_argument("--region", default=None, help="S3 region (default: AWS chain)")
     warm.add_argument("--profile", default=None, help="AWS profile name")

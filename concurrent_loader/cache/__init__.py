@@ -2,7 +2,8 @@
 
 The cache is a store wrapping the root's store (:class:`CachedStoreConfig`), so retries,
 limits, the pipeline and the loader do not change. It fills until its budget is reached and
-never evicts. Its guarantees are stated in :mod:`.store` (reads), :mod:`.directory`
+never evicts. It keeps each object as fetched, or in a form it is given (``presize=``,
+:mod:`.form`). Its guarantees are stated in :mod:`.store` (reads), :mod:`.directory`
 (sharing, the budget, crashes, fork), :mod:`.layout` (a directory of its own, no link
 followed), :mod:`.writer` (writes behind reads) and :mod:`.entry` (integrity).
 """
@@ -20,6 +21,7 @@ from .admin import clear_cache, describe_cache, ledger_bytes
 from .cached import CachedStoreConfig, Client
 from .config import CacheConfig, cache_config_for
 from .directory import CacheDirectory
+from .form import Transform, form_label, record_form
 from .layout import CacheRefused, Handles
 from .store import CachedStore
 
@@ -29,6 +31,7 @@ __all__ = [
     "CacheRefused",
     "CachedStore",
     "CachedStoreConfig",
+    "Transform",
     "cache_config_for",
     "clear_cache",
     "describe_cache",
@@ -62,6 +65,7 @@ def with_cache(
         Handles.open(directory, create=True).close()  # marks a new one; refuses a user's
         resolved = config.resolved(ledger_bytes(directory))
         CacheDirectory(resolved).close()  # lays the directory out; proves it writable
+        record_form(directory, form_label(config.presize))  # for `cache info`
     except OSError as exc:
         log.warning(
             "the cache at %s cannot be used (%s): %s is read from the store",

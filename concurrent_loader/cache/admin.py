@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 from .directory import Ledger, remove_dead_temps
+from .form import clear_forms, read_forms
 from .layout import (
     SHARD_NAME,
     Handles,
@@ -52,7 +53,9 @@ def ledger_entries(directory: str) -> int:
 
 
 def describe_cache(directory: str) -> dict[str, Any]:
-    """What a cache directory holds (a scan) and what its ledger says;
+    """What a cache directory holds (a scan), the forms its entries were kept in
+    (``forms``: ``original`` and transforms' identities, :mod:`.form`; [] when none is
+    recorded) and what its ledger says;
     ``CacheRefused`` if it is not a cache directory."""
     directory = os.path.abspath(directory)
     handles = Handles.open(directory, create=False)
@@ -60,11 +63,13 @@ def describe_cache(directory: str) -> dict[str, Any]:
         ledger = Ledger.unpack(os.pread(handles.ledger_fd, Ledger.SIZE, 0))
         scanned = list(scan_entries(handles.entries_fd, directory))
         temps = sum(1 for _ in temp_files(handles.tmp_fd))
+        forms = read_forms(handles.root_fd, directory)
     finally:
         handles.close()
     reads = (ledger.hits + ledger.misses) if ledger else 0
     return {
         "directory": directory,
+        "forms": forms,
         "entries": len(scanned),
         "bytes": sum(size for _, size in scanned),
         "ledger_bytes": ledger.used if ledger else None,
@@ -92,6 +97,7 @@ def clear_cache(directory: str) -> int:
                 with contextlib.suppress(OSError):  # not empty, or a link (never followed)
                     os.rmdir(shard, dir_fd=entries_fd)
         remove_dead_temps(handles.tmp_fd)
+        clear_forms(handles.root_fd, root)
         os.pwrite(handles.ledger_fd, Ledger().pack(), 0)
         return removed
     finally:

@@ -21,6 +21,7 @@ from ..stores.base import Body, ByteRange, Capabilities, StoreConfig
 from .admin import ledger_entries
 from .config import CacheConfig
 from .directory import name_for
+from .form import form_tag
 from .layout import CacheRefused, Handles, has_entry
 from .store import CachedStore, Read
 from .writer import MAX_PENDING_BYTES
@@ -84,7 +85,7 @@ class CachedStoreConfig:
         directory = self.cache.directory
         if ledger_entries(directory) < self.object_count:
             return False
-        prefix = source_prefix(self.inner)
+        prefix = self.entry_prefix()
         try:
             handles = Handles.open(directory, create=False)
         except (OSError, CacheRefused):
@@ -113,6 +114,11 @@ class CachedStoreConfig:
     def url_for(self, key: str) -> str:
         return self.inner.url_for(key)
 
+    def entry_prefix(self) -> str:
+        """What starts the source of each of this config's entries: the form kept
+        (:func:`.form.form_tag`), then where the bytes come from (:func:`source_prefix`)."""
+        return form_tag(self.cache.presize) + source_prefix(self.inner)
+
     def resolved(self) -> CachedStoreConfig:
         return dataclasses.replace(self, inner=self.inner.resolved(), cache=self.cache.resolved())
 
@@ -123,7 +129,7 @@ class CachedStoreConfig:
         capabilities = self.capabilities
         if not capabilities.remote:
             return self.through_client(fetch, capabilities)
-        prefix = source_prefix(self.inner)
+        prefix = self.entry_prefix()
         return CachedStore(
             self.cache, self.inner, fetch, capabilities, prefix, self.inner.open(fetch)
         )
@@ -141,7 +147,7 @@ class CachedStoreConfig:
             return (await client_for(runtime, inner, fetch)).get_body
 
         capabilities = capabilities or self.capabilities
-        prefix = source_prefix(inner)
+        prefix = self.entry_prefix()
         return CachedStore(self.cache, inner, fetch, capabilities, prefix, connect=connect)
 
     def __str__(self) -> str:

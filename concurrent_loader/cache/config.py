@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 
 from ..errors import ConfigError, Reason
+from .form import Transform, check_transform
 
 __all__ = ["CacheConfig", "cache_config_for"]
 
@@ -29,6 +30,13 @@ class CacheConfig:
       directory. None: 80 % of the disk's free space plus what the cache already holds,
       measured when the dataset is made.
 
+    - ``presize``: keep each object in this form instead of its bytes (None, the default:
+      the bytes as fetched). Any object with ``apply(data, url) -> bytes`` and a stable
+      ``identity: str``, such as ``concurrent_loader.decode.presize.Presize(short_side=256)``.
+      A miss fetches the original and returns (and keeps) ``apply``'s result, so every
+      epoch sees the same form; the budget counts that form's bytes; entries of another
+      setting are never served (:mod:`.form`).
+
     The cache fills until the budget is reached and never evicts, so under random sampling
     the hit rate is budget / dataset every epoch. An entry is never revalidated: clear the
     cache (``concurrent-loader cache clear DIR``) after changing a dataset in place.
@@ -36,6 +44,7 @@ class CacheConfig:
 
     directory: str
     max_bytes: int | None = None
+    presize: Transform | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.directory, str) or not self.directory:
@@ -52,6 +61,8 @@ class CacheConfig:
                 f"cache max_bytes must be an int >= 0 or None, got {self.max_bytes!r}",
                 cause=Reason.INVALID_ARGUMENT,
             )
+        if self.presize is not None:
+            check_transform(self.presize)
 
     def resolved(self, held_bytes: int = 0) -> CacheConfig:
         """This config with an absolute directory and a budget in bytes. ``held_bytes``

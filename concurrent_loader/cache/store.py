@@ -13,6 +13,8 @@ Guarantees:
 - a failing cache never fails a read: one WARNING per process and store, then reads go to
   the wrapped store (a failed write only pauses writing);
 - a miss counts once per read, however many GETs of it (a GET and its hedge) complete;
+- with ``cache.presize`` a miss returns, and keeps, the object in that form; a ranged read
+  bypasses the cache (:mod:`.form`);
 - ``close()`` finishes the pending writes and joins the writer.
 
 It wraps ``inner`` (an open store, the remote path) or what ``connect`` gives (this process's
@@ -36,6 +38,7 @@ from ..stores.base import Body, ByteRange, Capabilities, ObjectInfo, Store, Stor
 from .config import CacheConfig
 from .directory import CacheDirectory, name_for
 from .entry import CorruptEntry, Entry, TooLarge
+from .form import Apply, apply_in_thread, transformed
 from .layout import CACHE_ERRORS
 from .leftovers import Leftovers
 from .writer import MAX_PENDING_BYTES, EntryWriter
@@ -83,6 +86,8 @@ class CachedStore:
         self.inner = inner
         self._connect = connect
         self._get: Read | None = inner.get if inner is not None else None
+        #: how a miss is put in the cache's form (``cache.presize``; :mod:`.form`)
+        self.apply: Apply = apply_in_thread
         self._prefix = prefix
         self._max_wait_s = min(fetch.timeouts.attempt / 2, MAX_WAIT_S)
         self._tally = cache_tally()
@@ -125,6 +130,8 @@ class CachedStore:
             return await self._uncached(key, byte_range)
         source = self._prefix + self.url_for(key)
         name = name_for(source)
+        if byte_range is not None and self.cache.presize is not None:
+            return await self._uncached(key, byte_range)  # entries hold another form
         entry, bad = await self._lookup(directory, name, source)
         if entry is not None:
             return await self._serve(entry, key, byte_range)
@@ -198,6 +205,8 @@ class CachedStore:
                 return await self._serve(entry, key, None)
         try:
             body = await self._uncached(key, None)
+            if self.cache.presize is not None:  # an error: not cached (the lock released)
+                body = await transformed(self.cache.presize, body, self.url_for(key), self.apply)
         except BaseException:
             if held:
                 self._release(directory, name)
@@ -321,7 +330,7 @@ class CachedStore:
         on the runtime's loop (the fill lock, the GET, the entry written with its ETag),
         which waits for the entry to be written."""
         directory = self._dir
-        if directory is not None:
+        if directory is not None and (byte_range is None or self.cache.presize is None):
             source = self._prefix + self.url_for(key)
             name = name_for(source)
             try:

@@ -3,12 +3,18 @@
 Misses go through this process's fetch client (its retries, limits and hedges),
 ``max_inflight_requests`` at a time; every ``FLUSH_EVERY`` objects it waits for the writer,
 so a slow disk slows the warm-up instead of leaving objects out. An object that fails to
-read fails the warm-up with its error.
+read fails the warm-up with its error. A cache with a transform (``presize=``) re-encodes
+in a pool of ``processes`` processes (default: one per core), so a warm-up uses every core;
+an object the transform refuses fails the warm-up with its ``DecodeError``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
+import multiprocessing
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -16,6 +22,7 @@ from ..config import FetchConfig
 from ..metrics.stats import cache_tally
 from ..runtime import acquire_runtime
 from .cached import CachedStoreConfig
+from .form import apply_in_pool
 
 __all__ = ["FLUSH_EVERY", "WarmReport", "warm_cache"]
 
@@ -24,7 +31,8 @@ FLUSH_EVERY = 256
 
 @dataclass(frozen=True)
 class WarmReport:
-    """What a warm-up read: objects, bytes, and how many were in the cache already."""
+    """What a warm-up read: objects, bytes (in the cache's form), and how many were in the
+    cache already."""
 
     objects: int
     bytes: int
@@ -36,14 +44,26 @@ def warm_cache(
     keys: Sequence[str],
     config: FetchConfig | None = None,
     on_object: Callable[[], None] | None = None,
+    processes: int | None = None,
 ) -> WarmReport:
-    """Read every key of ``store`` through its cache; ``on_object`` is called after each."""
+    """Read every key of ``store`` through its cache; ``on_object`` is called after each.
+    With ``store.cache.presize``, objects are put in that form by ``processes`` processes
+    (default: ``os.cpu_count()``)."""
     fetch = config or FetchConfig()
-    runtime = acquire_runtime()
-    try:
-        return runtime.run(_warm(store, keys, fetch, on_object))
-    finally:
-        runtime.release()
+    with contextlib.ExitStack() as stack:
+        pool = None
+        if store.cache.presize is not None and keys:
+            workers = min(processes or os.cpu_count() or 1, len(keys))
+            # spawn: the runtime's loop thread is running here, and a fork would copy it.
+            context = multiprocessing.get_context("spawn")
+            pool = stack.enter_context(
+                concurrent.futures.ProcessPoolExecutor(workers, mp_context=context)
+            )
+        runtime = acquire_runtime()
+        try:
+            return runtime.run(_warm(store, keys, fetch, on_object, pool))
+        finally:
+            runtime.release()
 
 
 async def _warm(
@@ -51,8 +71,11 @@ async def _warm(
     keys: Sequence[str],
     fetch: FetchConfig,
     on_object: Callable[[], None] | None,
+    pool: concurrent.futures.Executor | None,
 ) -> WarmReport:
     cached = store.through_client(fetch)
+    if pool is not None:
+        cached.apply = apply_in_pool(pool)
     hits_before = cache_tally().snapshot()[0]
     total = 0
     slots = asyncio.Semaphore(fetch.inflight_cap)
