@@ -1,5 +1,6 @@
 """Turning bytes into samples on the pipeline's thread pool (:mod:`.image`), or shipping the
-bytes to decode the batch in the main process (:mod:`.encoded`).
+bytes to decode the batch in the main process (:mod:`.encoded`); images stored once at a
+smaller size (:mod:`.presize`), which both read.
 """
 
 from .encoded import (
@@ -12,6 +13,7 @@ from .encoded import (
     check_decode_on,
 )
 from .image import ImageDecoder, center_crop_box, to_tensor
+from .presize import Presize, is_raw, read_raw
 
 __all__ = [
     "DECODE_ON",
@@ -21,7 +23,10 @@ __all__ = [
     "EncodedImageDecoder",
     "ImageDecoder",
     "PILBatchDecoder",
+    "Presize",
     "center_crop_box",
     "check_decode_on",
+    "is_raw",
+    "read_raw",
     "to_tensor",
 ]

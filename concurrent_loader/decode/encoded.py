@@ -24,6 +24,7 @@ from PIL import Image
 
 from ..errors import ConfigError, DecodeError, Reason
 from .image import ImageDecoder, to_tensor
+from .presize import is_raw, read_raw
 
 __all__ = [
     "DECODE_ON",
@@ -121,6 +122,9 @@ class EncodedImageDecoder:
             raise DecodeError(
                 "the object is empty (0 bytes)", url=url, stage="decode", cause=Reason.EMPTY_OBJECT
             )
+        if is_raw(data):
+            read_raw(data, url)  # the header and length; the batch decoder's fallback reads it
+            return EncodedImage(data, self.image_size, url, self.decode_on)
         try:
             with Image.open(io.BytesIO(data)):  # reads the header only
                 pass
@@ -148,7 +152,8 @@ class PILBatchDecoder:
     """The CPU stand-in: Pillow (through :class:`ImageDecoder`), one image after another.
 
     Also the fallback of the GPU decoders for what they cannot read (PNG and other formats
-    than JPEG, or a JPEG the GPU decoder refuses but Pillow reads)."""
+    than JPEG, the raw form of :mod:`.presize`, or a JPEG the GPU decoder refuses but Pillow
+    reads)."""
 
     name = "pillow"
 

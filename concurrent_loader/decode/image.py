@@ -3,6 +3,11 @@
 The fused path (``image_size`` given) decodes a JPEG at a reduced DCT scale when the target
 is smaller, then resizes and centre-crops in one ``Image.resize(box=...)``, matching
 torchvision's ``Resize(s) + CenterCrop(s)``. Pillow releases the GIL, so threads scale.
+
+The raw form of :mod:`.presize` (uint8 pixels with their shape) is read without a decode:
+the fused path crops and resizes from the array with the same geometry as for a JPEG
+(:func:`center_crop_box`), a ``transform`` gets a PIL image made from the array, and with
+neither the array itself becomes the tensor.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import torch
 from PIL import Image, JpegImagePlugin
 
 from ..errors import DecodeError, Reason
+from .presize import is_raw, read_raw
 
 __all__ = ["ImageDecoder", "center_crop_box", "to_tensor"]
 
@@ -42,7 +48,9 @@ def to_tensor(image: Image.Image) -> torch.Tensor:
     array = np.asarray(image)
     if array.ndim == 2:
         array = array[:, :, None]
-    return torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))
+    # A copy always: for one channel the transpose is already contiguous, and PIL's array
+    # is read-only.
+    return torch.from_numpy(array.transpose(2, 0, 1).copy())
 
 
 class ImageDecoder:
@@ -81,6 +89,8 @@ class ImageDecoder:
             raise DecodeError(
                 "the object is empty (0 bytes)", url=url, stage="decode", cause=Reason.EMPTY_OBJECT
             )
+        if is_raw(data):
+            return self._open_raw(data, url)
         try:
             image: Image.Image = Image.open(io.BytesIO(data))
             if self.image_size is not None:
@@ -116,7 +126,22 @@ class ImageDecoder:
                 cause=Reason.UNDECODABLE,
             ) from exc
 
+    def _open_raw(self, data: bytes | bytearray | memoryview, url: str | None) -> Image.Image:
+        array = read_raw(data, url)
+        image = Image.fromarray(array[:, :, 0] if array.shape[2] == 1 else array)
+        image = image.convert(self.mode) if image.mode != self.mode else image
+        if self.image_size is not None:
+            out_h, out_w = self.image_size
+            box = center_crop_box(image.width, image.height, out_h, out_w)
+            image = image.resize((out_w, out_h), self.resample, box=box)
+        return image
+
     def __call__(self, data: bytes | bytearray | memoryview, url: str | None = None) -> Any:
+        if self.transform is None and self.image_size is None and is_raw(data):
+            array = read_raw(data, url)
+            if (self.mode, array.shape[2]) in (("RGB", 3), ("L", 1)):
+                # No decode and no PIL image: the pixels are already what is asked for.
+                return torch.from_numpy(array.transpose(2, 0, 1).copy())
         image = self.open(data, url)
         if self.transform is not None:
             return self.transform(image)

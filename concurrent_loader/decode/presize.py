@@ -61,6 +61,8 @@ RAW_VERSION = 1
 _HEADER = struct.Struct("<4sBBHII")
 RAW_HEADER_SIZE = _HEADER.size  # 16
 _RAW_CHANNELS = (1, 3, 4)
+_ORIENTATION = 0x0112  # the EXIF tag
+_SWAPS_SIDES = (5, 6, 7, 8)  # orientations that transpose the image
 #: a JPEG is draft-decoded to at least this many times the target size before LANCZOS
 _DRAFT_MARGIN = 2
 
@@ -111,7 +113,14 @@ class Presize:
     def apply(self, data: bytes | bytearray | memoryview, url: str | None = None) -> bytes:
         """The pre-sized form of the image in ``data``; :class:`DecodeError` naming ``url``
         when ``data`` is not a decodable image (empty, truncated, not an image)."""
-        image = _open_upright(data, url, self._draft_size)
+        return self.apply_sized(data, url)[0]
+
+    def apply_sized(
+        self, data: bytes | bytearray | memoryview, url: str | None = None
+    ) -> tuple[bytes, tuple[int, int]]:
+        """:meth:`apply`, and the image's ``(width, height)`` before it (upright: after its
+        EXIF orientation)."""
+        image, original = _open_upright(data, url, self._draft_size)
         try:
             image = _to_rgb(image)
             size = self.target(image.width, image.height)
@@ -120,8 +129,9 @@ class Presize:
         except Exception as exc:
             raise _undecodable(exc, url) from exc
         if self.format == "raw":
-            return write_raw(np.asarray(image))
+            return write_raw(np.asarray(image)), original
         out = io.BytesIO()
+        image.info = {}  # Pillow carries some (a JPEG comment) from the input unless emptied
         image.save(
             out,
             "JPEG",
@@ -130,7 +140,7 @@ class Presize:
             optimize=True,
             progressive=False,
         )
-        return out.getvalue()
+        return out.getvalue(), original
 
     def _draft_size(self, width: int, height: int) -> tuple[int, int]:
         w, h = self.target(width, height)
@@ -160,23 +170,28 @@ def _open_upright(
     data: bytes | bytearray | memoryview,
     url: str | None,
     draft_size: Callable[[int, int], tuple[int, int]],
-) -> Image.Image:
-    """Decode ``data`` (an image file or the raw form), fully loaded and EXIF-upright."""
+) -> tuple[Image.Image, tuple[int, int]]:
+    """Decode ``data`` (an image file or the raw form), fully loaded and EXIF-upright; and
+    its upright ``(width, height)`` at full size (a JPEG may be decoded smaller)."""
     if len(data) == 0:
         raise DecodeError(
             "the object is empty (0 bytes)", url=url, stage="decode", cause=Reason.EMPTY_OBJECT
         )
     if is_raw(data):
         array = read_raw(data, url)
-        return Image.fromarray(array[:, :, 0] if array.shape[2] == 1 else array)
+        pixels = Image.fromarray(array[:, :, 0] if array.shape[2] == 1 else array)
+        return pixels, pixels.size
     try:
         image: Image.Image = Image.open(io.BytesIO(data))
+        width, height = image.size
+        if image.getexif().get(_ORIENTATION, 1) in _SWAPS_SIDES:
+            width, height = height, width
         if isinstance(image, JpegImagePlugin.JpegImageFile):
             # Orientation may swap width and height, but not which side is shorter.
             image.draft(image.mode, draft_size(image.width, image.height))
         image.load()
         upright = ImageOps.exif_transpose(image)
-        return upright if upright is not None else image
+        return (upright if upright is not None else image), (width, height)
     except Exception as exc:
         raise _undecodable(exc, url) from exc
 

@@ -7,6 +7,14 @@ object per shard::
     {"format": "concurrent-loader/tar-index", "version": 1, "size": <shard bytes>,
      "members": [[name, header_offset, data_offset, size], ...]}
 
+A pack of pre-sized images (``pack --resize``) adds two keys, which readers of the format
+without them ignore (the version stays 1): ``"presize"``, the setting's
+:attr:`~concurrent_loader.decode.presize.Presize.identity`, and ``"original_sizes"``, each
+image member's ``[width, height]`` before pre-sizing (upright: after its EXIF
+orientation)::
+
+    "presize": "presize-v1:jpeg:256:q90", "original_sizes": {"c/x.jpg": [500, 375], ...}
+
 ``members`` lists the shard's sample members (regular files that ``webdataset`` groups
 into samples, see :mod:`~concurrent_loader.shards.tar`) in tar order; ``header_offset`` is
 the first byte of the member's headers (a pax or long-name header included), so the
@@ -35,8 +43,8 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from ..config import FetchConfig
 from ..errors import ObjectNotFound, Reason, ShardError
@@ -56,23 +64,44 @@ _SCAN_WINDOW = 4 << 20  # bytes per ranged GET of a scan
 
 @dataclass(frozen=True)
 class ShardIndex:
-    """A shard's size when indexed, and its sample members in tar order."""
+    """A shard's size when indexed, and its sample members in tar order; for a pack of
+    pre-sized images, the setting's identity and each image member's size ``(width,
+    height)`` before it was pre-sized."""
 
     size: int
     members: tuple[Member, ...]
+    presize: str | None = None
+    original_sizes: Mapping[str, tuple[int, int]] = field(default_factory=dict, hash=False)
 
     @classmethod
-    def of_members(cls, members: Sequence[Member], size: int) -> ShardIndex:
-        return cls(size, tuple(m for m in members if is_sample_member(m.name)))
+    def of_members(
+        cls,
+        members: Sequence[Member],
+        size: int,
+        presize: str | None = None,
+        original_sizes: Mapping[str, tuple[int, int]] | None = None,
+    ) -> ShardIndex:
+        kept = tuple(m for m in members if is_sample_member(m.name))
+        return cls(size, kept, presize, dict(original_sizes or {}))
+
+    def original_size(self, name: str) -> tuple[int, int] | None:
+        """Member ``name``'s ``(width, height)`` before pre-sizing; None when not recorded."""
+        return self.original_sizes.get(name)
 
     def to_json(self) -> bytes:
         members = [[m.name, m.header_offset, m.offset, m.size] for m in self.members]
-        document = {
+        document: dict[str, object] = {
             "format": INDEX_FORMAT,
             "version": INDEX_VERSION,
             "size": self.size,
             "members": members,
         }
+        if self.presize is not None:
+            document["presize"] = self.presize
+        if self.original_sizes:
+            document["original_sizes"] = {
+                name: list(self.original_sizes[name]) for name in sorted(self.original_sizes)
+            }
         # ASCII: a member name that is not UTF-8 (a lone surrogate) is written escaped.
         return json.dumps(document, separators=(",", ":")).encode("ascii")
 
@@ -99,7 +128,11 @@ class ShardIndex:
                 ):
                     raise ValueError(f"member {entry!r} is not [name, header, offset, size]")
                 members.append(Member(name, header, offset, length))
-            index = cls(size, tuple(members))
+            presize = document.get("presize")
+            if presize is not None and not isinstance(presize, str):
+                raise ValueError(f"presize {presize!r} is not a string")
+            original_sizes = _original_sizes(document.get("original_sizes", {}))
+            index = cls(size, tuple(members), presize, original_sizes)
         except (ValueError, TypeError, KeyError, RecursionError) as exc:
             raise ShardError(
                 f"unreadable shard index: {exc}",
@@ -154,10 +187,32 @@ class ShardIndex:
                 )
             next_header = padded(member.end)
             previous = member
+        unlisted = sorted(set(self.original_sizes) - {m.name for m in self.members})
+        if unlisted:
+            raise ShardError(
+                f"the index gives original sizes of members it does not list: {unlisted[:10]}",
+                url=url,
+                stage="index",
+                cause=Reason.INDEX_MISMATCH,
+            )
 
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _original_sizes(value: object) -> dict[str, tuple[int, int]]:
+    """``{"name": [width, height]}`` read back; ValueError for anything else."""
+    if not isinstance(value, dict):
+        raise ValueError(f"original_sizes {value!r} is not an object")
+    sizes = {}
+    for name, pair in value.items():
+        if not (isinstance(pair, list) and len(pair) == 2 and all(_is_int(n) for n in pair)):
+            raise ValueError(f"original size {pair!r} of {name!r} is not [width, height]")
+        if min(pair) < 1:
+            raise ValueError(f"original size {pair!r} of {name!r} is not positive")
+        sizes[name] = (pair[0], pair[1])
+    return sizes
 
 
 def index_shards(

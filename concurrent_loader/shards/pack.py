@@ -26,6 +26,14 @@ Guarantees:
   ``c/x`` with members ``c/x.jpg`` and ``c/x.cls`` (the class index as decimal text; classes
   are the sorted folder names). Dots in an image's file name before its extension become
   ``_`` in its sample key, since both readers split at the first dot;
+- with ``presize`` (``--resize S [--format jpeg|raw] [--quality Q]``, image folders only),
+  each image is stored pre-sized (:class:`~concurrent_loader.decode.presize.Presize`:
+  shorter side ``S``, never upscaled, upright, RGB) as member ``c/x.jpg`` (a JPEG, whatever
+  the source's format) or ``c/x.raw`` (the raw uint8 form); labels and keys are as without
+  it. The index records the setting and each image's original ``(width, height)``
+  (:mod:`.index`). Images are re-encoded by ``processes`` processes (default: one per
+  core; ``1``: this one) while the next objects are fetched; an image that cannot be
+  decoded ends the pack with a ``DecodeError`` naming it;
 - a shard and its index are each published whole (:meth:`.packplan.Destination.publish`),
   so a reader never sees half of one.
 """
@@ -33,38 +41,36 @@ Guarantees:
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import io
+import multiprocessing
 import os
 import re
 import sys
 import tarfile
 import tempfile
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import IO, Any
 
 from ..config import FetchConfig
 from ..dataset import ObjectDataset
+from ..decode.presize import FORMATS, Presize
 from ..errors import ConfigError, Reason
 from ..listing import list_store, progress
-from ..stores import store_config_for
+from ..stores import StoreConfig, store_config_for
 from .index import INDEX_SUFFIX, ShardIndex
-from .packplan import (
-    Destination,
-    Sample,
-    first_few,
-    on_s3,
-    plan_image_folder,
-    plan_objects,
-    split_shards,
-)
-from .tar import Member, padded
+from .packplan import Destination, Sample, first_few, on_s3, plan_image_folder, plan_objects
+from .tar import BLOCK, Member, padded
 
 __all__ = ["PackResult", "add_pack_arguments", "pack", "parse_size", "run_pack"]
 
 _UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9}
 _UNITS.update({"GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30})
 _FETCH_CHUNK = 64  # objects fetched concurrently while packing
+#: the member extension of a pre-sized image, by :attr:`Presize.format`
+PRESIZED_EXTENSION = {"jpeg": "jpg", "raw": "raw"}
 
 
 def parse_size(text: str) -> int:
@@ -101,6 +107,8 @@ def pack(
     overwrite: bool = False,
     fetch_config: FetchConfig | None = None,
     on_sample: Callable[[], None] | None = None,
+    presize: Presize | None = None,
+    processes: int | None = None,
     **store_options: Any,
 ) -> PackResult:
     """Pack the objects under ``src`` into shards under ``dest`` (see the module)."""
@@ -108,6 +116,14 @@ def pack(
         raise ConfigError(
             f"shard_size must be >= 1, got {shard_size}", cause=Reason.INVALID_ARGUMENT
         )
+    if presize is not None and not image_folder:
+        raise ConfigError(
+            "pre-sizing (--resize) needs --image-folder: only an image folder's samples are "
+            "known to hold one image each",
+            cause=Reason.INVALID_ARGUMENT,
+        )
+    if processes is not None and processes < 1:
+        raise ConfigError(f"processes must be >= 1, got {processes}", cause=Reason.INVALID_ARGUMENT)
     src_remote = "://" in src and not src.lower().startswith("file://")
     given = sorted(name for name, value in store_options.items() if value not in (None, False))
     if given and not (src_remote or on_s3(dest)):
@@ -121,63 +137,156 @@ def pack(
     try:
         stale = destination.check(store, overwrite)
         listed = list_store(store, fetch_config)
-        plan = (plan_image_folder if image_folder else plan_objects)(store, listed)
+        extension = PRESIZED_EXTENSION[presize.format] if presize is not None else None
+        plan = plan_image_folder(store, listed, extension) if image_folder else None
+        plan = plan or plan_objects(store, listed)
         reader = ObjectDataset(store, keys=[info.key for info in listed], fetch_config=fetch_config)
+        pool = _pool(processes) if presize is not None and processes != 1 else None
         try:
             destination.begin(stale)  # the first write: every check has passed
             position = {info.key: i for i, info in enumerate(listed)}
+            ready = _Ahead(_ready(reader, position, plan.samples, store, presize, pool))
             shards: list[str] = []
             total = 0
-            for shard in split_shards(plan.samples, shard_size):
+            while ready.head is not None:
                 name = f"shard-{len(shards):06d}.tar"
-                bodies = _bodies(reader, position, shard)
-                total += _write(destination, name, shard, bodies, on_sample)
+                total += _write(destination, name, ready, shard_size, presize, on_sample)
                 shards.append(name)
         finally:
+            if pool is not None:
+                pool.shutdown(cancel_futures=True)
             reader.close()
     finally:
         destination.close()
     return PackResult(shards, len(plan.samples), total, plan.skipped, stale)
 
 
-def _bodies(
-    reader: ObjectDataset, position: dict[str, int], shard: list[Sample]
-) -> Iterator[bytes]:
-    """The bytes of each entry of ``shard``, in order, fetched ``_FETCH_CHUNK`` at a time."""
-    entries = [entry for sample in shard for entry in sample]
-    for start in range(0, len(entries), _FETCH_CHUNK):
-        chunk = entries[start : start + _FETCH_CHUNK]
-        fetched = iter(reader.__getitems__([position[e.source] for e in chunk if e.data is None]))
-        for entry in chunk:
-            yield next(fetched) if entry.data is None else entry.data
+@dataclass(frozen=True)
+class _Ready:
+    """A sample to write: its entries, their bytes, and its images' original sizes."""
+
+    sample: Sample
+    bodies: list[bytes]
+    original_sizes: dict[str, tuple[int, int]]
+
+
+class _Ahead:
+    """An iterator with its next item in :attr:`head` (None at its end)."""
+
+    def __init__(self, items: Iterator[_Ready]) -> None:
+        self._items = items
+        self.head: _Ready | None = next(items, None)
+
+    def advance(self) -> None:
+        self.head = next(self._items, None)
+
+
+def _pool(processes: int | None) -> concurrent.futures.ProcessPoolExecutor:
+    """Processes that re-encode images: spawned (a fork would copy fetch threads mid-step),
+    one per core this process may use unless told."""
+    if processes is None:
+        affinity = getattr(os, "sched_getaffinity", None)
+        processes = len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
+    return concurrent.futures.ProcessPoolExecutor(
+        max_workers=processes, mp_context=multiprocessing.get_context("spawn")
+    )
+
+
+def _ready(
+    reader: ObjectDataset,
+    position: dict[str, int],
+    samples: list[Sample],
+    store: StoreConfig,
+    presize: Presize | None,
+    pool: concurrent.futures.ProcessPoolExecutor | None,
+) -> Iterator[_Ready]:
+    """Each sample with its bytes, in order, fetched about ``_FETCH_CHUNK`` objects at a
+    time; with ``presize``, a chunk's fetched images are re-encoded (in ``pool``, while the
+    next chunk is fetched; without one, here)."""
+    chunks: list[list[Sample]] = [[]]
+    for sample in samples:
+        if sum(len(s) for s in chunks[-1]) + len(sample) > _FETCH_CHUNK and chunks[-1]:
+            chunks.append([])
+        chunks[-1].append(sample)
+    pending: list[tuple[list[Sample], list[bytes], list[Future[Any] | None]]] = []
+    for chunk in chunks:
+        entries = [entry for sample in chunk for entry in sample]
+        fetched = iter(reader.__getitems__([position[e.source] for e in entries if e.data is None]))
+        bodies = [next(fetched) if e.data is None else e.data for e in entries]
+        jobs = [
+            None
+            if presize is None or entry.data is not None
+            else _run(pool, presize.apply_sized, body, store.url_for(entry.source))
+            for entry, body in zip(entries, bodies, strict=True)
+        ]
+        pending.append((chunk, bodies, jobs))
+        if len(pending) > 1:
+            yield from _finished(*pending.pop(0))
+    while pending:
+        yield from _finished(*pending.pop(0))
+
+
+def _run(
+    pool: concurrent.futures.Executor | None, fn: Callable[..., Any], *args: Any
+) -> Future[Any]:
+    if pool is not None:
+        return pool.submit(fn, *args)
+    done: Future[Any] = Future()
+    done.set_result(fn(*args))
+    return done
+
+
+def _finished(
+    chunk: list[Sample], bodies: list[bytes], jobs: list[Future[Any] | None]
+) -> Iterator[_Ready]:
+    done = iter(zip([e for sample in chunk for e in sample], bodies, jobs, strict=True))
+    for sample in chunk:
+        out: list[bytes] = []
+        sizes: dict[str, tuple[int, int]] = {}
+        for entry, body, job in (next(done) for _ in sample):
+            if job is not None:
+                body, sizes[entry.name] = job.result()
+            out.append(body)
+        yield _Ready(sample, out, sizes)
 
 
 def _write(
     destination: Destination,
     name: str,
-    shard: list[Sample],
-    bodies: Iterator[bytes],
+    ready: _Ahead,
+    shard_size: int,
+    presize: Presize | None,
     on_sample: Callable[[], None] | None,
 ) -> int:
-    """Write shard ``name``, then its index, to ``destination``; the shard's size in bytes."""
+    """Write shard ``name`` from the samples ``ready`` holds, closing it before a sample
+    that would take it past ``shard_size`` (a larger sample alone); then its index, to
+    ``destination``. The shard's size in bytes."""
     members: list[Member] = []
+    original_sizes: dict[str, tuple[int, int]] = {}
 
     def write_tar(f: IO[bytes]) -> None:
+        used = 0
         with tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            for sample in shard:
-                for entry in sample:
-                    data = next(bodies)
+            while (sample := ready.head) is not None:
+                size = sum(BLOCK + padded(len(data)) for data in sample.bodies)
+                if used and used + size > shard_size:
+                    break
+                for entry, data in zip(sample.sample, sample.bodies, strict=True):
                     header_offset = tar.offset
                     info = tarfile.TarInfo(entry.name)  # mtime, uid, gid 0; no names
                     info.size, info.mode = len(data), 0o444
                     tar.addfile(info, io.BytesIO(data))
                     data_offset = tar.offset - padded(len(data))
                     members.append(Member(entry.name, header_offset, data_offset, len(data)))
+                original_sizes.update(sample.original_sizes)
+                used += size
+                ready.advance()
                 if on_sample is not None:
                     on_sample()
 
     size = _publish(destination, name, write_tar)
-    index = ShardIndex.of_members(members, size).to_json()
+    identity = presize.identity if presize is not None else None
+    index = ShardIndex.of_members(members, size, identity, original_sizes).to_json()
     _publish(destination, name + INDEX_SUFFIX, lambda f: f.write(index))
     return size
 
@@ -220,6 +329,30 @@ def add_pack_arguments(parser: argparse.ArgumentParser) -> None:
         help="SRC is ROOT/<class>/<image>: add a .cls member (the class index) per image",
     )
     parser.add_argument(
+        "--resize",
+        type=int,
+        default=None,
+        metavar="SHORT_SIDE",
+        help="with --image-folder: store each image pre-sized to this shorter side (never "
+        "upscaled, aspect kept) as c/x.jpg, or c/x.raw with --format raw",
+    )
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default=None,
+        help="with --resize: a re-encoded JPEG (default) or raw uint8 pixels (no decode "
+        "when read, several times the bytes)",
+    )
+    parser.add_argument(
+        "--quality", type=int, default=None, help="with --resize: the JPEG quality (default 90)"
+    )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=None,
+        help="with --resize: processes that re-encode (default: one per core)",
+    )
+    parser.add_argument(
         "--overwrite",
         action="store_true",
         help="replace an earlier pack in DEST: remove its shard-NNNNNN.tar and .tar.idx "
@@ -230,6 +363,14 @@ def add_pack_arguments(parser: argparse.ArgumentParser) -> None:
 def run_pack(args: argparse.Namespace) -> PackResult:
     """Pack as ``args`` say, naming on stderr what was removed or skipped."""
     shard_size = parse_size(args.shard_size)
+    given = {"format": args.format, "quality": args.quality}
+    if args.resize is None and (args.processes is not None or any(given.values())):
+        raise ConfigError(
+            "--format, --quality and --processes apply to --resize, which is not given",
+            cause=Reason.INVALID_ARGUMENT,
+        )
+    options = {k: v for k, v in given.items() if v is not None}
+    presize = Presize(args.resize, **options) if args.resize is not None else None
     with progress(args.progress, "packing") as tick:
         result = pack(
             args.root,
@@ -238,6 +379,8 @@ def run_pack(args: argparse.Namespace) -> PackResult:
             image_folder=args.image_folder,
             overwrite=args.overwrite,
             on_sample=tick,
+            presize=presize,
+            processes=args.processes,
             endpoint_url=args.endpoint_url,
             region=args.region,
             profile=args.profile,

@@ -103,17 +103,21 @@ def plan_objects(store: StoreConfig, listed: Sequence[ObjectInfo]) -> PackPlan:
     return _checked(store, by_key, skipped)
 
 
-def plan_image_folder(store: StoreConfig, listed: Sequence[ObjectInfo]) -> PackPlan:
+def plan_image_folder(
+    store: StoreConfig, listed: Sequence[ObjectInfo], image_extension: str | None = None
+) -> PackPlan:
     """Each image ``c/x.jpg`` (chosen as :class:`~concurrent_loader.ImageFolder` chooses)
     sample ``c/x`` with members ``c/x.jpg`` and ``c/x.cls`` (the class index as decimal
     text); dots before the image's extension become ``_`` (``c/a.b.jpg`` is sample ``c/a_b``),
-    since both readers split at the first dot."""
+    since both readers split at the first dot. ``image_extension`` replaces every image's
+    own (``"jpg"`` or ``"raw"`` for pre-sized images: the member is ``c/x.raw``)."""
     size_of = {info.key: info.size for info in listed}
     folder = ImageFolder(store, keys=list(size_of))
     by_key: dict[str, Sample] = {}
     for image, target in zip(folder.keys, folder.targets.tolist(), strict=True):
         directory, _, filename = image.rpartition("/")
         stem, _, extension = filename.rpartition(".")
+        extension = image_extension or extension
         key = f"{directory}/{stem.replace('.', '_')}"
         label = str(target).encode("ascii")
         by_key.setdefault(key, []).extend(
