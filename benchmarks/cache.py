@@ -111,6 +111,7 @@ def run(
     """Every row's figures (see the module docstring)."""
     from concurrent_loader import ImageFolder
     from concurrent_loader.cache import CacheConfig, describe_cache
+    from concurrent_loader.stores import S3Config
     from concurrent_loader.testing import LocalS3Server, ProxyProcess
 
     from .data import DatasetSpec, ensure_local, ensure_uploaded
@@ -139,11 +140,9 @@ def run(
 
         def s3_folder(proxy: Any, cache: Any) -> Any:
             return ImageFolder(
-                root,
+                S3Config.from_url(root, endpoint_url=proxy.endpoint_url, **credentials),
                 image_size=IMAGE_SIZE,
-                endpoint_url=proxy.endpoint_url,
                 cache=cache,
-                **credentials,
             )
 
         # 1. hits vs local disk

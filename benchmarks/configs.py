@@ -198,14 +198,12 @@ def _build_stock_local(params: LoaderParams) -> Built:
     return _stock_loader(FileImageDataset(params), params)
 
 
-def _build_ours(params: LoaderParams, source: str, **storage: Any) -> Built:
+def _build_ours(params: LoaderParams, source: Any) -> Built:
     from concurrent_loader import ConcurrentDataLoader, FetchConfig, ImageFolder
 
     # 0: the self-tuned default (benchmarks.run's "auto")
     fetch_config = FetchConfig(max_inflight_requests=params.max_inflight_requests or None)
-    dataset = ImageFolder(
-        source, image_size=params.image_size, fetch_config=fetch_config, **storage
-    )
+    dataset = ImageFolder(source, image_size=params.image_size, fetch_config=fetch_config)
     loader = ConcurrentDataLoader(
         dataset,
         batch_size=params.batch_size,
@@ -218,8 +216,12 @@ def _build_ours(params: LoaderParams, source: str, **storage: Any) -> Built:
 
 
 def _build_ours_s3(params: LoaderParams) -> Built:
-    source = f"s3://{params.bucket}/{params.prefix}"
-    return _build_ours(params, source, endpoint_url=params.endpoint_url)
+    from concurrent_loader.stores import S3Config
+
+    source = S3Config.from_url(
+        f"s3://{params.bucket}/{params.prefix}", endpoint_url=params.endpoint_url
+    )
+    return _build_ours(params, source)
 
 
 def _build_ours_local(params: LoaderParams) -> Built:

@@ -98,13 +98,13 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from concurrent_loader import ConcurrentDataLoader, FetchConfig, ImageFolder
+    from concurrent_loader.stores import S3Config
 
     fetch_config = FetchConfig(max_inflight_requests=spec["max_inflight_requests"])
     if spec["storage"] == "s3":
         dataset = ImageFolder(
-            spec["s3_url"],
+            S3Config.from_url(spec["s3_url"], endpoint_url=spec["endpoint_url"]),
             image_size=spec["image_size"],
-            endpoint_url=spec["endpoint_url"],
             fetch_config=fetch_config,
         )
     else:

@@ -25,6 +25,7 @@ from typing import Any
 
 from concurrent_loader import ConcurrentDataLoader, FetchConfig, ObjectDataset
 from concurrent_loader.fetch.parts import PartsConfig
+from concurrent_loader.stores import S3Config
 from concurrent_loader.testing import LocalS3Server, ProxyProcess
 
 MiB = 1024 * 1024
@@ -62,8 +63,7 @@ def run_bandwidth(s3: LocalS3Server, bucket: str, args: argparse.Namespace) -> d
                 ("one GET", PartsConfig(enabled=False)),
             ):
                 dataset = ObjectDataset(
-                    f"s3://{bucket}/big/",
-                    endpoint_url=proxy.endpoint_url,
+                    S3Config.from_url(f"s3://{bucket}/big/", endpoint_url=proxy.endpoint_url),
                     decode=zlib.crc32,
                     fetch_config=FetchConfig(max_object_bytes=2 * size),
                     parts=parts,

@@ -64,6 +64,7 @@ from benchmarks.transform import make_decoder
 from concurrent_loader import ConcurrentDataLoader, FetchConfig, ObjectDataset
 from concurrent_loader.sources import Read
 from concurrent_loader.sources.load import load_samples
+from concurrent_loader.stores import S3Config
 from concurrent_loader.stores.base import ByteRange
 from concurrent_loader.streaming import ShardOrderSampler
 from concurrent_loader.testing import LocalS3Server, ProxyProcess
@@ -212,14 +213,14 @@ def ours_dataset(setup: Setup, decode: Callable[[Any], Any], **options: Any) -> 
         from concurrent_loader import ShardDataset  # type: ignore[attr-defined]
     except ImportError:
         objects = ObjectDataset(
-            f"s3://{BUCKET}/shards/", keys=setup.shards, endpoint_url=setup.endpoint_url
+            S3Config.from_url(f"s3://{BUCKET}/shards/", endpoint_url=setup.endpoint_url),
+            keys=setup.shards,
         )
         return ShardStandIn(objects, setup.members, decode)
     options.setdefault("fetch_config", FetchConfig(max_inflight_requests=64))
     return ShardDataset(
-        f"s3://{BUCKET}/shards/",
+        S3Config.from_url(f"s3://{BUCKET}/shards/", endpoint_url=setup.endpoint_url),
         decode=PairOf(decode),
-        endpoint_url=setup.endpoint_url,
         **options,
     )
 

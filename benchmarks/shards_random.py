@@ -130,6 +130,7 @@ def run(
     from benchmarks.data import DatasetSpec, ensure_local
     from concurrent_loader import ImageFolder, ShardDataset
     from concurrent_loader.shards.pack import pack, parse_size
+    from concurrent_loader.stores import S3Config
     from concurrent_loader.testing import LocalS3Server, ProxyProcess
 
     if smoke:
@@ -170,15 +171,11 @@ def run(
                     "aws_secret_access_key": server.secret_key,
                 }
                 datasets = {"ours-local": ShardDataset(shards_dir, decode=decode)}
-                datasets["ours-s3"] = ShardDataset(
-                    f"s3://{BUCKET}/{PREFIX}", decode=decode, **credentials
-                )
+                s3_root = S3Config.from_url(f"s3://{BUCKET}/{PREFIX}", **credentials)
+                datasets["ours-s3"] = ShardDataset(s3_root, decode=decode)
                 for readahead in readaheads:
                     datasets[f"ours-s3 readahead={readahead}"] = ShardDataset(
-                        f"s3://{BUCKET}/{PREFIX}",
-                        decode=decode,
-                        readahead=_readahead(readahead),
-                        **credentials,
+                        s3_root, decode=decode, readahead=_readahead(readahead)
                     )
                 if objects:
                     # The same JPEGs one object each (ImageFolder): the per-object path's
@@ -186,7 +183,7 @@ def run(
                     server.upload_dir(local.train_dir, BUCKET, prefix="objects/")
                     datasets["objects-local"] = ImageFolder(local.train_dir, image_size=image_size)
                     datasets["objects-s3"] = ImageFolder(
-                        f"s3://{BUCKET}/objects/", image_size=image_size, **credentials
+                        s3_root.with_root(f"s3://{BUCKET}/objects/"), image_size=image_size
                     )
                 s3 = datasets["ours-s3"].source
                 # What the samples' reads ask for (their members and the headers between them).

@@ -105,17 +105,20 @@ class Bench:
         import torch
 
         from concurrent_loader import ConcurrentDataLoader, ObjectDataset
+        from concurrent_loader.stores import S3Config
 
         if proxy is None:
             ds = ObjectDataset(str(self.root), self.keys, decode=_digest)
         else:
             ds = ObjectDataset(
-                f"s3://{BUCKET}/{PREFIX}",
+                S3Config.from_url(
+                    f"s3://{BUCKET}/{PREFIX}",
+                    endpoint_url=proxy.endpoint_url,
+                    region=self.server.region,
+                    aws_access_key_id=self.server.access_key,
+                    aws_secret_access_key=self.server.secret_key,
+                ),
                 self.keys,
-                endpoint_url=proxy.endpoint_url,
-                region=self.server.region,
-                aws_access_key_id=self.server.access_key,
-                aws_secret_access_key=self.server.secret_key,
                 decode=_digest,
                 fetch_config=fetch_config,
             )

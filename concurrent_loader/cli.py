@@ -36,7 +36,7 @@ from .decode.presize import FORMATS, Presize
 from .errors import ConfigError, LoaderError, Reason
 from .listing import list_store, progress
 from .shards.pack import add_pack_arguments, run_pack
-from .stores import ObjectInfo, StoreConfig, store_config_for
+from .stores import ObjectInfo, S3Config, StoreConfig, store_config_for
 
 __all__ = ["main"]
 
@@ -44,17 +44,25 @@ PROG = "concurrent-loader"
 log = logging.getLogger(__name__)
 
 
+def root_config(root: str, args: argparse.Namespace) -> StoreConfig:
+    """``root``'s store config: for an ``s3://`` root, the :class:`S3Config` with the store
+    options given (``--endpoint-url``, ``--region``, ``--profile``, ``--anonymous``); those
+    options for any other root are a ``ConfigError``."""
+    options = {
+        "endpoint_url": args.endpoint_url,
+        "region": args.region,
+        "profile": args.profile,
+        "anonymous": args.anonymous,
+    }
+    given = {name: value for name, value in options.items() if value not in (None, False)}
+    return S3Config.from_url(root, **given) if given else store_config_for(root)
+
+
 def list_root(
     root: str, args: argparse.Namespace, on_object: Callable[[], None] | None = None
 ) -> tuple[StoreConfig, list[ObjectInfo]]:
     """Every object under ``root``, sorted by key (directory markers left out)."""
-    store = store_config_for(
-        root,
-        endpoint_url=args.endpoint_url,
-        region=args.region,
-        profile=args.profile,
-        anonymous=args.anonymous,
-    )
+    store = root_config(root, args)
     return store, list_store(store, on_object=on_object)
 
 
@@ -127,14 +135,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     }
     if args.image_folder:
         # The same rules as ImageFolder itself: class folders, image extensions.
-        folder = ImageFolder(
-            args.root,
-            keys=[item.key for item in found],
-            endpoint_url=args.endpoint_url,
-            region=args.region,
-            profile=args.profile,
-            anonymous=args.anonymous,
-        )
+        folder = ImageFolder(store, keys=[item.key for item in found])
         counts = [0] * len(folder.classes)
         for target in folder.targets.tolist():
             counts[target] += 1
@@ -192,18 +193,13 @@ def cmd_cache_warm(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--processes must be >= 1, got {args.processes}", cause=Reason.INVALID_ARGUMENT
         )
-    options: dict[str, Any] = {
-        "endpoint_url": args.endpoint_url,
-        "region": args.region,
-        "profile": args.profile,
-        "anonymous": args.anonymous,
-        "cache": cache,
-        "progress": args.progress,
-    }
+    options: dict[str, Any] = {"cache": cache, "progress": args.progress}
     if args.manifest is not None:
-        dataset = ObjectDataset.from_manifest(args.manifest, args.root, **options)
+        # The manifest's folder is the root unless ROOT is given; either takes the options.
+        root = args.root if args.root is not None else os.path.dirname(args.manifest) + "/"
+        dataset = ObjectDataset.from_manifest(args.manifest, root_config(root, args), **options)
     else:
-        dataset = ObjectDataset(args.root, **options)
+        dataset = ObjectDataset(root_config(args.root, args), **options)
     store = dataset.store
     if not isinstance(store, CachedStoreConfig):
         raise ConfigError(

@@ -36,27 +36,12 @@ from .listing import progress as progress_bar
 from .runtime import Runtime, acquire_runtime
 from .sources import CallDecoder, ObjectDecoder, ObjectSource
 from .sources.load import load_samples
-from .stores import StoreConfig, store_config_for
+from .stores import S3Config, StoreConfig, store_config_for
 from .stores.base import BlockingStore
 
 __all__ = ["IMG_EXTENSIONS", "ImageFolder", "ObjectDataset"]
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-
-# The dataset arguments that say where and how to reach the store (passed to its backend).
-_STORE_OPTIONS = (
-    "endpoint_url",
-    "region",
-    "anonymous",
-    "profile",
-    "aws_access_key_id",
-    "aws_secret_access_key",
-    "aws_session_token",
-    "transport",
-    "addressing_style",
-    "ca_bundle",
-    "verify_etag_md5",
-)
 
 
 class ObjectDataset(Closing, Dataset[Any]):
@@ -65,11 +50,13 @@ class ObjectDataset(Closing, Dataset[Any]):
     ``root`` is ``s3://bucket/prefix``, ``http(s)://host/base/`` (with ``keys``), a local
     directory, or a store config (:mod:`concurrent_loader.stores`). Keys are relative to
     ``root`` and come from ``keys``, from a manifest (:meth:`from_manifest`) or from a
-    paginated listing of the root. The store options (``endpoint_url`` ... ``transport``)
-    go to the root's backend; one that does not apply to it is a ``ConfigError``.
-    Bodies are checked against the checksums the store sends (S3's ``x-amz-checksum-*``);
-    ``verify_etag_md5=True`` also checks an S3 single-part ETag as the MD5 of the body
-    (not for SSE-KMS/SSE-C buckets, whose ETags are not MD5s).
+    paginated listing of the root. A URL gets its backend's defaults (S3: endpoint, region
+    and credentials from botocore's chain, ``AWS_ENDPOINT_URL`` included); a backend's
+    options are its config, given as the root:
+    ``ObjectDataset(S3Config.from_url("s3://bucket/prefix", endpoint_url=...))``
+    (:class:`~concurrent_loader.stores.S3Config`: ``region``, ``profile``, ``anonymous``,
+    keys, ``addressing_style``, ``ca_bundle``, ``verify_checksums``, ``verify_etag_md5``).
+    Bodies are checked against the checksums the store sends (S3's ``x-amz-checksum-*``).
     ``cache`` reads the objects through a node-local cache (a directory, or a
     :class:`~concurrent_loader.cache.CacheConfig`; see :mod:`concurrent_loader.cache`).
     How bytes are fetched is the dataset's: ``fetch_config`` (requests and bytes in flight,
@@ -86,18 +73,7 @@ class ObjectDataset(Closing, Dataset[Any]):
         keys: Iterable[str] | None = None,
         *,
         decode: Callable[..., Any] | None = None,
-        endpoint_url: str | None = None,
-        region: str | None = None,
-        anonymous: bool = False,
-        profile: str | None = None,
-        aws_access_key_id: str | None = None,
-        aws_secret_access_key: str | None = None,
-        aws_session_token: str | None = None,
         fetch_config: FetchConfig | None = None,
-        transport: str | None = None,
-        addressing_style: str | None = None,
-        ca_bundle: str | None = None,
-        verify_etag_md5: bool = False,
         progress: bool = False,
         cache: str | os.PathLike[str] | CacheConfig | None = None,
         parts: PartsConfig | None = None,
@@ -108,20 +84,7 @@ class ObjectDataset(Closing, Dataset[Any]):
                 cause=Reason.INVALID_ARGUMENT,
             )
         self.parts = parts or PartsConfig()
-        store = store_config_for(
-            root,
-            endpoint_url=endpoint_url,
-            region=region,
-            anonymous=anonymous,
-            profile=profile,
-            aws_access_key_id=aws_access_key_id,
-            aws_secret_access_key=aws_secret_access_key,
-            aws_session_token=aws_session_token,
-            transport=transport,
-            addressing_style=addressing_style,
-            ca_bundle=ca_bundle,
-            verify_etag_md5=verify_etag_md5,
-        ).resolved()
+        store = store_config_for(root).resolved()
         self.store: StoreConfig = with_cache(store, cache, client_for)
         self.fetch_config = fetch_config or FetchConfig()
         self.decode = decode
@@ -155,20 +118,22 @@ class ObjectDataset(Closing, Dataset[Any]):
     def from_manifest(
         cls,
         manifest: str | os.PathLike[str],
-        root: str | os.PathLike[str] | None = None,
+        root: str | os.PathLike[str] | StoreConfig | None = None,
         **kwargs: Any,
     ) -> ObjectDataset:
         """A dataset whose keys are the lines of ``manifest`` (a local file or an object URL),
         so a million-object dataset starts without listing. Lines are keys relative to
         ``root``, split on ``\\n`` only (a trailing ``\\r`` is dropped); empty lines and lines
         starting with ``#`` are skipped. With ``root`` None, the manifest's directory is the
-        root."""
-        text = _read_manifest(manifest, kwargs)
+        root. A remote manifest is read with the options of ``root``'s store config when it
+        is on the same backend (an ``S3Config``'s endpoint and credentials)."""
+        base = store_config_for(root) if root is not None else None
+        text = _read_manifest(manifest, base, kwargs.get("fetch_config") or FetchConfig())
         keys = [line.removesuffix("\r") for line in text.split("\n")]
         keys = [key for key in keys if key.strip() and not key.startswith("#")]
-        if root is None:
-            root = os.path.dirname(os.fspath(manifest)) + "/"
-        return cls(root, keys=keys, **kwargs)
+        if base is None:
+            base = store_config_for(os.path.dirname(os.fspath(manifest)) + "/")
+        return cls(base, keys=keys, **kwargs)
 
     # ------------------------------------------------------------------ plain Dataset API
 
@@ -258,15 +223,18 @@ def _release_if_current(runtime: Runtime) -> None:
         runtime.release()
 
 
-def _read_manifest(manifest: str | os.PathLike[str], kwargs: dict[str, Any]) -> str:
+def _read_manifest(
+    manifest: str | os.PathLike[str], root: StoreConfig | None, config: FetchConfig
+) -> str:
     text = os.fspath(manifest)
     if "://" not in text or text.startswith("file://"):
         # newline="": no translation of \r or \r\n, so lines split as documented.
         with open(text.removeprefix("file://"), encoding="utf-8", newline="") as f:
             return f.read()
     parent, name = text.rsplit("/", 1)
-    store = store_config_for(parent + "/", **{k: kwargs[k] for k in _STORE_OPTIONS if k in kwargs})
-    config = kwargs.get("fetch_config") or FetchConfig()
+    store = store_config_for(parent + "/")
+    if isinstance(root, S3Config) and isinstance(store, S3Config):
+        store = root.with_root(parent + "/")
     if not store.capabilities.remote:
         return store.open(config).get_blocking(name).decode("utf-8")  # type: ignore[attr-defined]
     runtime = acquire_runtime()

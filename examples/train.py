@@ -45,6 +45,7 @@ import torch
 from torch import nn
 
 from concurrent_loader.gpu import CUDAPrefetcher, StallMeter, measure_stalls, repeat_batch
+from concurrent_loader.stores import S3Config
 
 # ImageNet statistics, in 0-1 units; the prefetcher applies them to 0-255 input on the GPU.
 MEAN = (0.485, 0.456, 0.406)
@@ -200,7 +201,9 @@ def open_dataset(args: argparse.Namespace, stack: contextlib.ExitStack) -> tuple
         endpoint_url = args.endpoint_url or os.environ["AWS_ENDPOINT_URL"]
         where = f"S3 at {endpoint_url}"
     root = f"s3://{bucket}/{prefix}"
-    dataset = ImageFolder(root, image_size=args.image_size, endpoint_url=endpoint_url, **storage)
+    dataset = ImageFolder(
+        S3Config.from_url(root, endpoint_url=endpoint_url, **storage), image_size=args.image_size
+    )
     return dataset, f"{where}, {root}"
 
 

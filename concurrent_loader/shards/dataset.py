@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from ..cache import CacheConfig
 from ..config import FetchConfig
 from ..dataset import ObjectDataset
 from ..decode import EncodedImageDecoder, ImageDecoder, check_decode_on
@@ -50,8 +51,9 @@ class ShardDataset(ObjectDataset):
     :class:`~concurrent_loader.ShardOrderSampler`, or in random order with room for the
     shards) reads a remote shard in aligned spans that each process keeps a few of, so the
     samples that follow in a span cost no GET (see :mod:`concurrent_loader.stores.readahead`).
-    Store options (``endpoint_url``, ``region``, credentials, ``transport``...) are as for
-    :class:`~concurrent_loader.ObjectDataset`.
+    ``root`` is as for :class:`~concurrent_loader.ObjectDataset`: a URL, a local directory,
+    or a store config carrying its backend's options (``S3Config.from_url(url, ...)``).
+    ``cache=`` is refused: shards are read in byte ranges, which the node cache does not keep.
     """
 
     source: ShardSource  # type: ignore[assignment]  # a different source, same protocol
@@ -65,9 +67,9 @@ class ShardDataset(ObjectDataset):
         readahead: Readahead | None = None,
         fetch_config: FetchConfig | None = None,
         progress: bool = False,
-        **store_options: Any,
+        cache: str | os.PathLike[str] | CacheConfig | None = None,
     ) -> None:
-        if store_options.get("cache") is not None:
+        if cache is not None:
             raise ConfigError(
                 "ShardDataset does not read through the node cache (cache=): the cache keeps "
                 "whole objects, and a shard is read in byte ranges, which it does not keep. "
@@ -76,8 +78,7 @@ class ShardDataset(ObjectDataset):
                 "the root",
                 cause=Reason.INVALID_ARGUMENT,
             )
-        store_options.pop("cache", None)
-        self.store: StoreConfig = store_config_for(root, **store_options).resolved()
+        self.store: StoreConfig = store_config_for(root).resolved()
         self.fetch_config = fetch_config or FetchConfig()
         self.decode = decode
         self._runtime: Runtime | None = None

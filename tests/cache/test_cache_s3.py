@@ -21,6 +21,7 @@ import pytest
 
 from concurrent_loader import ConcurrentDataLoader, FetchConfig, HedgeConfig, ObjectDataset
 from concurrent_loader.cache import CacheConfig, CachedStoreConfig, describe_cache
+from concurrent_loader.stores import S3Config
 
 from . import _children
 
@@ -62,9 +63,8 @@ NO_HEDGES = FetchConfig(hedge=HedgeConfig(enabled=False))
 
 def _dataset(proxy: Any, bucket: str, prefix: str, keys: list[str], cache: Any) -> ObjectDataset:
     return ObjectDataset(
-        f"s3://{bucket}/{prefix}",
+        S3Config.from_url(f"s3://{bucket}/{prefix}", endpoint_url=proxy.endpoint_url),
         keys=keys,
-        endpoint_url=proxy.endpoint_url,
         cache=cache,
         fetch_config=NO_HEDGES,
     )

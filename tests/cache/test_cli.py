@@ -7,6 +7,7 @@ import random
 
 from concurrent_loader import ConcurrentDataLoader, ObjectDataset
 from concurrent_loader.cli import main
+from concurrent_loader.stores import S3Config
 
 PREFIX = "cache/cli/"
 
@@ -40,7 +41,9 @@ def test_warm_then_train_with_no_get_then_clear(
 
     proxy.reset_stats()
     dataset = ObjectDataset(
-        root, keys=sorted(objects), endpoint_url=proxy.endpoint_url, cache=str(cache_dir)
+        S3Config.from_url(root, endpoint_url=proxy.endpoint_url),
+        keys=sorted(objects),
+        cache=str(cache_dir),
     )
     got = [bytes(body) for batch in ConcurrentDataLoader(dataset, batch_size=10) for body in batch]
     assert got == [objects[k] for k in sorted(objects)]

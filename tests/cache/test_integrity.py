@@ -18,6 +18,7 @@ from concurrent_loader.cache import CachedStoreConfig
 from concurrent_loader.cache.cached import source_prefix
 from concurrent_loader.cache.directory import name_for
 from concurrent_loader.cache.entry import read_entry
+from concurrent_loader.stores import S3Config
 
 NO_HEDGES = FetchConfig(hedge=HedgeConfig(enabled=False))
 COUNT = 8
@@ -34,9 +35,8 @@ def stored(s3_server: Any, s3_bucket: str) -> dict[str, bytes]:
 
 def _dataset(proxy: Any, bucket: str, cache: Any) -> ObjectDataset:
     return ObjectDataset(
-        f"s3://{bucket}/cache/integrity/",
+        S3Config.from_url(f"s3://{bucket}/cache/integrity/", endpoint_url=proxy.endpoint_url),
         keys=[f"{i:02d}.bin" for i in range(COUNT)],
-        endpoint_url=proxy.endpoint_url,
         cache=cache,
         fetch_config=NO_HEDGES,
     )

@@ -27,7 +27,7 @@ from concurrent_loader.cli import main
 from concurrent_loader.dataset import ImageFolder
 from concurrent_loader.decode.presize import Presize, is_raw, read_raw
 from concurrent_loader.errors import ConfigError, DecodeError
-from concurrent_loader.stores import ByteRange, MemoryConfig
+from concurrent_loader.stores import ByteRange, MemoryConfig, S3Config
 
 SMALL = Presize(24)
 D = TypeVar("D", bound=ObjectDataset)
@@ -227,8 +227,7 @@ def test_training_through_image_folder_sees_224_every_epoch_and_no_get_after_the
     presize = Presize(48)
     dataset = _made(
         ImageFolder(
-            image_dataset.s3_url,
-            endpoint_url=proxy.endpoint_url,
+            S3Config.from_url(image_dataset.s3_url, endpoint_url=proxy.endpoint_url),
             cache=CacheConfig(str(cache_dir), presize=presize),
             image_size=224,
             fetch_config=FetchConfig(hedge=HedgeConfig(enabled=False)),
@@ -275,9 +274,8 @@ def test_cache_warm_presize_fills_with_the_form_and_info_shows_it(
     proxy.reset_stats()
     dataset = _made(
         ObjectDataset(
-            root,
+            S3Config.from_url(root, endpoint_url=proxy.endpoint_url),
             keys=[key for key, _, _ in image_dataset.files],
-            endpoint_url=proxy.endpoint_url,
             cache=CacheConfig(str(cache_dir), presize=presize),
         )
     )

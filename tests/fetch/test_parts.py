@@ -29,7 +29,7 @@ from concurrent_loader.errors import (
 from concurrent_loader.fetch import FetchClient
 from concurrent_loader.fetch.parts import PartsConfig, read_in_parts, split
 from concurrent_loader.pipeline import BatchPipeline, PipelineOptions
-from concurrent_loader.stores import ByteRange, MemoryConfig
+from concurrent_loader.stores import ByteRange, MemoryConfig, S3Config
 from concurrent_loader.stores.base import Body, ObjectInfo
 
 KEY = "shard-000.tar"
@@ -248,8 +248,7 @@ def test_against_the_real_server_through_faults(large_objects, s3_bucket, s3_env
 
     proxy = proxy_factory(faults=FaultPlan(seed=3, error_500=0.15, reset_mid_body=0.1))
     dataset = ObjectDataset(
-        f"s3://{s3_bucket}/parts/",
-        endpoint_url=proxy.endpoint_url,
+        S3Config.from_url(f"s3://{s3_bucket}/parts/", endpoint_url=proxy.endpoint_url),
         fetch_config=CONFIG,
     )
     options = PipelineOptions(parts=PartsConfig(256 * 1024, 4))

@@ -21,6 +21,7 @@ import pytest
 
 from concurrent_loader import FetchConfig, ObjectDataset, RetryConfig
 from concurrent_loader.errors import IntegrityError, Reason
+from concurrent_loader.stores import S3Config
 from concurrent_loader.testing import FaultPlan, S3ServerProcess
 
 from .conftest import attempts_of, closed_after_test
@@ -43,10 +44,17 @@ class Uploaded:
     #: body by upload setting (the object's key is ``<setting>.bin``)
     bodies: dict[str, bytes]
 
-    def dataset(self, upload: str, endpoint_url: str, **options: object) -> ObjectDataset:
-        dataset = ObjectDataset(
-            f"s3://{BUCKET}/", [f"{upload}.bin"], endpoint_url=endpoint_url, **options
+    def dataset(
+        self,
+        upload: str,
+        endpoint_url: str,
+        fetch_config: FetchConfig | None = None,
+        verify_etag_md5: bool = False,
+    ) -> ObjectDataset:
+        root = S3Config.from_url(
+            f"s3://{BUCKET}/", endpoint_url=endpoint_url, verify_etag_md5=verify_etag_md5
         )
+        dataset = ObjectDataset(root, [f"{upload}.bin"], fetch_config=fetch_config)
         return closed_after_test(dataset)
 
 

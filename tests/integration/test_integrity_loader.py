@@ -18,6 +18,7 @@ import pytest
 from concurrent_loader import ConcurrentDataLoader, FetchConfig, ObjectDataset, RetryConfig
 from concurrent_loader.errors import IntegrityError, Reason
 from concurrent_loader.fetch.parts import PartsConfig
+from concurrent_loader.stores import S3Config
 from concurrent_loader.testing import FaultPlan, LocalS3Server
 
 BUCKET = "integrity-loader"
@@ -73,9 +74,8 @@ def load(
     objects: Objects, proxy: Any, cache: Path | None, epochs: int = 1
 ) -> list[list[str] | BaseException]:
     ds = ObjectDataset(
-        f"s3://{BUCKET}/{PREFIX}",
+        S3Config.from_url(f"s3://{BUCKET}/{PREFIX}", endpoint_url=proxy.endpoint_url),
         objects.keys,
-        endpoint_url=proxy.endpoint_url,
         decode=sha256_hex,
         fetch_config=RETRY,
         cache=cache,
@@ -154,11 +154,11 @@ def test_an_object_read_in_parts_is_checked_once_assembled(
     checked once assembled, here against its ETag taken as MD5 (``verify_etag_md5``)."""
     proxy = proxy_factory(faults=FaultPlan(seed=3, corrupt=corrupt))
     ds = ObjectDataset(  # listed, so its size is known and it is read in parts
-        f"s3://{BUCKET}/{BIG_PREFIX}",
-        endpoint_url=proxy.endpoint_url,
+        S3Config.from_url(
+            f"s3://{BUCKET}/{BIG_PREFIX}", endpoint_url=proxy.endpoint_url, verify_etag_md5=True
+        ),
         decode=sha256_hex,
         fetch_config=RETRY,
-        verify_etag_md5=True,
         parts=PartsConfig(part_size=1_000_000),
     )
     loader = ConcurrentDataLoader(ds, batch_size=1)

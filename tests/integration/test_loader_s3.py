@@ -18,6 +18,7 @@ from PIL import Image
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
 
 from concurrent_loader import ConcurrentDataLoader, FetchConfig, ImageFolder, ObjectDataset
+from concurrent_loader.stores import S3Config
 
 
 def sha256_hex(data: bytes) -> str:
@@ -39,9 +40,10 @@ def expected_batches(
     return list(stock)
 
 
-def hashed_dataset(image_dataset, **kwargs) -> ObjectDataset:
+def hashed_dataset(image_dataset, *, endpoint_url: str | None = None, **kwargs) -> ObjectDataset:
     keys = [f for f, _, _ in image_dataset.files]
-    return ObjectDataset(image_dataset.s3_url, keys, decode=sha256_hex, **kwargs)
+    root = S3Config.from_url(image_dataset.s3_url, endpoint_url=endpoint_url)
+    return ObjectDataset(root, keys, decode=sha256_hex, **kwargs)
 
 
 def sha_of(image_dataset) -> list[str]:

@@ -20,6 +20,7 @@ from concurrent_loader import (
 )
 from concurrent_loader.decode import ImageDecoder
 from concurrent_loader.errors import Reason
+from concurrent_loader.stores import S3Config
 
 from .conftest import (
     EMPTY_KEY,
@@ -121,10 +122,12 @@ def test_session_token_credentials(server_data: ServerData, server_env, monkeypa
         ds = ObjectDataset(server_data.odd_url)
     else:
         ds = ObjectDataset(
-            server_data.odd_url,
-            aws_access_key_id=session.access_key,
-            aws_secret_access_key=session.secret_key,
-            aws_session_token=session.session_token,
+            S3Config.from_url(
+                server_data.odd_url,
+                aws_access_key_id=session.access_key,
+                aws_secret_access_key=session.secret_key,
+                aws_session_token=session.session_token,
+            )
         )
     assert list(ds.keys) == sorted(server_data.odd)  # listed with the session
     got = read_all(ds, num_workers=2)

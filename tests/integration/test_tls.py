@@ -22,6 +22,7 @@ import torch
 
 from concurrent_loader import ConcurrentDataLoader, FetchConfig, ObjectDataset, RetryConfig
 from concurrent_loader.errors import CertificateRefused, Reason
+from concurrent_loader.stores import S3Config
 from concurrent_loader.testing import ServerCertificate, TlsFront
 
 from .conftest import ServerData, attempts_of, drop_traceback
@@ -90,7 +91,8 @@ def test_untrusted_certificate_is_not_retried_when_listing(server_data: ServerDa
 
 
 def _check_trusted(server_data: ServerData, front: TlsFront, **options) -> None:
-    ds = ObjectDataset(server_data.odd_url, **options)  # listed through the front
+    root = S3Config.from_url(server_data.odd_url, **options)
+    ds = ObjectDataset(root)  # listed through the front
     assert list(ds.keys) == sorted(server_data.odd)
     assert read_sorted(ds, front) == sorted(server_data.odd.values())
     assert front.handshakes >= 2 and front.refused == 0
@@ -218,15 +220,16 @@ def test_runtime_aborts_tls_connections_still_closing_after_its_wait(
 _LIST_ONCE = """
 import os, sys, threading, time, warnings
 from concurrent_loader import ObjectDataset, runtime
+from concurrent_loader.stores import S3Config
 warnings.simplefilter("error", ResourceWarning)  # as the test suite runs
 errors = []
 threading.excepthook = lambda args: errors.append(repr(args.exc_value))
 sys.unraisablehook = lambda args: errors.append(repr(args.exc_value))
 runtime.CONNECTIONS_CLOSE_TIMEOUT_S = float(sys.argv[2])
 lease = runtime.acquire_runtime()  # the listing's own lease is not the last one
-ds = ObjectDataset(
+ds = ObjectDataset(S3Config.from_url(
     "s3://bkt/", endpoint_url=sys.argv[1], anonymous=True, ca_bundle=os.environ["CA_BUNDLE"]
-)
+))
 start = time.monotonic()
 lease.release()  # the last lease: the runtime closes
 took = time.monotonic() - start

@@ -26,6 +26,7 @@ from concurrent_loader import (
     ObjectDataset,
     ObjectTooLarge,
 )
+from concurrent_loader.stores import S3Config
 
 from ._support import upload_objects
 
@@ -185,7 +186,10 @@ def test_unknown_scheme_is_a_config_error_naming_it(root, scheme):
 def test_malformed_endpoint_url_is_a_config_error_naming_it(bad_objects, s3_env):
     # Refused when the dataset is made, before any worker starts.
     with pytest.raises(ConfigError) as info:
-        ObjectDataset(bad_objects.url, ["large/large.bin"], endpoint_url="ftp://127.0.0.1:1/")
+        ObjectDataset(
+            S3Config.from_url(bad_objects.url, endpoint_url="ftp://127.0.0.1:1/"),
+            ["large/large.bin"],
+        )
     assert "ftp://127.0.0.1:1/" in str(info.value)
 
 
@@ -250,7 +254,9 @@ def test_no_credentials_at_all_fails_fast_naming_the_object(
         monkeypatch.delenv(name)
     # Off EC2 the instance-metadata probe would only add its own timeouts.
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    ds = ObjectDataset(bad_objects.url, ["large/large.bin"], endpoint_url=s3_server.endpoint_url)
+    ds = ObjectDataset(
+        S3Config.from_url(bad_objects.url, endpoint_url=s3_server.endpoint_url), ["large/large.bin"]
+    )
     error = _fails_fast(AccessDenied, ds, num_workers)
     assert error.cause == "NoCredentials"
     assert error.url is not None and error.url.startswith(bad_objects.url)

@@ -24,7 +24,7 @@ from concurrent_loader import (
 )
 from concurrent_loader.fetch import client_for
 from concurrent_loader.runtime import acquire_runtime
-from concurrent_loader.stores import CredentialSource
+from concurrent_loader.stores import CredentialSource, S3Config
 from concurrent_loader.stores.s3.sigv4 import Credentials
 
 from ._support import sha256_hex
@@ -35,7 +35,7 @@ TOKEN = "SeSsIoNt0kEn0rel1ab1l1ty0FQoGZXIvYXdzEJr//////////wEaDFAKE"
 
 
 def _set_credentials(monkeypatch, s3_server, source: str, secret: str, token: str | None):
-    """Credentials for ObjectDataset: keyword arguments ("explicit") or the environment."""
+    """Credentials for S3Config.from_url: keyword arguments ("explicit") or the environment."""
     if source == "explicit":
         return {
             "aws_access_key_id": s3_server.access_key,
@@ -94,7 +94,7 @@ def test_secrets_stay_out_of_logs_reprs_errors_and_pickles(
         kwargs = _set_credentials(monkeypatch, s3_server, source, WRONG_SECRET, TOKEN)
 
     keys = small_objects.keys[:16]
-    ds = ObjectDataset(small_objects.url, keys, decode=sha256_hex, **kwargs)
+    ds = ObjectDataset(S3Config.from_url(small_objects.url, **kwargs), keys, decode=sha256_hex)
     loader = ConcurrentDataLoader(ds, batch_size=4)
     texts = [
         repr(ds),
@@ -140,13 +140,14 @@ def test_listing_keeps_secrets_out_of_logs_and_errors(
     if outcome == "listed":
         secrets = [s3_server.secret_key]
         kwargs = _set_credentials(monkeypatch, s3_server, source, s3_server.secret_key, None)
-        assert len(ObjectDataset(small_objects.url, **kwargs)) == len(small_objects.keys)
+        dataset = ObjectDataset(S3Config.from_url(small_objects.url, **kwargs))
+        assert len(dataset) == len(small_objects.keys)
         texts = []
     else:
         secrets = [WRONG_SECRET, TOKEN]
         kwargs = _set_credentials(monkeypatch, s3_server, source, WRONG_SECRET, TOKEN)
         with pytest.raises(AccessDenied) as info:
-            ObjectDataset(small_objects.url, **kwargs)
+            ObjectDataset(S3Config.from_url(small_objects.url, **kwargs))
         texts = _error_texts(info.value)
     assert any(r.name.startswith("botocore") for r in caplog.records), "botocore logged nothing"
     _assert_hidden(secrets, texts, "the listing error")
@@ -238,14 +239,14 @@ def self_signed_https(tmp_path_factory):
 @pytest.mark.parametrize("kind", ["https", "s3"])
 def test_self_signed_certificate_is_refused(self_signed_https, s3_env, kind):
     if kind == "https":
-        root, extra = f"{self_signed_https}/data/", {}
+        root: str | S3Config = f"{self_signed_https}/data/"
         url = f"{self_signed_https}/data/hello.bin"
     else:
-        root, extra = "s3://bucket/data/", {"endpoint_url": self_signed_https}
+        root = S3Config.from_url("s3://bucket/data/", endpoint_url=self_signed_https)
         url = "s3://bucket/data/hello.bin"
 
     def first(config: FetchConfig | None):
-        ds = ObjectDataset(root, ["hello.bin"], fetch_config=config, **extra)
+        ds = ObjectDataset(root, ["hello.bin"], fetch_config=config)
         return next(iter(ConcurrentDataLoader(ds, batch_size=1)))
 
     started = time.monotonic()

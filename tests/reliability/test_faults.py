@@ -25,6 +25,7 @@ from concurrent_loader import (
     Throttled,
     Timeouts,
 )
+from concurrent_loader.stores import S3Config
 from concurrent_loader.testing import FaultPlan
 
 from ._support import expected_batches, sha256_hex
@@ -52,9 +53,8 @@ def test_every_sample_arrives_once_intact_in_sampler_order_under_faults(
         retry=RetryConfig(max_attempts=8, base_delay=0.01, max_delay=0.2),
     )
     ds = ObjectDataset(
-        small_objects.url,
+        S3Config.from_url(small_objects.url, endpoint_url=proxy.endpoint_url),
         small_objects.keys,
-        endpoint_url=proxy.endpoint_url,
         decode=sha256_hex,
         fetch_config=config,
     )
@@ -108,9 +108,8 @@ def _throttle_run(proxy, small_objects, *, n: int, warmup_batches: int):
         hedge=HedgeConfig(enabled=False),  # hedges go beyond the limit: count the limit alone
     )
     ds = ObjectDataset(
-        small_objects.url,
+        S3Config.from_url(small_objects.url, endpoint_url=proxy.endpoint_url),
         small_objects.keys[:n],
-        endpoint_url=proxy.endpoint_url,
         decode=sha256_hex,
         fetch_config=config,
     )
@@ -198,11 +197,9 @@ def test_only_retryable_errors_are_retried(
         }
     limit = 100 if case == "too large" else FetchConfig().max_object_bytes
     ds = ObjectDataset(
-        root,
+        S3Config.from_url(root, endpoint_url=proxy.endpoint_url, **kwargs),
         [key],
-        endpoint_url=proxy.endpoint_url,
         fetch_config=FetchConfig(retry=EIGHT_ATTEMPTS, max_object_bytes=limit),
-        **kwargs,
     )
     started = time.monotonic()
     with pytest.raises(error) as info:

@@ -16,6 +16,7 @@ import tracemalloc
 import pytest
 
 from concurrent_loader import ConcurrentDataLoader, FetchConfig, HedgeConfig, ObjectDataset
+from concurrent_loader.stores import S3Config
 
 from ._support import upload_objects
 
@@ -131,9 +132,8 @@ def test_requests_in_flight_stay_under_max_inflight_requests(
     # tested in tests/unit/fetch): off here, so every GET in flight is one of the limit's.
     no_hedges = HedgeConfig(enabled=False)
     ds = ObjectDataset(
-        small_objects.url,
+        S3Config.from_url(small_objects.url, endpoint_url=proxy.endpoint_url),
         small_objects.keys[:64],
-        endpoint_url=proxy.endpoint_url,
         fetch_config=FetchConfig(max_inflight_requests=limit, hedge=no_hedges),
     )
     # Four batches of eight in progress ask for 32 GETs at once.

@@ -30,6 +30,7 @@ from concurrent_loader import (
     WorkerError,
     runtime,
 )
+from concurrent_loader.stores import S3Config
 
 from ._support import Resources, child_pids, repo_root, sha256_hex, wait_until
 
@@ -54,9 +55,8 @@ def slow_proxy(proxy_factory):
 
 def _dataset(small_objects, proxy, **kwargs):
     return ObjectDataset(
-        small_objects.url,
+        S3Config.from_url(small_objects.url, endpoint_url=proxy.endpoint_url),
         small_objects.keys[:COUNT],
-        endpoint_url=proxy.endpoint_url,
         decode=sha256_hex,
         fetch_config=FetchConfig(max_inflight_requests=16),
         **kwargs,
@@ -144,7 +144,9 @@ def test_error_raised_in_a_worker(small_objects, s3_env, slow_proxy, failure):
     before = Resources.now()
     if failure == "fetch":
         keys = [*small_objects.keys[:15], "no/such/object.bin"]
-        ds = ObjectDataset(small_objects.url, keys, endpoint_url=slow_proxy.endpoint_url)
+        ds = ObjectDataset(
+            S3Config.from_url(small_objects.url, endpoint_url=slow_proxy.endpoint_url), keys
+        )
         expected: type[Exception] = ObjectNotFound
     else:
         ds = _dataset(small_objects, slow_proxy)
@@ -195,12 +197,12 @@ CHILD = textwrap.dedent(
     import psutil
 
     from concurrent_loader import ConcurrentDataLoader, FetchConfig, ObjectDataset
+    from concurrent_loader.stores import S3Config
 
     config = json.loads(sys.argv[1])
     ds = ObjectDataset(
-        config["url"],
+        S3Config.from_url(config["url"], endpoint_url=config["endpoint"]),
         config["keys"],
-        endpoint_url=config["endpoint"],
         fetch_config=FetchConfig(max_inflight_requests=16),
     )
     loader = ConcurrentDataLoader(

@@ -23,6 +23,7 @@ from concurrent_loader import (
     RetryConfig,
     Timeouts,
 )
+from concurrent_loader.stores import S3Config
 from concurrent_loader.testing import FaultPlan
 
 from ._support import sha256_hex
@@ -64,9 +65,8 @@ def read_all(small_objects, proxy, config: FetchConfig, n: int = SAMPLES):
     """Every batch of ``n`` objects through ``proxy`` with 2 workers, in a shuffled order;
     returns the batches (lists of sha256 digests) and the loader's stats."""
     ds = ObjectDataset(
-        small_objects.url,
+        S3Config.from_url(small_objects.url, endpoint_url=proxy.endpoint_url),
         small_objects.keys[:n],
-        endpoint_url=proxy.endpoint_url,
         decode=sha256_hex,
         fetch_config=config,
     )
@@ -151,9 +151,8 @@ def test_the_time_budget_ends_an_object_whose_server_stalls_after_the_headers(
         hedge=HedgeConfig(enabled=hedging, min_delay=0.1, max_delay=0.1),
     )
     ds = ObjectDataset(
-        small_objects.url,
+        S3Config.from_url(small_objects.url, endpoint_url=proxy.endpoint_url),
         small_objects.keys[:1],
-        endpoint_url=proxy.endpoint_url,
         fetch_config=config,
     )
     with pytest.raises(FetchTimeout) as caught:

@@ -22,6 +22,7 @@ from concurrent_loader import (
     ShardDataset,
 )
 from concurrent_loader.cli import main
+from concurrent_loader.stores import S3Config
 from concurrent_loader.streaming import ShardOrderSampler
 
 from .conftest import webdataset_samples
@@ -114,7 +115,9 @@ def test_random_access_is_one_get_per_sample(packed, s3_server, s3_env, proxy_fa
     proxy = proxy_factory()
     # No hedged GETs: every GET counted is one the plan asked for.
     exact = FetchConfig(hedge=HedgeConfig(enabled=False))
-    ds = ShardDataset(packed.s3_url, endpoint_url=proxy.endpoint_url, fetch_config=exact)
+    ds = ShardDataset(
+        S3Config.from_url(packed.s3_url, endpoint_url=proxy.endpoint_url), fetch_config=exact
+    )
     loader = ConcurrentDataLoader(
         ds, batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(1)
     )
@@ -133,11 +136,10 @@ def test_readahead_in_shard_order_reads_each_span_once_per_process(
     proxy = proxy_factory()
     span = 64 * 1024
     ds = ShardDataset(
-        packed.s3_url,
+        S3Config.from_url(packed.s3_url, endpoint_url=proxy.endpoint_url),
         # Room for every span (31): how far ahead the pipeline runs, which is timing, never
         # leaves a sample without room (then read alone: the unit tests cover that).
         readahead=Readahead(span_bytes=span, max_bytes=64 * span),
-        endpoint_url=proxy.endpoint_url,
         fetch_config=FetchConfig(hedge=HedgeConfig(enabled=False)),  # every GET a span's
     )
     # The loader hands the sampler its workers: each reads whole shards of its own.

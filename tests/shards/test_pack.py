@@ -13,6 +13,7 @@ import pytest
 from concurrent_loader import ConfigError, ShardDataset
 from concurrent_loader.cli import main
 from concurrent_loader.shards.pack import pack, parse_size
+from concurrent_loader.stores import S3Config
 
 from .conftest import SHARD_SIZE, webdataset_samples, write_samples
 
@@ -309,7 +310,7 @@ def test_store_options_apply_to_the_side_on_s3(
     for src in (str(tmp_path / "objects"), f"s3://{s3_bucket}/options-raw"):
         dest = f"s3://{s3_bucket}/options-{len(src)}"
         assert main(["pack", src, dest, *options]) == 0, capsys.readouterr().err
-        with ShardDataset(dest, endpoint_url=s3_server.endpoint_url) as ds:
+        with ShardDataset(S3Config.from_url(dest, endpoint_url=s3_server.endpoint_url)) as ds:
             samples = [ds[i] for i in range(len(ds))]
         assert {s["__key__"]: {"bin": s["bin"], "txt": s["txt"]} for s in samples} == expected
     capsys.readouterr()

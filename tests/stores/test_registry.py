@@ -39,14 +39,30 @@ def test_a_store_config_is_its_own_root():
     assert store_config_for(memory) is memory
 
 
-def test_backend_options_reach_the_backend_and_others_are_refused(tmp_path):
-    store = store_config_for("s3://b/p", endpoint_url="http://127.0.0.1:9000", anonymous=True)
-    assert store.endpoint_url == "http://127.0.0.1:9000"  # type: ignore[attr-defined]
-    assert store.credentials.anonymous  # type: ignore[attr-defined]
-    with pytest.raises(ConfigError, match="endpoint_url"):
-        store_config_for(tmp_path, endpoint_url="http://127.0.0.1:9000")
-    # Options left at their defaults apply to every backend.
-    assert isinstance(store_config_for(tmp_path, endpoint_url=None, anonymous=False), LocalConfig)
+def test_a_backends_options_are_its_config_given_as_the_root(tmp_path):
+    store = S3Config.from_url("s3://b/p", endpoint_url="http://127.0.0.1:9000", anonymous=True)
+    assert store_config_for(store) is store
+    assert store.endpoint_url == "http://127.0.0.1:9000"
+    assert store.credentials.anonymous
+    # S3 options for a local directory (or any root not on S3) are refused, clearly.
+    for root in (str(tmp_path), f"file://{tmp_path}", "https://host/data/"):
+        with pytest.raises(ConfigError, match="S3 options apply to an s3://") as info:
+            S3Config.from_url(root, endpoint_url="http://127.0.0.1:9000")
+        assert info.value.cause == "InvalidArgument" and root in str(info.value)
+    # A URL alone gets its backend's defaults; no option goes through the registry.
+    with pytest.raises(TypeError):
+        store_config_for("s3://b/p", endpoint_url="http://127.0.0.1:9000")  # type: ignore[call-arg]
+
+
+def test_with_root_keeps_the_options_for_another_prefix():
+    store = S3Config.from_url("s3://b/p/", endpoint_url="http://127.0.0.1:9000", region="r")
+    other = store.with_root("s3://c/q")
+    assert (other.bucket, other.prefix, other.endpoint_url, other.region) == (
+        "c",
+        "q/",
+        "http://127.0.0.1:9000",
+        "r",
+    )
 
 
 @pytest.mark.parametrize(

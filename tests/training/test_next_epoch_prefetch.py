@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from concurrent_loader import ConcurrentDataLoader, FetchConfig, HedgeConfig, ObjectDataset
+from concurrent_loader.stores import S3Config
 
 BATCH_SIZE = 4  # 24 objects: 6 batches, 3 per worker
 WORKERS = 2
@@ -36,10 +37,9 @@ def setup(image_dataset, s3_env, proxy_factory):
     keys = [key for key, _, _ in image_dataset.files]
     digests = [digest for _, _, digest in image_dataset.files]
     dataset = ObjectDataset(
-        image_dataset.s3_url,
+        S3Config.from_url(image_dataset.s3_url, endpoint_url=proxy.endpoint_url),
         keys,
         decode=sha256_hex,
-        endpoint_url=proxy.endpoint_url,
         # GETs are counted: no hedge may add one.
         fetch_config=FetchConfig(max_inflight_requests=8, hedge=HedgeConfig(enabled=False)),
     )

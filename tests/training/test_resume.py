@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import RandomSampler
 
 from concurrent_loader import ConcurrentDataLoader, ConfigError, FetchConfig, ObjectDataset
+from concurrent_loader.stores import S3Config
 
 BATCH_SIZE = 5  # 24 objects: batches of 5, 5, 5, 5, 4
 SEED = 11
@@ -35,7 +36,10 @@ def make_loader(
     """The loader under test; the interrupted, resumed and reference runs all build it so."""
     fetch_config = FetchConfig(max_inflight_requests=8)
     ds = ObjectDataset(
-        url, keys, decode=sha256_hex, endpoint_url=endpoint_url, fetch_config=fetch_config
+        S3Config.from_url(url, endpoint_url=endpoint_url),
+        keys,
+        decode=sha256_hex,
+        fetch_config=fetch_config,
     )
     return ConcurrentDataLoader(
         ds,

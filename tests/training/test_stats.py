@@ -11,6 +11,7 @@ import time
 import pytest
 
 from concurrent_loader import ConcurrentDataLoader, FetchConfig, ObjectDataset
+from concurrent_loader.stores import S3Config
 
 PERCENTILES = {"p50", "p95", "p99"}
 
@@ -19,9 +20,12 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def hashed_dataset(image_dataset, n: int | None = None, **kwargs) -> ObjectDataset:
+def hashed_dataset(
+    image_dataset, n: int | None = None, *, endpoint_url: str | None = None, **kwargs
+) -> ObjectDataset:
     keys = [key for key, _, _ in image_dataset.files][:n]
-    return ObjectDataset(image_dataset.s3_url, keys, decode=sha256_hex, **kwargs)
+    root = S3Config.from_url(image_dataset.s3_url, endpoint_url=endpoint_url)
+    return ObjectDataset(root, keys, decode=sha256_hex, **kwargs)
 
 
 def object_bytes(image_dataset, n: int | None = None) -> int:

@@ -19,7 +19,7 @@ from concurrent_loader import (
     PartsConfig,
     Reason,
 )
-from concurrent_loader.stores import LocalConfig, MemoryConfig, store_config_for
+from concurrent_loader.stores import MemoryConfig, S3Config
 
 
 def test_keys_and_sizes_come_from_the_listing_sorted(helpers):
@@ -142,10 +142,13 @@ def test_how_bytes_are_fetched_is_the_datasets():
         ObjectDataset(MemoryConfig({"a.bin": b"a"}), parts=1024)  # type: ignore[arg-type]
 
 
-def test_an_option_set_to_false_reaches_the_backend_that_takes_it(tmp_path):
-    s3 = store_config_for("s3://bucket/p/", anonymous=True, verify_checksums=False)
-    assert s3.verify_checksums is False  # type: ignore[attr-defined]
-    # A backend without the option is not given its False (nor its None).
-    assert isinstance(store_config_for(tmp_path, anonymous=False, region=None), LocalConfig)
-    with pytest.raises(ConfigError, match="region"):
-        store_config_for(tmp_path, region="eu-west-1")
+def test_a_backends_options_are_its_config_given_as_the_root(tmp_path):
+    s3 = S3Config.from_url("s3://bucket/p/", anonymous=True, verify_checksums=False)
+    assert s3.verify_checksums is False
+    dataset = ObjectDataset(MemoryConfig({"a.bin": b"a"}))
+    assert isinstance(dataset.store, MemoryConfig)
+    # No backend option is a dataset argument; an S3 option for a local root is refused.
+    with pytest.raises(TypeError):
+        ObjectDataset(tmp_path, endpoint_url="http://127.0.0.1:9000")  # type: ignore[call-arg]
+    with pytest.raises(ConfigError, match="S3 options apply to an s3://"):
+        ObjectDataset(S3Config.from_url(str(tmp_path), region="eu-west-1"))

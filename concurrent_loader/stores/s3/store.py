@@ -80,7 +80,18 @@ class S3Config:
         verify_checksums: bool = True,
         verify_etag_md5: bool = False,
     ) -> S3Config:
+        """The config for ``s3://bucket/prefix`` with these options (what a dataset's root
+        takes: ``ObjectDataset(S3Config.from_url(url, endpoint_url=...))``). Credentials come
+        from botocore's chain (``profile``, the environment, ...) unless ``anonymous`` or
+        given; they never appear in the config's ``repr``. A URL that is not ``s3://`` (a
+        local directory, an ``http(s)://`` root) is a ``ConfigError``: it takes no S3
+        options."""
         parts = urlsplit(url)
+        if parts.scheme.lower() != "s3":
+            raise ConfigError(
+                f"S3 options apply to an s3://bucket/prefix root, not {url!r}",
+                cause=Reason.INVALID_ARGUMENT,
+            )
         bucket = parts.netloc
         if not bucket or "@" in bucket or ":" in bucket:
             raise ConfigError(
@@ -128,6 +139,17 @@ class S3Config:
 
     def url_for(self, key: str) -> str:
         return f"s3://{self.bucket}/{self.prefix}{key}"
+
+    def with_root(self, url: str) -> S3Config:
+        """The same options for another ``s3://bucket/prefix`` (a manifest's folder, say)."""
+        other = S3Config.from_url(url)
+        same_bucket = other.bucket == self.bucket
+        return dataclasses.replace(
+            self,
+            bucket=other.bucket,
+            prefix=other.prefix,
+            route=self.route if same_bucket else None,
+        )
 
     def resolved(self) -> S3Config:
         """This config with its route and credentials resolved (once, here, in the main
