@@ -1,9 +1,9 @@
-"""Stage 1 of the pipeline: keys -> bytes, through a store wrapped in policies.
+"""Keys -> bytes: a store wrapped in policies.
 
-:class:`FetchClient` (:mod:`.client`) composes retry, the in-flight limit, deadlines,
-timing and hedged GETs (:mod:`.hedge`) around any :class:`~concurrent_loader.stores.Store`;
-:mod:`.limits` holds the process's limits (requests in flight, bytes held); :mod:`.hooks`
-how results are reported; :mod:`.open` where each process gets its client.
+:class:`FetchClient` (:mod:`.client`) wraps any :class:`~concurrent_loader.stores.Store` in
+retry, the in-flight limit (:mod:`.limits`, :mod:`.tuning`), deadlines, timing and hedged
+GETs (:mod:`.hedge`); :mod:`.parts` reads a large object as ranged GETs through it;
+:mod:`.hooks` is how results are reported, :mod:`.open` where each process gets its client.
 """
 
 from .client import FetchClient

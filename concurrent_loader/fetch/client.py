@@ -1,37 +1,22 @@
 """The fetch client: a store wrapped in policies, one per (store, fetch config) per process.
 
-A GET goes through layers, outermost first::
+A GET goes through layers, outermost first, each a :class:`Getter` around the next (a new
+policy is one more wrapper; a cache is a store wrapper below them all; each layer costs a
+coroutine frame per wake-up, so there are few)::
 
-    RetryLayer      retry transient FetchErrors with full-jitter backoff (a throttled
-                    one until the store accepts a GET again, or its own backoff ends),
-                    within the object's time budget (``max_total_seconds``)
-    AttemptLayer    at most ``limit`` attempts in flight (FIFO slots; the limit is pinned
-                    by ``max_inflight_requests`` or self-tuned, :mod:`.tuning`); one
-                    attempt ends within ``Timeouts.attempt`` and the object's deadline,
-                    whatever the server does; its own duration and size are told to the
-                    caller's observer
-    HedgeLayer      a slow GET gets one more for the same object; the first to finish wins
-                    (:mod:`.hedge`; absent when ``FetchConfig.hedge.enabled`` is False)
-    OutcomeLayer    each GET's outcome (latency, throttle, failure) is fed to the limit's
-                    controller; a throttle is also told to the observer
-    Store           one GET: bytes or a FetchError naming the object
+    RetryLayer    transient FetchErrors retried with backoff, within the object's time budget
+    AttemptLayer  at most ``limit`` attempts in flight (FIFO slots); attempt timeout; timing
+    HedgeLayer    one more GET for a slow one (:mod:`.hedge`; absent when hedging is off)
+    OutcomeLayer  each GET's latency, throttle or failure fed to the limit's controller
+    Store         one GET: bytes or a FetchError naming the object
 
-Each layer is a :class:`Getter` around the next, so a new policy is one more wrapper, not
-a change to the others (a cache is a store wrapper, below them all); every layer costs a
-coroutine frame that each of the GET's wake-ups passes through, so there are few. A
-retried object is fetched whole again, never stitched from a partial body. A body that
-does not match the store's checksum is an ``IntegrityError`` raised by the store, retried
-like an incomplete body.
-
-Deadlines: the object's clock starts when its first attempt is sent (it holds a request
-slot), not while it waits behind the process's other GETs; from then on everything counts,
-and ``FetchClient.get`` returns or raises within ``max_total_seconds``, whether the server
-answers, stalls after the headers, trickles a byte at a time or never answers. An
-attempt has one ``asyncio`` timeout, at the sooner of the two deadlines; the retry layer
-adds one for the object's only after a first failure. They cancel the attempt (the
-transport closes a cancelled connection) and raise
-:class:`~concurrent_loader.errors.FetchTimeout` naming the object, with
-``Reason.ATTEMPT_TIMEOUT`` (retried) or ``Reason.DEADLINE_EXCEEDED`` (final).
+Guarantees: ``FetchClient.get`` returns or raises within ``RetryConfig.max_total_seconds``
+of the object's first send (not of its wait for a slot), whatever the server does (stalls,
+trickles, never answers). An attempt past its deadline is cancelled (the transport closes
+the connection) and raises :class:`~concurrent_loader.errors.FetchTimeout` naming the
+object: ``Reason.ATTEMPT_TIMEOUT`` (retried) or ``Reason.DEADLINE_EXCEEDED`` (final). A
+retried object is fetched whole again, never stitched from a partial body; a checksum
+mismatch (``IntegrityError`` from the store) is retried like an incomplete body.
 """
 
 from __future__ import annotations
@@ -52,13 +37,11 @@ __all__ = ["FetchClient", "Getter", "Request"]
 
 
 class AttemptLayer:
-    """At most ``limit.limit`` attempts in flight: an attempt waits (FIFO) for a slot and is
-    sent. From its send it ends within ``seconds`` (``Timeouts.attempt``) and the object's
-    deadline, set at its first send ``total`` seconds ahead (one timer for both): past it,
-    it is cancelled and fails with a ``FetchTimeout`` naming the object, with
-    ``Reason.ATTEMPT_TIMEOUT`` (retried) or ``Reason.DEADLINE_EXCEEDED`` (final). A
-    successful attempt's duration, size and time to first byte are told to the observer;
-    the attempts in flight (object and start) are kept for stall reports."""
+    """At most ``limit.limit`` attempts in flight, each waiting (FIFO) for a slot. One timer
+    ends an attempt at the sooner of ``seconds`` (``Timeouts.attempt``) after its send and
+    the object's deadline (set at its first send, ``total`` seconds ahead). A success's
+    duration, size and time to first byte go to the observer; the attempts in flight
+    (object and start) are kept for stall reports."""
 
     def __init__(self, inner: Getter, limit: AdaptiveLimit, seconds: float, total: float) -> None:
         self.inner = inner
@@ -146,15 +129,11 @@ class RetryLayer:
     """Retries transient errors per :class:`~concurrent_loader.config.RetryConfig`.
 
     A failure counts towards ``max_attempts``; a throttle does not: it is retried after the
-    throttle backoff, or as soon as another GET to the store succeeds if that comes first,
-    for as long as the object's time budget allows (the in-flight limit, cut by the
-    throttles, paces those retries). The budget starts at the first attempt's send
-    (``Request.deadline``): the attempt layer holds each attempt to it, and after a first
-    failure a timeout around the rest (backoffs, waits for a slot) does too, so that
-    the common GET, answered at once, has no timer of its own here. However the budget runs
-    out (an attempt cut off, or a retry that could not start before it), the object fails
-    with ``FetchTimeout`` (``Reason.DEADLINE_EXCEEDED``) whose ``__cause__`` is the last
-    failed attempt's error.
+    throttle backoff, or as soon as another GET to the store succeeds, while the object's
+    time budget lasts (the limit, cut by the throttles, paces those retries). The budget's
+    timer is armed here only after a first failure, so a GET answered at once has none.
+    However the budget runs out, the object fails with ``FetchTimeout``
+    (``Reason.DEADLINE_EXCEEDED``) whose ``__cause__`` is the last failed attempt's error.
     """
 
     def __init__(self, inner: Getter, config: RetryConfig, limit: AdaptiveLimit) -> None:

@@ -1,53 +1,32 @@
-"""Hedged GETs: a slow GET gets one more for the same object, and the first to complete wins.
+"""Hedged GETs: a slow GET gets one more for the same object, and the first to complete wins
+(after "The Tail at Scale", Dean and Barroso, 2013).
 
-After "The Tail at Scale" (Dean and Barroso, 2013). :class:`HedgeLayer` sits inside one
-attempt, below the retry, limit, deadline and timing layers and above the per-GET throttle
-accounting, so:
+:class:`HedgeLayer` sits inside one attempt (below retry, limit, deadline and timing, above
+the per-GET throttle accounting), so an attempt is one object to the layers above: one
+response reported, one deadline, one byte reservation. Guarantees:
 
-- the hedge timer starts when the attempt is sent (it holds its request slot), never while
-  it waits for one; the delay is :class:`HedgeDelay`'s estimate (a high percentile of this
-  client's recent GET latencies, within a floor and a ceiling, followed as it changes; a
-  cancelled loser counts with the time it ran, a lower bound: leaving it out would hide
-  the very tail the estimate is for, so the percentile would sink and hedge ever more
-  GETs);
-- a hedge is sent only if the budget (:class:`HedgeBudget`) has a token, the store did
-  not throttle most GETs of the last round, and one of the limit's hedge slots is free at
-  once: a hedge never queues, and it does not take one of the limit's slots, because the
-  GET it overtakes holds one and the limit may be small (a throttling store cuts it): a
-  hedge that waited for a slot behind its own stalled GET would never be sent. At most
-  ``FetchConfig.max_hedges_in_flight`` hedges are in flight beyond the limit, so the GETs
-  in flight stay within ``limit + max_hedges_in_flight`` (the transport's connection cap).
-  Without a token or a slot, the GET is looked at again one delay later;
-- hedges are paced: at most one per ``delay / PACE`` seconds (:data:`PACE`); GETs that
-  come due meanwhile wait their turn, oldest first. This tells a queue from a tail: a
-  burst of GETs that only queue at the store (the first round of a process, sent at
-  once) passes the delay together and mostly completes within a fraction of it, while a
-  stalled GET is still unanswered when its turn comes. Unpaced, such a burst took the
-  budget's tokens in one instant and left none for the stalls among it;
-- at most two hedges per attempt, the second only when the first is as late, and it
-  replaces the first GET (cancelled), so an object has at most two GETs in flight. The
-  first GET to return bytes wins; the others are cancelled (the transport closes a
-  cancelled connection) and awaited, so their slots are free when the attempt returns. An
-  error that a retry cannot mend (404, 403, ...) from any ends the attempt at once. A
-  transient error of the first GET waits for the hedge; a transient error of the youngest
-  GET ends the attempt with it (the older one is cancelled), because the older one has
-  outlasted the delay and the hedge's whole life, so it is most likely stalled: the retry
-  layer sends a fresh attempt after its backoff, rather than waiting for the stall to end
-  or for ``Timeouts.read``;
-- the first GET runs in its caller's task, and a task exists only for a hedge actually
-  sent: most GETs answer within the delay, and a task per GET costs more CPU than the
-  rest of the fetch client's layers. One timer per layer watches every attempt in flight
-  (oldest first: they come due in the order they were sent) and gives the turns. When a
-  hedge ends the race, or replaces the first GET, the GET in the caller's task is
-  cancelled there, and the caller tells this cancellation from its own caller's
-  (``Task.uncancel``, as ``asyncio.timeout`` does); it then waits for its hedges itself;
-- the attempt is one object to the layers above: one response reported, one deadline, and,
-  in the pipeline, one byte reservation (made before the client is called). A loser's
-  body, bounded by ``max_object_bytes`` like every body, is dropped when it is cancelled.
+- a GET is hedged only once :class:`HedgeDelay` has passed since its send (never while it
+  waits for a slot); the delay follows a high percentile of recent latencies, a cancelled
+  loser counting the time it ran (leaving it out would hide the tail and sink the delay);
+- a hedge needs a :class:`HedgeBudget` token, a store that did not throttle most GETs of
+  the last round, and a hedge slot free at once. It never queues and takes none of the
+  limit's slots (the GET it overtakes holds one, and the limit may be small), so GETs in
+  flight stay within ``limit + max_hedges_in_flight``. Without a token or a slot, the GET
+  is looked at again one delay later;
+- hedges are paced, one per ``delay / PACE`` at most, oldest GET first: a burst that only
+  queues at the store then completes before its turns come, leaving tokens for stalls;
+- at most two GETs of an object in flight: a second hedge (only when the first is as late)
+  replaces the first GET. The first GET with bytes wins; the others are cancelled (a
+  loser's body is dropped) and awaited, so their slots are free when the attempt returns.
+  An error a retry cannot mend ends the attempt at once, and so does a transient error of
+  the youngest GET (the older one is most likely stalled); one of an older GET waits for
+  the younger;
+- only a hedge actually sent gets a task: the first GET runs in its caller's task, which
+  tells this layer's cancellation of it from its own caller's (``Task.uncancel``). One
+  timer per layer watches every attempt in flight.
 
-Each GET's own throttle is still counted (``on_throttle``) and lowers the limit, hedges
-included; the observer also hears ``on_hedge`` for each hedge sent and ``on_hedge_won``
-when one wins.
+Every GET's throttle is still counted (``on_throttle``, lowering the limit); the observer
+also hears ``on_hedge`` per hedge sent and ``on_hedge_won`` when one wins.
 """
 
 from __future__ import annotations
@@ -77,10 +56,9 @@ MIN_SAMPLES = 64
 RECOMPUTE_EVERY = 16
 #: hedges the budget can save up
 BURST = 10.0
-#: hedges per attempt: a second one only when the first is as late, and it replaces the
-#: primary, so an object has at most two GETs in flight
+#: hedges per attempt (the second replaces the first GET)
 MAX_HEDGES = 2
-#: hedges per delay at most (see the module docstring): turns are ``delay / PACE`` apart
+#: hedges per delay at most: turns are ``delay / PACE`` apart
 PACE = 4.0
 #: tokens at the start: a process's first GETs, some stalled before enough latencies are
 #: known, are hedged without waiting for tokens that only GETs can earn
@@ -162,10 +140,9 @@ class _Attempt:
 
 
 class HedgeLayer:
-    """One attempt as up to three GETs of the same object (see the module docstring).
-    ``limit`` is the client's in-flight limit: the attempt already holds one of its slots;
-    a hedge takes one of its hedge slots (:meth:`AdaptiveLimit.try_acquire_hedge`).
-    ``sent`` and ``won`` count hedges over the client's life."""
+    """One attempt as up to three GETs of the same object, at most two in flight. The
+    attempt holds a slot of ``limit``; a hedge takes a hedge slot. ``sent`` and ``won``
+    count hedges over the client's life."""
 
     def __init__(self, inner: Getter, limit: AdaptiveLimit, config: HedgeConfig) -> None:
         self.inner = inner
@@ -212,7 +189,7 @@ class HedgeLayer:
         self, attempt: _Attempt, body: Body | None, error: BaseException | None
     ) -> Body:
         """The first GET of a hedged attempt ended with ``body`` or ``error``: the
-        attempt's outcome, once its GETs decide it (see the module docstring)."""
+        attempt's outcome, once its GETs decide it."""
         loop = asyncio.get_running_loop()
         owner = asyncio.current_task()
         assert owner is not None

@@ -1,21 +1,6 @@
-"""The limits of one process's fetching: requests in flight, and bytes held.
-
-:class:`AdaptiveLimit` caps the GETs in flight; :class:`ByteBudget` caps the bytes fetched
-but not yet decoded, plus those expected of the GETs in flight. Both wake waiters in FIFO
-order through futures, never by polling.
-
-``AdaptiveLimit`` admits at most ``limit`` attempts at once, where ``limit`` is what its
-:class:`~.tuning.LimitController` decides from every GET's outcome (throttles, latency),
-between ``minimum`` and ``maximum``. On top of those, up to ``hedges`` hedged GETs may be
-in flight (:meth:`AdaptiveLimit.try_acquire_hedge`): a hedge exists because a GET that
-holds a slot is slow, so making it wait for a slot would defeat it when the limit is
-small. The invariant: ``in_flight <= max(limit, in_flight at the last cut)`` (a lowered
-limit admits no one until holders drop below it), ``hedges_in_flight <= hedges``, so at
-most ``maximum + hedges`` GETs are ever in flight (the transport's connection cap,
-``FetchConfig.max_connections``). :meth:`AdaptiveLimit.wait_for_success` lets a GET that
-was throttled wait until the store accepts a request again instead of sleeping out its
-whole backoff. Loop-bound: use from one event loop.
-"""
+"""The limits of one process's fetching: :class:`AdaptiveLimit` (GETs in flight) and
+:class:`ByteBudget` (bytes held or expected). Both wake waiters in FIFO order through
+futures, never by polling."""
 
 from __future__ import annotations
 
@@ -30,6 +15,14 @@ __all__ = ["AdaptiveLimit", "ByteBudget"]
 
 
 class AdaptiveLimit:
+    """At most ``limit`` attempts in flight, ``limit`` being what a
+    :class:`~.tuning.LimitController` decides from every GET's outcome, within
+    ``[minimum, maximum]``; up to ``hedges`` hedged GETs go beyond it, and never wait
+    (:meth:`try_acquire_hedge`). Invariant: ``in_flight <= max(limit, in_flight at the last
+    cut)`` (a lowered limit admits no one until holders drop below it) and
+    ``hedges_in_flight <= hedges``, so at most ``maximum + hedges`` GETs are in flight
+    (``FetchConfig.max_connections``). Loop-bound: use from one event loop."""
+
     def __init__(
         self,
         maximum: int,

@@ -1,18 +1,13 @@
-"""One large object (or a large byte range) read as several ranged GETs in flight.
-
-A single GET of a shard of hundreds of MB runs at one connection's speed, which is often a
-fraction of the link (per-connection throughput limits of object stores, TCP windows over
-a long round trip). :func:`read_in_parts` splits the read into parts of ``part_size``
-bytes, keeps ``parts_in_flight`` of them in flight, and assembles them, in order, into one
-buffer of the read's size.
-
-Guarantees:
+"""One large object (or a large byte range) read as several ranged GETs in flight, because
+one GET runs at one connection's speed, often a fraction of the link. :func:`read_in_parts`
+splits the read into parts of ``part_size`` bytes, keeps ``parts_in_flight`` in flight, and
+assembles them, in order, into one buffer of the read's size. Guarantees:
 
 - the result is exactly the bytes a single GET of the same object (or range) returns: each
   part must come back with exactly its length, and is copied to its own offset;
-- each part is an ordinary GET of the fetch client, so it is retried, limited by
-  ``max_inflight_requests`` and timed like any other (a part that fails transiently is
-  fetched again, alone); parts start in byte order;
+- each part is an ordinary GET of the fetch client, so it is retried, held to the client's
+  in-flight limit and timed like any other (a part that fails transiently is fetched
+  again, alone); parts start in byte order;
 - a part that fails for good fails the whole read, at once: the other parts are cancelled
   and awaited, and the error keeps its type and names the object and the part's bytes
   (``bytes 8388608-16777215 (part 2 of 32 of the read of bytes 0-268435455)``);
@@ -26,9 +21,8 @@ Guarantees:
   (``Reason.CHECKSUM_MISMATCH``). Either is read again, whole, up to
   ``RetryConfig.max_attempts`` reads in all, then raised.
 
-The caller reserves :meth:`PartsConfig.reservation` in the byte budget before calling: the
-read's size plus the parts in flight (at most ``parts_in_flight * part_size``), which hold
-their bytes until each is copied into place; the budget settles at the read's size.
+The caller reserves :meth:`PartsConfig.reservation` in the byte budget before calling; the
+budget settles at the read's size.
 """
 
 from __future__ import annotations

@@ -1,40 +1,27 @@
 """How many GETs a process keeps in flight: a controller fed by every GET's outcome.
 
-:class:`LimitController` decides the limit that :class:`~.limits.AdaptiveLimit` enforces.
-It works in **rounds**, as TCP does per round-trip: a round begins at a decision and ends
-when as many GETs *sent since then* have ended as the limit then was (about one round
-trip when the limit is busy). Only those GETs count towards the next decision, so every
-decision sees the effect of the one before it, and a burst of throttles of GETs that were
-already in flight lowers the limit once, not once per GET.
+:class:`LimitController` decides the limit that :class:`~.limits.AdaptiveLimit` enforces,
+in **rounds**, as TCP does per round trip: a round ends when as many GETs *sent since the
+last decision* have ended as the limit then was, and only those count towards the next
+decision. So every decision sees the effect of the one before, and a burst of throttles of
+GETs already in flight lowers the limit once. At the end of each round, in this order:
 
-At the end of each round, in this order:
+1. **Queueing** (self-tuned only): the median of a complete window of
+   :data:`WINDOW_SAMPLES` latencies over ``TOLERANCE`` x baseline + ``SLACK_S`` (the
+   baseline: the lowest window median of the last :data:`BASELINE_S` seconds) means GETs
+   queue somewhere, so the limit is scaled down towards where they would not, by at most
+   half (the gradient of TCP Vegas and Netflix concurrency-limits: by Little's law, more
+   GETs in flight than throughput x unloaded latency only add latency).
+2. **Growth**, only when the round was limit-bound (some GET waited for a slot) and showed
+   no queueing: by the limit's square root (concurrency-limits' Gradient2).
+3. **Throttles** (503 SlowDown, 429): a cut by half the fraction of the round's GETs that
+   were throttled (as DCTCP cuts its window), so a store that throttles every GET halves
+   the limit per round, while a steady few percent costs a few percent that growth makes up.
 
-1. **Queueing** (self-tuned only): once a window of at least :data:`WINDOW_SAMPLES`
-   latencies is complete, its median is compared with the baseline (the lowest window
-   median of the last :data:`BASELINE_S` seconds: long enough that sustained queueing
-   cannot pass itself off as the unloaded latency, short enough that the baseline follows
-   a store that gets slower over a day). A median over ``TOLERANCE`` x baseline + ``SLACK_S``
-   means GETs queue somewhere (the store, the network, this process's CPU) rather than
-   in the store's own latency, so the limit is scaled down towards where they would not
-   (by at most half). This is TCP Vegas' and Netflix concurrency-limits' gradient: by
-   Little's law, more GETs in flight than throughput x unloaded latency only add latency.
-2. **Growth**, only when the round was limit-bound (some GET had to wait for a slot: a
-   limit nobody reaches proves nothing) and showed no queueing: the limit grows by its
-   square root (the queue allowance of concurrency-limits' Gradient2).
-3. **Throttles** (503 SlowDown, 429): the limit is cut by half the fraction of the round's
-   GETs that were throttled (as DCTCP cuts its window by half the fraction of marked
-   packets). A store that throttles all GETs gets half as many per round, down to
-   ``minimum``; one that throttles a steady few percent regardless of load (as the
-   benchmark's fault matrix does) costs a busy limit a few percent per round, which its
-   growth makes up, so such noise does not collapse it to one GET in flight.
-
-The result is kept within ``[minimum, maximum]``.
-
-Self-tuned, the limit starts at ``maximum`` x :data:`INITIAL_SHARE`; pinned
-(``max_inflight_requests`` given), it starts at, and is never grown past, ``maximum``, and
-only throttles lower it.
-There is no fixed cool-down unless ``cooldown`` (``RetryConfig.throttle_cooldown``) asks
-for one: after a throttle, growth waits that many seconds.
+The limit stays within ``[minimum, maximum]``. Self-tuned, it starts at ``maximum`` x
+:data:`INITIAL_SHARE`; pinned (``FetchConfig.max_inflight_requests``), it starts at, and is
+never grown past, ``maximum``, and only throttles lower it. Growth waits ``cooldown``
+seconds (``RetryConfig.throttle_cooldown``) after a throttle; none by default.
 
 Pure logic with an injectable clock and no event loop, so tests script GETs one by one.
 """
@@ -58,7 +45,8 @@ INITIAL_SHARE = 1.0
 FLOOR = 4
 #: latencies per window before its median is compared with the baseline
 WINDOW_SAMPLES = 16
-#: seconds of window medians the baseline is the lowest of
+#: seconds of window medians the baseline is the lowest of: long enough that sustained
+#: queueing cannot pass for the unloaded latency, short enough to follow a store that slows
 BASELINE_S = 30.0
 #: a window median up to this multiple of the baseline is not queueing...
 TOLERANCE = 2.0
