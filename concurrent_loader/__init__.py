@@ -35,6 +35,7 @@ from .loader import ConcurrentDataLoader, PartialBatch, PartialDict, PartialList
 from .pipeline import SkippedSample
 from .shards.dataset import ImageSample, ShardDataset
 from .stores.readahead import Readahead
+from .stores.s3 import S3Config
 
 __version__ = "0.1.0"
 
@@ -67,6 +68,7 @@ __all__ = [
     "PartialList",
     "PartsConfig",
     "Readahead",
+    "S3Config",
     "Reason",
     "RetryConfig",
     "ServerError",

@@ -37,7 +37,7 @@ from .source import SampleDecoder, ShardSource
 __all__ = ["ImageSample", "ShardDataset"]
 
 #: the extensions ImageFolder reads (``dataset.IMG_EXTENSIONS``, without the dot)
-IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "ppm", "pgm", "bmp", "tif", "tiff")
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "ppm", "pgm", "bmp", "tif", "tiff", "raw")
 
 
 class ShardDataset(ObjectDataset):

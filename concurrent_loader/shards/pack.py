@@ -59,7 +59,7 @@ from ..dataset import ObjectDataset
 from ..decode.presize import FORMATS, Presize
 from ..errors import ConfigError, Reason
 from ..listing import list_store, progress
-from ..stores import StoreConfig, store_config_for
+from ..stores import S3Config, StoreConfig, store_config_for
 from .index import INDEX_SUFFIX, ShardIndex
 from .packplan import Destination, Sample, first_few, on_s3, plan_image_folder, plan_objects
 from .tar import BLOCK, Member, padded
@@ -124,15 +124,16 @@ def pack(
         )
     if processes is not None and processes < 1:
         raise ConfigError(f"processes must be >= 1, got {processes}", cause=Reason.INVALID_ARGUMENT)
-    src_remote = "://" in src and not src.lower().startswith("file://")
     given = sorted(name for name, value in store_options.items() if value not in (None, False))
-    if given and not (src_remote or on_s3(dest)):
+    if given and not (on_s3(src) or on_s3(dest)):
         raise ConfigError(
             f"{', '.join(given)} apply to an s3:// SRC or DEST; neither {src!r} nor {dest!r} is",
             cause=Reason.INVALID_ARGUMENT,
         )
     fetch_config = fetch_config or FetchConfig()
-    store = store_config_for(src, **(store_options if src_remote else {})).resolved()
+    store = (
+        S3Config.from_url(src, **store_options) if on_s3(src) else store_config_for(src)
+    ).resolved()
     destination = Destination(dest, **(store_options if on_s3(dest) else {}))
     try:
         stale = destination.check(store, overwrite)

@@ -39,12 +39,12 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from ..dataset import ImageFolder
 from ..errors import ConfigError, Reason
 from ..listing import list_store
-from ..stores import LocalConfig, ObjectInfo, S3Config, StoreConfig, store_config_for
+from ..stores import LocalConfig, ObjectInfo, S3Config, StoreConfig
 from ..stores.s3.errors import error_for_exception
 from .index import INDEX_SUFFIX
 from .tar import BLOCK, is_sample_member, padded, split_name
@@ -214,7 +214,7 @@ class Destination:
             from botocore import UNSIGNED
             from botocore.config import Config
 
-            self.s3 = s3 = cast(S3Config, store_config_for(dest, **store_options))
+            self.s3 = s3 = S3Config.from_url(dest, **store_options)
             route = s3.route or s3.resolve_route()
             style = {"addressing_style": s3.addressing_style} if s3.addressing_style else None
             self._client = s3.credentials.botocore_session().create_client(

@@ -154,8 +154,9 @@ def test_shards_split_on_the_presized_sizes(folder, tmp_path):
         assert shard.stat().st_size <= 12_000 + 10240 or len(webdataset_samples([shard])) == 1
 
 
-def test_shard_dataset_reads_presized_jpeg_shards(packs):
-    dataset = ShardDataset(str(packs["jpeg"]), decode=ImageSample(32))
+@pytest.mark.parametrize("form", ["jpeg", "raw"])
+def test_shard_dataset_reads_presized_shards(packs, form):
+    dataset = ShardDataset(str(packs[form]), decode=ImageSample(32))
     try:
         items = [dataset[i] for i in range(len(dataset))]
     finally:
