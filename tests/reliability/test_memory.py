@@ -129,7 +129,7 @@ def test_requests_in_flight_stay_under_max_inflight_requests(
     proxy = proxy_factory(latency_ms=100)
     limit = 4
     # Hedges have slots of their own beyond the limit (FetchConfig.max_hedges_in_flight,
-    # tested in tests/unit/fetch): off here, so every GET in flight is one of the limit's.
+    # tested in tests/fetch): off here, so every GET in flight is one of the limit's.
     no_hedges = HedgeConfig(enabled=False)
     ds = ObjectDataset(
         S3Config.from_url(small_objects.url, endpoint_url=proxy.endpoint_url),
