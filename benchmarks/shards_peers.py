@@ -252,8 +252,7 @@ def build_ours_readahead(setup: Setup, decode: Callable[[Any], Any]) -> DataLoad
     defaults: 8 MiB spans, 128 MiB kept per process)."""
     from concurrent_loader import Readahead
 
-    per_worker = {"workers": max(1, setup.args.workers), "batch_size": setup.args.batch_size}
-    return build_ours(setup, decode, per_worker, readahead=Readahead())
+    return build_ours(setup, decode, readahead=Readahead())
 
 
 def build_ours_random(setup: Setup, decode: Callable[[Any], Any]) -> DataLoader[Any]:

@@ -161,10 +161,7 @@ def open_dataset(args: argparse.Namespace, stack: contextlib.ExitStack) -> tuple
         root = Path(args.data_dir) if args.data_dir else generated_dataset(args).train_dir
         return ImageFolder(root, image_size=args.image_size), f"local disk {root}"
 
-    # How bytes are fetched is the dataset's: its fetch config.
-    storage: dict[str, Any] = {
-        "fetch_config": FetchConfig(max_inflight_requests=args.max_inflight_requests)
-    }
+    storage: dict[str, Any] = {}  # the S3 backend's options (its config, the root)
     if args.start_server:
         from concurrent_loader.testing import LocalS3Server, ProxyProcess
 
@@ -202,7 +199,10 @@ def open_dataset(args: argparse.Namespace, stack: contextlib.ExitStack) -> tuple
         where = f"S3 at {endpoint_url}"
     root = f"s3://{bucket}/{prefix}"
     dataset = ImageFolder(
-        S3Config.from_url(root, endpoint_url=endpoint_url, **storage), image_size=args.image_size
+        S3Config.from_url(root, endpoint_url=endpoint_url, **storage),
+        image_size=args.image_size,
+        # How bytes are fetched is the dataset's: its fetch config.
+        fetch_config=FetchConfig(max_inflight_requests=args.max_inflight_requests),
     )
     return dataset, f"{where}, {root}"
 

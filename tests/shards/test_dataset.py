@@ -51,11 +51,11 @@ def test_image_sample_without_a_label_names_the_member_missing():
     assert "sample 'x', member 'x.jpg' at offset 0" in str(raised.value)
 
 
-def test_image_sample_reads_every_image_extension_image_folder_reads():
+def test_image_sample_reads_every_image_extension_image_folder_reads_and_raw():
     from concurrent_loader import IMG_EXTENSIONS
     from concurrent_loader.shards.dataset import IMAGE_EXTENSIONS
 
-    assert {ext.lstrip(".") for ext in IMG_EXTENSIONS} == set(IMAGE_EXTENSIONS)
+    assert {ext.lstrip(".") for ext in IMG_EXTENSIONS} | {"raw"} == set(IMAGE_EXTENSIONS)
 
 
 def test_errors_of_decode_name_the_shard_and_member():
