@@ -137,12 +137,27 @@ class ImageDecoder:
         return image
 
     def __call__(self, data: bytes | bytearray | memoryview, url: str | None = None) -> Any:
-        if self.transform is None and self.image_size is None and is_raw(data):
+        if self.transform is None and is_raw(data):
             array = read_raw(data, url)
             if (self.mode, array.shape[2]) in (("RGB", 3), ("L", 1)):
-                # No decode and no PIL image: the pixels are already what is asked for.
-                return torch.from_numpy(array.transpose(2, 0, 1).copy())
+                # No decode and no PIL image: the pixels are already what is asked for, or
+                # (stored at the output's short side) a centre crop of them.
+                crop = array if self.image_size is None else _exact_crop(array, self.image_size)
+                if crop is not None:
+                    return torch.from_numpy(np.ascontiguousarray(crop.transpose(2, 0, 1)))
         image = self.open(data, url)
         if self.transform is not None:
             return self.transform(image)
         return to_tensor(image)
+
+
+def _exact_crop(array: np.ndarray, size: tuple[int, int]) -> np.ndarray | None:
+    """The centre crop of ``array`` (HWC) to ``size`` when that needs no resampling (the
+    image is stored at the output's short side), at whole-pixel offsets rounded as
+    torchvision's ``CenterCrop`` rounds them; else None."""
+    out_h, out_w = size
+    left, top, right, bottom = center_crop_box(array.shape[1], array.shape[0], out_h, out_w)
+    if right - left != out_w or bottom - top != out_h:
+        return None
+    x, y = round(left), round(top)
+    return array[y : y + out_h, x : x + out_w]

@@ -18,6 +18,7 @@ from concurrent_loader.decode import (
     is_raw,
     read_raw,
 )
+from concurrent_loader.decode.image import to_tensor
 from concurrent_loader.decode.presize import RAW_HEADER_SIZE, write_raw
 from concurrent_loader.errors import ConfigError, DecodeError
 
@@ -279,3 +280,29 @@ def test_the_encoded_path_ships_raw_and_its_batch_decoder_reads_it():
     assert torch.equal(full, torch.from_numpy(read_raw(raw).copy()).permute(2, 0, 1))
     with pytest.raises(DecodeError):
         EncodedImageDecoder(32, "cpu")(raw[:-3], URL)
+
+
+@pytest.mark.parametrize(
+    ("shape", "offset"), [((224, 298), (0, 37)), ((299, 224), (38, 0)), ((224, 224), (0, 0))]
+)
+def test_raw_at_the_output_size_is_only_cropped(shape, offset):
+    rng = np.random.default_rng(1)
+    pixels = rng.integers(0, 256, (*shape, 3), dtype=np.uint8)
+    out = ImageDecoder(224)(write_raw(pixels))
+    top, left = offset  # torchvision's CenterCrop rounding: round(37.5) == 38
+    expected = torch.from_numpy(
+        pixels[top : top + 224, left : left + 224].transpose(2, 0, 1).copy()
+    )
+    assert torch.equal(out, expected)
+
+
+def test_raw_at_the_output_size_with_whole_offsets_equals_the_resize_path():
+    pixels = np.random.default_rng(2).integers(0, 256, (224, 298, 3), dtype=np.uint8)
+    raw = write_raw(pixels)
+    assert torch.equal(ImageDecoder(224)(raw), to_tensor(ImageDecoder(224).open(raw)))
+
+
+def test_raw_larger_than_the_output_is_resized():
+    pixels = np.random.default_rng(3).integers(0, 256, (256, 341, 3), dtype=np.uint8)
+    raw = write_raw(pixels)
+    assert torch.equal(ImageDecoder(224)(raw), to_tensor(ImageDecoder(224).open(raw)))
