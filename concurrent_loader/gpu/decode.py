@@ -143,7 +143,8 @@ class EncodedBatchDecoder:
         data = [image.tensor() for image in images]
         out = torch.empty((len(images), 3, *size), dtype=torch.uint8, device=device)
         on_device = [i for i, im in enumerate(images) if decoder is self._fallback or _is_jpeg(im)]
-        rest = [i for i in range(len(data)) if i not in set(on_device)]
+        on_device_set = set(on_device)
+        rest = [i for i in range(len(data)) if i not in on_device_set]
         for indices, chosen in ((on_device, decoder), (rest, self._fallback)):
             if not indices:
                 continue
