@@ -7,34 +7,17 @@ object per shard::
     {"format": "concurrent-loader/tar-index", "version": 1, "size": <shard bytes>,
      "members": [[name, header_offset, data_offset, size], ...]}
 
-A pack of pre-sized images (``pack --resize``) adds two keys, which readers of the format
-without them ignore (the version stays 1): ``"presize"``, the setting's
-:attr:`~concurrent_loader.decode.presize.Presize.identity`, and ``"original_sizes"``, each
-image member's ``[width, height]`` before pre-sizing (upright: after its EXIF
-orientation)::
+A pack of pre-sized images (``pack --resize``) adds two optional keys (the version stays
+1): ``"presize"``, the setting's identity, and ``"original_sizes"``, each image member's
+upright ``[width, height]`` before pre-sizing (``{"c/x.jpg": [500, 375], ...}``).
 
-    "presize": "presize-v1:jpeg:256:q90", "original_sizes": {"c/x.jpg": [500, 375], ...}
-
-``members`` lists the shard's sample members (regular files that ``webdataset`` groups
-into samples, see :mod:`~concurrent_loader.shards.tar`) in tar order; ``header_offset`` is
-the first byte of the member's headers (a pax or long-name header included), so the
-headers a sample's read walks can be checked against the index, member by member. One
-small file per shard keeps shards independent: a shard and its index are copied, listed
-and replaced together.
-
-What an index promises, and how it is held to it: when read, that it can describe a tar
-of its ``size`` (members in tar order, not overlapping, inside the shard:
-:meth:`ShardIndex.check`); when the dataset is made, that the shard's listed size is
-not larger (a shard grown since, re-packed or written again without its index, is
-refused; in a shorter one, the samples past its end fail as truncated); when a sample is
-read, that the shard's own headers, walked from where the previous sample ends (the
-shard's start, for its first sample) through the next sample's first headers (to the
-shard's end, for its last), are exactly the members it lists there, with no sample member
-it leaves out (:mod:`concurrent_loader.shards.source`).
-
-A shard without an index is indexed once by scanning it with ranged GETs
-(:func:`index_shards`), 4 MiB at a time, stepping over members larger than that, up to 8
-shards at once.
+``members`` lists the shard's sample members in tar order; ``header_offset`` is the first
+byte of the member's headers (pax or long-name header included), so a sample's read can
+check the headers it walks against the index. An index is held to its promises when read
+(it can describe a tar of its ``size``: :meth:`ShardIndex.check`), when the dataset is made
+(the shard's listed size is not larger) and when a sample is read (the walked headers are
+exactly its members: :mod:`concurrent_loader.shards.source`). A shard without an index is
+scanned once with 4 MiB ranged GETs, up to 8 shards at once (:func:`index_shards`).
 """
 
 from __future__ import annotations
@@ -64,9 +47,8 @@ _SCAN_WINDOW = 4 << 20  # bytes per ranged GET of a scan
 
 @dataclass(frozen=True)
 class ShardIndex:
-    """A shard's size when indexed, and its sample members in tar order; for a pack of
-    pre-sized images, the setting's identity and each image member's size ``(width,
-    height)`` before it was pre-sized."""
+    """A shard's size when indexed, its sample members in tar order, and for pre-sized
+    images the setting's identity and each image's ``(width, height)`` before it."""
 
     size: int
     members: tuple[Member, ...]
@@ -85,7 +67,6 @@ class ShardIndex:
         return cls(size, kept, presize, dict(original_sizes or {}))
 
     def original_size(self, name: str) -> tuple[int, int] | None:
-        """Member ``name``'s ``(width, height)`` before pre-sizing; None when not recorded."""
         return self.original_sizes.get(name)
 
     def to_json(self) -> bytes:
@@ -107,8 +88,7 @@ class ShardIndex:
 
     @classmethod
     def from_json(cls, data: bytes | bytearray, url: str) -> ShardIndex:
-        """The index in ``data``, read from ``url``; anything else is a ``ShardError``, and so
-        is an index that cannot describe a tar (see :meth:`check`)."""
+        """The index in ``data``, read from ``url``; anything else is a ``ShardError``."""
         try:
             document = json.loads(data)
             if not isinstance(document, dict):
@@ -134,38 +114,24 @@ class ShardIndex:
             original_sizes = _original_sizes(document.get("original_sizes", {}))
             index = cls(size, tuple(members), presize, original_sizes)
         except (ValueError, TypeError, KeyError, RecursionError) as exc:
-            raise ShardError(
-                f"unreadable shard index: {exc}",
-                url=url,
-                stage="index",
-                cause=Reason.INDEX_MISMATCH,
-            ) from exc
+            raise _mismatch(f"unreadable shard index: {exc}", url) from exc
         index.check(url)
         return index
 
     def check(self, url: str) -> None:
-        """Refuse (``ShardError``, ``IndexMismatch``, naming the member and its offset) an
-        index that cannot describe a tar of :attr:`size` bytes: every member a sample
-        member, its headers whole blocks before its data, its data inside the shard, and
-        the members in tar order without overlapping (a member listed twice overlaps
-        itself). What it says of the shard's headers is checked when a sample is read."""
+        """Refuse (``IndexMismatch``, naming the member and offset) an index that cannot
+        describe a tar of :attr:`size` bytes: sample members only, headers whole blocks
+        before the data, data inside the shard, members in tar order without overlapping."""
 
         def refuse(member: Member, why: str) -> ShardError:
-            return ShardError(
+            return _mismatch(
                 f"the index lists member {member.name!r} at offset {member.header_offset} "
                 f"(data {member.size} bytes at {member.offset}): {why}",
-                url=url,
-                stage="index",
-                cause=Reason.INDEX_MISMATCH,
+                url,
             )
 
         if not 0 <= self.size < MAX_SIZE:
-            raise ShardError(
-                f"the index gives an impossible shard size {self.size}",
-                url=url,
-                stage="index",
-                cause=Reason.INDEX_MISMATCH,
-            )
+            raise _mismatch(f"the index gives an impossible shard size {self.size}", url)
         next_header = 0
         previous: Member | None = None
         for member in self.members:
@@ -189,12 +155,14 @@ class ShardIndex:
             previous = member
         unlisted = sorted(set(self.original_sizes) - {m.name for m in self.members})
         if unlisted:
-            raise ShardError(
+            raise _mismatch(
                 f"the index gives original sizes of members it does not list: {unlisted[:10]}",
-                url=url,
-                stage="index",
-                cause=Reason.INDEX_MISMATCH,
+                url,
             )
+
+
+def _mismatch(message: str, url: str) -> ShardError:
+    return ShardError(message, url=url, stage="index", cause=Reason.INDEX_MISMATCH)
 
 
 def _is_int(value: object) -> bool:
@@ -202,7 +170,6 @@ def _is_int(value: object) -> bool:
 
 
 def _original_sizes(value: object) -> dict[str, tuple[int, int]]:
-    """``{"name": [width, height]}`` read back; ValueError for anything else."""
     if not isinstance(value, dict):
         raise ValueError(f"original_sizes {value!r} is not an object")
     sizes = {}
@@ -225,80 +192,70 @@ def index_shards(
 ) -> list[ShardIndex]:
     """The index of each shard: its ``.idx`` object when there is one, else a scan of the
     shard (``sizes[i]``, from a listing, is needed to scan shard ``i``)."""
-    if not store.capabilities.remote:
+
+    def indexed(data: bytes | bytearray | None) -> bytes | bytearray | None:
+        if on_shard is not None:
+            on_shard()
+        return data
+
+    get: Callable[[str, ByteRange | None], bytes | bytearray]
+    if store.capabilities.remote:
+        loop_runtime = runtime()
+
+        async def fetch(key: str, byte_range: ByteRange | None = None) -> bytes:
+            client = await client_for(loop_runtime, store, config)
+            return bytes(await client.get(key, byte_range))
+
+        async def fetch_indexes() -> list[bytes | bytearray | None]:
+            limit = asyncio.Semaphore(32)
+
+            async def one(key: str) -> bytes | bytearray | None:
+                data = None
+                async with limit:
+                    with contextlib.suppress(ObjectNotFound):
+                        data = await fetch(key + INDEX_SUFFIX)
+                return indexed(data)
+
+            return list(await asyncio.gather(*(one(key) for key in shards)))
+
+        def get(key: str, byte_range: ByteRange | None) -> bytes | bytearray:
+            return loop_runtime.run(fetch(key, byte_range))
+
+        documents = loop_runtime.run(fetch_indexes())
+    else:
         opened: BlockingStore = store.open(config)  # type: ignore[assignment]
-        found = []
-        for key, size in zip(shards, sizes, strict=True):
+        get = opened.get_blocking
+
+        def read_index(key: str) -> bytes | bytearray | None:
             try:
-                data = opened.get_blocking(key + INDEX_SUFFIX)
+                return get(key + INDEX_SUFFIX, None)
             except ObjectNotFound:
+                return None
 
-                def read(offset: int, length: int, key: str = key) -> bytes:
-                    return opened.get_blocking(key, ByteRange(offset, offset + length))
+        documents = [indexed(read_index(key)) for key in shards]
 
-                found.append(_scan(store, key, size, read))
-            else:
-                found.append(ShardIndex.from_json(data, store.url_for(key + INDEX_SUFFIX)))
-            if on_shard is not None:
-                on_shard()
-        return found
-    loop_runtime = runtime()
+    def scan(i: int) -> ShardIndex:
+        key, size, url = shards[i], sizes[i], store.url_for(shards[i])
+        if size is None:
+            raise _mismatch(f"no index ({key}{INDEX_SUFFIX}) and no listed size to scan by", url)
 
-    async def fetch_indexes() -> list[bytes | None]:
-        client = await client_for(loop_runtime, store, config)
-        limit = asyncio.Semaphore(32)
+        def read(offset: int, length: int) -> bytes | bytearray:
+            return get(key, ByteRange(offset, offset + length))
 
-        async def one(key: str) -> bytes | None:
-            data: bytes | None = None
-            async with limit:
-                with contextlib.suppress(ObjectNotFound):
-                    data = bytes(await client.get(key + INDEX_SUFFIX))
-            if on_shard is not None:
-                on_shard()
-            return data
+        return ShardIndex.of_members(scan_members(read, size, url, _SCAN_WINDOW), size)
 
-        return list(await asyncio.gather(*(one(key) for key in shards)))
-
-    async def read_range(key: str, offset: int, length: int) -> bytes:
-        client = await client_for(loop_runtime, store, config)
-        return bytes(await client.get(key, ByteRange(offset, offset + length)))
-
-    def scan(key: str, size: int | None) -> ShardIndex:
-        # On a thread of ours, one window per ranged GET on the runtime's loop.
-        def read(offset: int, length: int) -> bytes:
-            return loop_runtime.run(read_range(key, offset, length))
-
-        return _scan(store, key, size, read)
-
-    documents = loop_runtime.run(fetch_indexes())
     missing = [i for i, document in enumerate(documents) if document is None]
     scanned: dict[int, ShardIndex] = {}
     if missing:
-        # Shards without an index are scanned a few at a time: each scan is a chain of
-        # dependent GETs, so concurrency across shards is what hides the latency.
+        # A scan is a chain of dependent GETs: scanning shards side by side hides latency.
         with concurrent.futures.ThreadPoolExecutor(
             max_workers=min(_SCANS_IN_PARALLEL, len(missing)),
             thread_name_prefix="concurrent-loader-scan",
         ) as pool:
-            futures = {i: pool.submit(scan, shards[i], sizes[i]) for i in missing}
-            scanned = {i: future.result() for i, future in futures.items()}
+            scanned = dict(zip(missing, pool.map(scan, missing), strict=True))
     return [
-        scanned[i]
-        if document is None
-        else ShardIndex.from_json(document, store.url_for(shards[i] + INDEX_SUFFIX))
+        ShardIndex.from_json(document, store.url_for(shards[i] + INDEX_SUFFIX))
+        if document is not None
+        else scanned[i]
         for i, document in enumerate(documents)
     ]
-
-
-def _scan(
-    store: StoreConfig, key: str, size: int | None, read: Callable[[int, int], bytes]
-) -> ShardIndex:
-    url = store.url_for(key)
-    if size is None:
-        raise ShardError(
-            f"no index ({key}{INDEX_SUFFIX}) and no listed size to scan the shard by",
-            url=url,
-            stage="index",
-            cause=Reason.INDEX_MISMATCH,
-        )
-    return ShardIndex.of_members(scan_members(read, size, url, _SCAN_WINDOW), size)

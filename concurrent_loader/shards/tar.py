@@ -1,18 +1,12 @@
 """Tar archives as bytes: headers, members, and WebDataset's grouping of members into samples.
 
-Pure functions over ``bytes``. Headers (ustar, pax ``x``/``g``, GNU ``L``/``K``) are read
-field by field as Python's ``tarfile`` reads them, so the members are those ``webdataset``
-sees, and where ``tarfile`` would stop or fail, so do we. A walk takes time linear in the
-bytes walked, and every malformed header (checksum, number fields, pax framing, sizes of
-:data:`MAX_SIZE` or more, extended headers past the end or over
-:data:`MAX_EXTENDED_HEADER`, truncation, GNU sparse) is a ``ShardError`` naming the shard
-and offset, never another exception.
-
-Grouping is ``webdataset``'s (``tariterators.py``): regular files only; metadata names
-(``__[^/]*__($|/)`` at the start, top-level ``__*__``) skipped; key and extension split at
-the first dot of the last path component (extension lower-cased; no dot: skipped);
-consecutive members with one key form a sample; a repeated extension, or ``__key__`` or
-``__url__``, is an error.
+Headers (ustar, pax ``x``/``g``, GNU ``L``/``K``) are read as Python's ``tarfile`` reads
+them, so the members are those ``webdataset`` sees. A walk is linear in the bytes walked,
+and every malformed header is a ``ShardError`` naming the shard and offset, never another
+exception. Grouping is ``webdataset``'s (``tariterators.py``): regular files only, metadata
+names skipped, key and extension split at the first dot of the last path component
+(extension lower-cased), consecutive members with one key one sample; a repeated
+extension, or ``__key__`` or ``__url__``, is an error.
 """
 
 from __future__ import annotations
@@ -24,19 +18,8 @@ from dataclasses import dataclass
 
 from ..errors import Reason, ShardError
 
-__all__ = [
-    "BLOCK",
-    "MAX_EXTENDED_HEADER",
-    "MAX_SIZE",
-    "Member",
-    "TarWalk",
-    "group_samples",
-    "is_sample_member",
-    "padded",
-    "parse_header",
-    "scan_members",
-    "split_name",
-]
+__all__ = ["BLOCK", "MAX_SIZE", "Member", "TarWalk", "group_samples", "is_sample_member"]
+__all__ += ["padded", "parse_header", "scan_members", "split_name"]
 
 BLOCK = 512
 #: the largest pax or GNU long-name header read; real ones hold a path of a few hundred bytes
@@ -57,8 +40,8 @@ Read = Callable[[int, int], "bytes | bytearray | memoryview"]
 
 @dataclass(frozen=True, slots=True)
 class Member:
-    """One regular file of a tar: its name, where its first header block starts (pax and
-    long-name headers included), where its data starts, and its size in bytes."""
+    """One regular file of a tar: name, first header block (pax and long-name headers
+    included), data offset and size."""
 
     name: str
     header_offset: int
@@ -124,8 +107,7 @@ def _nts(field: bytes) -> bytes:
 
 
 def _number(field: bytes) -> int | None:
-    """A number field as ``tarfile.nti`` reads it (octal text, or GNU base-256 when the
-    first byte is 0x80 or 0xff); None when ``tarfile`` would refuse it."""
+    """A number field as ``tarfile.nti`` reads it (octal, or GNU base-256); None if refused."""
     if field[0] in (0o200, 0o377):
         value = int.from_bytes(field[1:], "big")
         return value - 256 ** (len(field) - 1) if field[0] == 0o377 else value
@@ -166,9 +148,8 @@ def parse_header(block: bytes | bytearray | memoryview, offset: int, url: str) -
 
 
 def _pax_records(data: bytes, offset: int, url: str) -> dict[str, str]:
-    """The records ``"<length> <key>=<value>\\n"`` of a pax header at ``offset``; records end
-    at the end of the header's blocks (``data``, padding included) or at a NUL. Each record
-    must be framed exactly: its length counts itself, the key is UTF-8 and not empty."""
+    """The records ``"<length> <key>=<value>\\n"`` of a pax header, framed exactly, up to the
+    end of its blocks or a NUL."""
     records: dict[str, str] = {}
     pos = 0
     while pos < len(data) and data[pos] != 0:
@@ -193,12 +174,9 @@ def _pax_records(data: bytes, offset: int, url: str) -> dict[str, str]:
 
 class TarWalk:
     """The regular members of a tar from the header at ``start``, where ``read(offset,
-    length)`` gives bytes of the shard (fewer past what it has). Iterating walks header
-    by header until the end-of-archive block (then :attr:`at_eof` is True) or until the
-    next header would start at or past ``end``; :attr:`offset` is then where the next
-    header is (past ``end`` when a member's data runs over it). A member whose data runs
-    past ``end`` is still yielded: the caller knows what ``end`` means. Non-regular
-    members are stepped over as ``tarfile`` steps over them."""
+    length)`` gives bytes of the shard (fewer past what it has). Iterating stops at the
+    end-of-archive block (:attr:`at_eof`) or when the next header (:attr:`offset`) would
+    start at or past ``end``; a member whose data runs past ``end`` is still yielded."""
 
     def __init__(self, read: Read, start: int, end: int, url: str) -> None:
         self.read = read
@@ -217,8 +195,7 @@ class TarWalk:
                 yield member
 
     def _next(self) -> tuple[Member, bool] | None:
-        """The next member and whether it is a regular file, or None at the end of the
-        archive."""
+        """The next member and whether it is a regular file; None at the archive's end."""
         start = self.offset
         name: str | None = None
         size: int | None = None
@@ -273,11 +250,8 @@ class TarWalk:
 def scan_members(
     read: Callable[[int, int], bytes | bytearray], size: int, url: str, window: int = 1 << 20
 ) -> list[Member]:
-    """Every member of a whole shard of ``size`` bytes, reading it ``window`` bytes at a
-    time through ``read(offset, length)`` (one ranged GET each); members larger than the
-    window are stepped over, not read. A shard that ends inside a header block is
-    ``TruncatedShard``; a member whose data runs past the end is kept (reading it fails
-    as truncated)."""
+    """Every member of a whole shard of ``size`` bytes, read ``window`` bytes at a time
+    through ``read(offset, length)``; data larger than the window is stepped over."""
     window_start, window_data = 0, b""
 
     def cached(offset: int, length: int) -> bytes | bytearray | memoryview:
