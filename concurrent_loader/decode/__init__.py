@@ -11,6 +11,7 @@ from .encoded import (
     EncodedImageDecoder,
     PILBatchDecoder,
     check_decode_on,
+    image_decoder,
 )
 from .image import ImageDecoder, center_crop_box, to_tensor
 from .presize import Presize, is_raw, read_raw
@@ -26,6 +27,7 @@ __all__ = [
     "Presize",
     "center_crop_box",
     "check_decode_on",
+    "image_decoder",
     "is_raw",
     "read_raw",
     "to_tensor",

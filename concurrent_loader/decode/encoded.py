@@ -23,7 +23,7 @@ import torch
 from PIL import Image
 
 from ..errors import ConfigError, DecodeError, Reason
-from .image import ImageDecoder, to_tensor
+from .image import ImageDecoder, check_resize_size, to_tensor
 from .presize import is_raw, read_raw
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "EncodedImageDecoder",
     "PILBatchDecoder",
     "check_decode_on",
+    "image_decoder",
 ]
 
 DecodeOn = Literal["cuda", "cpu"]
@@ -43,11 +44,13 @@ DECODE_ON: tuple[str, ...] = ("cuda", "cpu")
 
 class EncodedImage(bytes):
     """An image object's bytes, with what the batch decode needs: ``size`` (the output
-    ``(h, w)``), ``url`` (named by errors) and ``decode_on`` (``"cuda"`` or ``"cpu"``)."""
+    ``(h, w)``), ``url`` (named by errors), ``decode_on`` (``"cuda"`` or ``"cpu"``) and
+    ``resize_size`` (the shorter side resized to before the crop; None: the crop's)."""
 
     size: tuple[int, int]
     url: str | None
     decode_on: str
+    resize_size: int | None
 
     def __new__(
         cls,
@@ -55,19 +58,25 @@ class EncodedImage(bytes):
         size: tuple[int, int],
         url: str | None = None,
         decode_on: str = "cuda",
+        resize_size: int | None = None,
     ) -> EncodedImage:
         self = super().__new__(cls, data)
         self.size = (int(size[0]), int(size[1]))
         self.url = url
         self.decode_on = decode_on
+        self.resize_size = resize_size
         return self
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (EncodedImage, (bytes(self), self.size, self.url, self.decode_on))
+        return (
+            EncodedImage,
+            (bytes(self), self.size, self.url, self.decode_on, self.resize_size),
+        )
 
     def __repr__(self) -> str:
+        resize = "" if self.resize_size is None else f", resize_size={self.resize_size}"
         return (
-            f"EncodedImage({len(self)} bytes, size={self.size}, url={self.url!r}, "
+            f"EncodedImage({len(self)} bytes, size={self.size}{resize}, url={self.url!r}, "
             f"decode_on={self.decode_on!r})"
         )
 
@@ -104,16 +113,27 @@ class EncodedImageDecoder:
     """Worker-side decoder of ``decode_on``: checks the header, returns an
     :class:`EncodedImage` (see the module docstring for what is checked where)."""
 
-    def __init__(self, image_size: int | tuple[int, int], decode_on: str = "cuda") -> None:
+    def __init__(
+        self,
+        image_size: int | tuple[int, int],
+        decode_on: str = "cuda",
+        *,
+        resize_size: int | None = None,
+    ) -> None:
         check_decode_on(decode_on, image_size, None)
         size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
         if len(size) != 2 or min(size) < 1:
             raise ValueError(f"image_size must be a positive int or (h, w), got {image_size!r}")
         self.image_size: tuple[int, int] = (int(size[0]), int(size[1]))
         self.decode_on = decode_on
+        self.resize_size = check_resize_size(resize_size, self.image_size)
 
     def __repr__(self) -> str:
-        return f"EncodedImageDecoder(image_size={self.image_size}, decode_on={self.decode_on!r})"
+        resize = "" if self.resize_size is None else f", resize_size={self.resize_size}"
+        return (
+            f"EncodedImageDecoder(image_size={self.image_size}{resize}, "
+            f"decode_on={self.decode_on!r})"
+        )
 
     def __call__(
         self, data: bytes | bytearray | memoryview, url: str | None = None
@@ -124,7 +144,7 @@ class EncodedImageDecoder:
             )
         if is_raw(data):
             read_raw(data, url)  # the header and length; the batch decoder's fallback reads it
-            return EncodedImage(data, self.image_size, url, self.decode_on)
+            return self._encoded(data, url)
         try:
             with Image.open(io.BytesIO(data)):  # reads the header only
                 pass
@@ -135,7 +155,26 @@ class EncodedImageDecoder:
                 stage="decode",
                 cause=Reason.UNDECODABLE,
             ) from exc
-        return EncodedImage(data, self.image_size, url, self.decode_on)
+        return self._encoded(data, url)
+
+    def _encoded(self, data: bytes | bytearray | memoryview, url: str | None) -> EncodedImage:
+        return EncodedImage(data, self.image_size, url, self.decode_on, self.resize_size)
+
+
+def image_decoder(
+    image_size: int | tuple[int, int] | None = None,
+    *,
+    transform: Any = None,
+    decode_on: str | None = None,
+    resize_size: int | None = None,
+) -> ImageDecoder | EncodedImageDecoder:
+    """The image decoder of a dataset's options (``ImageFolder``, ``ImageSample``): the
+    worker-side :class:`EncodedImageDecoder` with ``decode_on``, else :class:`ImageDecoder`;
+    :class:`ConfigError` or ``ValueError`` for options that cannot work together."""
+    check_decode_on(decode_on, image_size, transform)
+    if decode_on is not None and image_size is not None:
+        return EncodedImageDecoder(image_size, decode_on, resize_size=resize_size)
+    return ImageDecoder(image_size, transform=transform, resize_size=resize_size)
 
 
 class BatchDecoder(Protocol):

@@ -1,13 +1,25 @@
 """Image decoding: bytes in, a uint8 CHW tensor (or a user transform's output) out.
 
 The fused path (``image_size`` given) decodes a JPEG at a reduced DCT scale when the target
-is smaller, then resizes and centre-crops in one ``Image.resize(box=...)``, matching
-torchvision's ``Resize(s) + CenterCrop(s)``. Pillow releases the GIL, so threads scale.
+is smaller, then resizes and centre-crops in one ``Image.resize(box=...)``. Its geometry:
+
+- ``resize_size`` None: the largest centred box with the output's aspect ratio, resized to
+  ``image_size`` (torchvision's ``Resize(s) + CenterCrop(s)`` up to sub-pixel rounding);
+- ``resize_size`` R: torchvision's ``Resize(R) + CenterCrop(image_size)`` on a PIL image,
+  pixel for pixel (shorter side to R, longer side truncated, crop offsets rounded; only the
+  crop's columns go through the vertical pass); the standard ImageNet evaluation pipeline
+  is ``resize_size=256, image_size=224``. A JPEG decoded at a reduced DCT scale (draft mode,
+  the largest 1/2^k scale not below the resize) is close to it, not equal.
+
+An image that needs no resample (its size is already the resize's: stored pre-sized at the
+output's short side, or at ``resize_size``) is only cropped, at whole-pixel offsets
+rounded as torchvision's ``CenterCrop`` rounds them. Pillow releases the GIL, so threads
+scale.
 
 The raw form of :mod:`.presize` (uint8 pixels with their shape) is read without a decode:
-the fused path crops and resizes from the array with the same geometry as for a JPEG
-(:func:`center_crop_box`), a ``transform`` gets a PIL image made from the array, and with
-neither the array itself becomes the tensor.
+the fused path crops (and resizes when it must) from the array with the same geometry as
+for a JPEG, a ``transform`` gets a PIL image made from the array, and with neither the
+array itself becomes the tensor.
 """
 
 from __future__ import annotations
@@ -23,12 +35,19 @@ from PIL import Image, JpegImagePlugin
 from ..errors import DecodeError, Reason
 from .presize import is_raw, read_raw
 
-__all__ = ["ImageDecoder", "center_crop_box", "to_tensor"]
+__all__ = [
+    "ImageDecoder",
+    "center_crop_box",
+    "center_crop_offsets",
+    "check_resize_size",
+    "resized_size",
+    "to_tensor",
+]
+
+Box = tuple[float, float, float, float]
 
 
-def center_crop_box(
-    width: int, height: int, out_h: int, out_w: int
-) -> tuple[float, float, float, float]:
+def center_crop_box(width: int, height: int, out_h: int, out_w: int) -> Box:
     """The source box that, resized to ``(out_w, out_h)``, equals resize-shorter-side then
     centre-crop: the largest centred box with the output's aspect ratio."""
     scale = max(out_w / width, out_h / height)
@@ -38,6 +57,37 @@ def center_crop_box(
     return (left, top, min(float(width), left + box_w), min(float(height), top + box_h))
 
 
+def resized_size(width: int, height: int, resize_size: int) -> tuple[int, int]:
+    """``(width, height)`` after torchvision's ``Resize(resize_size)``: the shorter side
+    becomes ``resize_size``, the longer side keeps the aspect ratio, truncated."""
+    if width <= height:
+        return resize_size, int(resize_size * height / width)
+    return int(resize_size * width / height), resize_size
+
+
+def center_crop_offsets(width: int, height: int, out_h: int, out_w: int) -> tuple[int, int]:
+    """``(left, top)`` of torchvision's ``CenterCrop((out_h, out_w))`` of an image this
+    size (Python's ``round``: 37.5 -> 38, 36.5 -> 36)."""
+    return round((width - out_w) / 2.0), round((height - out_h) / 2.0)
+
+
+def check_resize_size(resize_size: Any, image_size: tuple[int, int] | None) -> int | None:
+    """``resize_size`` validated against ``image_size`` (the crop): ``ValueError`` when it
+    is not a positive int, given without ``image_size``, or smaller than the crop."""
+    if resize_size is None:
+        return None
+    if isinstance(resize_size, bool) or not isinstance(resize_size, int):
+        raise ValueError(f"resize_size must be an int (the shorter side), got {resize_size!r}")
+    if image_size is None:
+        raise ValueError(f"resize_size={resize_size} needs image_size (the crop after it)")
+    if resize_size < max(image_size):
+        # torchvision would pad the crop with zeros; a training pipeline never means that.
+        raise ValueError(
+            f"resize_size={resize_size} is smaller than the crop image_size={image_size}"
+        )
+    return resize_size
+
+
 def to_tensor(image: Image.Image) -> torch.Tensor:
     """Contiguous uint8 CHW tensor of an RGB or L image.
 
@@ -45,7 +95,10 @@ def to_tensor(image: Image.Image) -> torch.Tensor:
     stacking permuted views into a batch instead costs a strided copy per batch on the
     consumer's thread (measured: about 10x slower than stacking contiguous images).
     """
-    array = np.asarray(image)
+    return _chw(np.asarray(image))
+
+
+def _chw(array: np.ndarray) -> torch.Tensor:
     if array.ndim == 2:
         array = array[:, :, None]
     # A copy always: for one channel the transpose is already contiguous, and PIL's array
@@ -57,7 +110,9 @@ class ImageDecoder:
     """Callable decoding image bytes.
 
     - ``image_size`` None and no ``transform``: the full image as a uint8 CHW tensor;
-    - ``image_size`` (int or (h, w)): fused draft-decode, resize and centre-crop to that size;
+    - ``image_size`` (int or (h, w)): fused draft-decode, resize and centre-crop to that
+      size; with ``resize_size`` R, the shorter side is resized to R first (torchvision's
+      ``Resize(R) + CenterCrop(image_size)``, see the module docstring);
     - ``transform``: called on the (possibly already resized) PIL image; its output is the item.
     """
 
@@ -69,45 +124,75 @@ class ImageDecoder:
         mode: str = "RGB",
         draft: bool = True,
         resample: int = Image.Resampling.BILINEAR,
+        resize_size: int | None = None,
     ) -> None:
         if isinstance(image_size, int):
             image_size = (image_size, image_size)
         if image_size is not None and (len(image_size) != 2 or min(image_size) < 1):
             raise ValueError(f"image_size must be a positive int or (h, w), got {image_size!r}")
         self.image_size = image_size
+        self.resize_size = check_resize_size(resize_size, image_size)
         self.transform = transform
         self.mode = mode
         self.draft = draft
         self.resample = resample
 
     def __repr__(self) -> str:
-        return f"ImageDecoder(image_size={self.image_size}, transform={self.transform!r})"
+        resize = "" if self.resize_size is None else f", resize_size={self.resize_size}"
+        return f"ImageDecoder(image_size={self.image_size}{resize}, transform={self.transform!r})"
 
-    def open(self, data: bytes | bytearray | memoryview, url: str | None = None) -> Image.Image:
-        """Decode to a PIL image (resized and cropped when ``image_size`` is set)."""
+    def geometry(self, width: int, height: int) -> tuple[Box, tuple[int, int] | None]:
+        """For an image of ``width`` x ``height``: the source box resized to ``image_size``,
+        and ``(left, top)`` when that box needs no resample (a crop at those offsets)."""
+        assert self.image_size is not None
+        out_h, out_w = self.image_size
+        if self.resize_size is None:
+            box = center_crop_box(width, height, out_h, out_w)
+            if box[2] - box[0] != out_w or box[3] - box[1] != out_h:
+                return box, None
+            left, top = round(box[0]), round(box[1])
+        else:
+            new_w, new_h = resized_size(width, height, self.resize_size)
+            left, top = center_crop_offsets(new_w, new_h, out_h, out_w)
+            if (new_w, new_h) != (width, height):
+                sx, sy = width / new_w, height / new_h
+                return (left * sx, top * sy, (left + out_w) * sx, (top + out_h) * sy), None
+        return (left, top, left + out_w, top + out_h), (left, top)
+
+    def _draft_size(self, width: int, height: int) -> tuple[int, int]:
+        """The smallest decoded size the resize may start from (JPEG ``draft`` picks the
+        largest 1/2^k scale whose output is not below it)."""
+        assert self.image_size is not None
+        if self.resize_size is not None:
+            return resized_size(width, height, self.resize_size)
+        out_h, out_w = self.image_size
+        scale = max(out_w / width, out_h / height)
+        return int(width * scale) + 1, int(height * scale) + 1
+
+    def _decode(
+        self, data: bytes | bytearray | memoryview, url: str | None
+    ) -> tuple[Image.Image, tuple[int, int] | None]:
+        """The image in ``data``, in ``self.mode``: the output when ``image_size`` is set,
+        or, with offsets, the image to crop the output from at those offsets."""
         if len(data) == 0:
             raise DecodeError(
                 "the object is empty (0 bytes)", url=url, stage="decode", cause=Reason.EMPTY_OBJECT
             )
         if is_raw(data):
-            return self._open_raw(data, url)
+            array = read_raw(data, url)
+            image = Image.fromarray(array[:, :, 0] if array.shape[2] == 1 else array)
+            return self._fit(image.convert(self.mode) if image.mode != self.mode else image)
         try:
-            image: Image.Image = Image.open(io.BytesIO(data))
-            if self.image_size is not None:
-                out_h, out_w = self.image_size
-                if self.draft and isinstance(image, JpegImagePlugin.JpegImageFile):
-                    # Ask for the smallest DCT scale whose output still covers the crop box.
-                    scale = max(out_w / image.width, out_h / image.height)
-                    image.draft(
-                        self.mode, (int(image.width * scale) + 1, int(image.height * scale) + 1)
-                    )
-                image = image.convert(self.mode) if image.mode != self.mode else image
-                box = center_crop_box(image.width, image.height, out_h, out_w)
-                image = image.resize((out_w, out_h), self.resample, box=box)
-            else:
+            image = Image.open(io.BytesIO(data))
+            if self.image_size is None:
                 image = image.convert(self.mode) if image.mode != self.mode else image
                 image.load()
-            return image
+                return image, None
+            width, height = image.size
+            if self.draft and isinstance(image, JpegImagePlugin.JpegImageFile):
+                image.draft(self.mode, self._draft_size(width, height))
+            image = image.convert(self.mode) if image.mode != self.mode else image
+            return self._fit(image, (width, height))
         except Image.DecompressionBombError as exc:
             raise DecodeError(
                 f"refused as a decompression bomb: {exc} (raise PIL.Image.MAX_IMAGE_PIXELS "
@@ -126,38 +211,81 @@ class ImageDecoder:
                 cause=Reason.UNDECODABLE,
             ) from exc
 
-    def _open_raw(self, data: bytes | bytearray | memoryview, url: str | None) -> Image.Image:
-        array = read_raw(data, url)
-        image = Image.fromarray(array[:, :, 0] if array.shape[2] == 1 else array)
-        image = image.convert(self.mode) if image.mode != self.mode else image
-        if self.image_size is not None:
-            out_h, out_w = self.image_size
-            box = center_crop_box(image.width, image.height, out_h, out_w)
-            image = image.resize((out_w, out_h), self.resample, box=box)
-        return image
+    def _fit(
+        self, image: Image.Image, original: tuple[int, int] | None = None
+    ) -> tuple[Image.Image, tuple[int, int] | None]:
+        """``image`` resized to ``image_size`` (its geometry taken from its ``original``
+        size, which draft mode may have reduced), or the image and the offsets to crop the
+        output from."""
+        if self.image_size is None:
+            return image, None
+        width, height = original or image.size
+        box, crop = self.geometry(width, height)
+        if image.size == (width, height):
+            if crop is not None:
+                return image, crop
+            if self.resize_size is not None:
+                return self._resize_exactly(image)
+        else:  # decoded at a reduced DCT scale: the box in its pixels
+            fx, fy = image.width / width, image.height / height
+            box = (
+                box[0] * fx,
+                box[1] * fy,
+                min(float(image.width), box[2] * fx),
+                min(float(image.height), box[3] * fy),
+            )
+        out_h, out_w = self.image_size
+        return image.resize((out_w, out_h), self.resample, box=box), None
+
+    def _resize_exactly(self, image: Image.Image) -> tuple[Image.Image, tuple[int, int]]:
+        """torchvision's ``Resize(resize_size)`` then ``CenterCrop(image_size)``, pixel for
+        pixel, as the image and the offsets of the crop.
+
+        PIL resizes in a horizontal pass then a vertical one, each rounded to uint8, so
+        resizing whole rows, keeping the crop's columns and resizing only those equals
+        resizing the whole image, for less. One resize of the crop's box would cost less
+        still, but its sample positions land a float rounding away from the whole image's,
+        which moves some pixels by a level or two."""
+        assert self.image_size is not None and self.resize_size is not None
+        out_h, out_w = self.image_size
+        width, height = image.size
+        new_w, new_h = resized_size(width, height, self.resize_size)
+        left, top = center_crop_offsets(new_w, new_h, out_h, out_w)
+        if new_w != width:
+            image = image.resize((new_w, height), self.resample)
+        image = image.crop((left, 0, left + out_w, height))
+        if new_h != height:
+            image = image.resize((out_w, new_h), self.resample)
+        return image, (0, top)
+
+    def open(self, data: bytes | bytearray | memoryview, url: str | None = None) -> Image.Image:
+        """Decode to a PIL image (resized and cropped when ``image_size`` is set)."""
+        image, crop = self._decode(data, url)
+        if crop is None:
+            return image
+        assert self.image_size is not None
+        (left, top), (out_h, out_w) = crop, self.image_size
+        return image.crop((left, top, left + out_w, top + out_h))
 
     def __call__(self, data: bytes | bytearray | memoryview, url: str | None = None) -> Any:
-        if self.transform is None and is_raw(data):
+        if self.transform is not None:
+            return self.transform(self.open(data, url))
+        if is_raw(data):
             array = read_raw(data, url)
             if (self.mode, array.shape[2]) in (("RGB", 3), ("L", 1)):
                 # No decode and no PIL image: the pixels are already what is asked for, or
-                # (stored at the output's short side) a centre crop of them.
-                crop = array if self.image_size is None else _exact_crop(array, self.image_size)
+                # a centre crop of them.
+                if self.image_size is None:
+                    return torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))
+                _, crop = self.geometry(array.shape[1], array.shape[0])
                 if crop is not None:
-                    return torch.from_numpy(np.ascontiguousarray(crop.transpose(2, 0, 1)))
-        image = self.open(data, url)
-        if self.transform is not None:
-            return self.transform(image)
-        return to_tensor(image)
+                    return _chw(self._cropped(array, crop))
+        image, crop = self._decode(data, url)
+        if crop is None:
+            return to_tensor(image)
+        return _chw(self._cropped(np.asarray(image), crop))
 
-
-def _exact_crop(array: np.ndarray, size: tuple[int, int]) -> np.ndarray | None:
-    """The centre crop of ``array`` (HWC) to ``size`` when that needs no resampling (the
-    image is stored at the output's short side), at whole-pixel offsets rounded as
-    torchvision's ``CenterCrop`` rounds them; else None."""
-    out_h, out_w = size
-    left, top, right, bottom = center_crop_box(array.shape[1], array.shape[0], out_h, out_w)
-    if right - left != out_w or bottom - top != out_h:
-        return None
-    x, y = round(left), round(top)
-    return array[y : y + out_h, x : x + out_w]
+    def _cropped(self, array: np.ndarray, crop: tuple[int, int]) -> np.ndarray:
+        assert self.image_size is not None
+        (left, top), (out_h, out_w) = crop, self.image_size
+        return array[top : top + out_h, left : left + out_w]

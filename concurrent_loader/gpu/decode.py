@@ -7,8 +7,10 @@ copy stream). Guarantees of :class:`EncodedBatchDecoder`:
 * one batched call per batch: nvJPEG (``torchvision.io.decode_jpeg``) for ``"cuda"``, the
   Pillow stand-in (:class:`~concurrent_loader.decode.PILBatchDecoder`) for ``"cpu"`` and for
   objects that are not JPEG;
-* the CPU fused path's geometry (cover-resize, bilinear antialiased in float32, centre-crop),
-  image by image, each full-size image dropped once cropped; pixels differ by a few levels;
+* the CPU fused path's geometry (cover-resize, or the shorter side to the images'
+  ``resize_size``; bilinear antialiased in float32; centre-crop), images of one shape
+  together, each full-size image dropped once cropped; pixels differ by a few levels; an
+  image already at the resize's size is only cropped;
 * item ``i`` of the tensor is item ``i`` of the list;
 * a failed batched call is retried image by image to find the culprit, which raises
   :class:`~concurrent_loader.errors.DecodeError` naming its URL; nothing is dropped or
@@ -26,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..decode.encoded import BatchDecoder, EncodedImage, PILBatchDecoder
+from ..decode.image import center_crop_offsets, resized_size
 from ..errors import ConfigError, DecodeError, Reason
 from .tree import Path
 
@@ -72,19 +75,27 @@ def cuda_decoder() -> BatchDecoder:
         ) from exc
 
 
-def resize_crop(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+def resize_crop(
+    image: torch.Tensor, size: tuple[int, int], resize_size: int | None = None
+) -> torch.Tensor:
     """``image`` (uint8 ``C, H, W``, or ``N, C, H, W`` of one size) resized so it covers
-    ``size``, then centre-cropped to it."""
+    ``size`` (or, with ``resize_size``, its shorter side to ``resize_size``, as
+    torchvision's ``Resize`` computes it), then centre-cropped to it. An image already at
+    that size is only cropped."""
     height, width = image.shape[-2:]
     out_h, out_w = size
-    scale = max(out_w / width, out_h / height)
-    new_h, new_w = max(out_h, round(height * scale)), max(out_w, round(width * scale))
+    if resize_size is None:
+        scale = max(out_w / width, out_h / height)
+        new_h, new_w = max(out_h, round(height * scale)), max(out_w, round(width * scale))
+    else:
+        new_w, new_h = resized_size(width, height, resize_size)
+    # Offsets rounded as torchvision's CenterCrop and the CPU decoder's crop round them.
+    left, top = center_crop_offsets(new_w, new_h, out_h, out_w)
     if (new_h, new_w) != (height, width):
         batch = image if image.dim() == 4 else image.unsqueeze(0)
         resized = F.interpolate(batch.float(), size=(new_h, new_w), mode="bilinear", antialias=True)
         resized = resized.round_().clamp_(0, 255).to(torch.uint8)
         image = resized if image.dim() == 4 else resized[0]
-    top, left = (new_h - out_h) // 2, (new_w - out_w) // 2
     return image[..., top : top + out_h, left : left + out_w]
 
 
@@ -132,13 +143,14 @@ class EncodedBatchDecoder:
     def __call__(self, images: Sequence[EncodedImage]) -> torch.Tensor:
         """A uint8 ``N, 3, h, w`` tensor of ``images`` (on CUDA for ``decode_on="cuda"``,
         else on the CPU)."""
-        kinds = {(image.size, image.decode_on) for image in images}
+        kinds = {(image.size, image.resize_size, image.decode_on) for image in images}
         if len(kinds) != 1:
             raise ConfigError(
-                f"a batch mixes encoded images of different sizes or decode_on: {sorted(kinds)}",
+                "a batch mixes encoded images of different sizes, resize_size or decode_on: "
+                f"{sorted(kinds, key=repr)}",
                 cause=Reason.INVALID_ARGUMENT,
             )
-        ((size, decode_on),) = kinds
+        ((size, resize_size, decode_on),) = kinds
         decoder, device = self._target(decode_on)
         data = [image.tensor() for image in images]
         out = torch.empty((len(images), 3, *size), dtype=torch.uint8, device=device)
@@ -163,7 +175,7 @@ class EncodedBatchDecoder:
                     fulls = torch.stack([decoded[j] for j in js])  # type: ignore[misc]
                     for j in js:
                         decoded[j] = None  # full-size images are freed once cropped
-                    crops = resize_crop(fulls, size)
+                    crops = resize_crop(fulls, size, resize_size)
                     del fulls
                     for j, crop in zip(js, crops, strict=True):
                         out[indices[j]].copy_(crop)
