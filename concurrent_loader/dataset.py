@@ -26,7 +26,7 @@ from torch.utils.data import Dataset
 from .cache import CacheConfig, CachedStoreConfig, with_cache
 from .closing import Closing
 from .config import FetchConfig
-from .decode import EncodedImageDecoder, ImageDecoder, check_decode_on
+from .decode import EncodedImageDecoder, ImageDecoder, image_decoder
 from .errors import ConfigError, Reason
 from .fetch import client_for, fetch_blocking
 from .fetch.parts import PartsConfig
@@ -294,15 +294,13 @@ class ImageFolder(ObjectDataset):
         keys: Iterable[str] | None = None,
         extensions: tuple[str, ...] = IMG_EXTENSIONS,
         decode_on: str | None = None,
+        resize_size: int | None = None,
         **kwargs: Any,
     ) -> None:
-        check_decode_on(decode_on, image_size, transform)
         self.decode_on = decode_on
-        self.decoder: ImageDecoder | EncodedImageDecoder
-        if decode_on is not None and image_size is not None:
-            self.decoder = EncodedImageDecoder(image_size, decode_on)
-        else:
-            self.decoder = ImageDecoder(image_size, transform=transform)
+        self.decoder: ImageDecoder | EncodedImageDecoder = image_decoder(
+            image_size, transform=transform, decode_on=decode_on, resize_size=resize_size
+        )
         self.target_transform = target_transform
         self.extensions = tuple(e.lower() for e in extensions)
         super().__init__(root, keys, decode=None, **kwargs)
