@@ -23,7 +23,7 @@ from typing import Any
 from ..cache import CacheConfig
 from ..config import FetchConfig
 from ..dataset import ObjectDataset
-from ..decode import EncodedImageDecoder, ImageDecoder, check_decode_on
+from ..decode import EncodedImageDecoder, ImageDecoder, image_decoder
 from ..errors import ConfigError, ObjectNotFound, Reason, ShardError
 from ..listing import list_store
 from ..listing import progress as progress_bar
@@ -173,13 +173,11 @@ class ImageSample:
         transform: Callable[[Any], Any] | None = None,
         label: str = "cls",
         decode_on: str | None = None,
+        resize_size: int | None = None,
     ) -> None:
-        check_decode_on(decode_on, image_size, transform)
-        self.decoder: ImageDecoder | EncodedImageDecoder
-        if decode_on is not None and image_size is not None:
-            self.decoder = EncodedImageDecoder(image_size, decode_on)
-        else:
-            self.decoder = ImageDecoder(image_size, transform=transform)
+        self.decoder: ImageDecoder | EncodedImageDecoder = image_decoder(
+            image_size, transform=transform, decode_on=decode_on, resize_size=resize_size
+        )
         self.label = label
 
     def __call__(self, sample: dict[str, Any]) -> tuple[Any, int]:
