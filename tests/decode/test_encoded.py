@@ -18,6 +18,7 @@ from concurrent_loader.decode import (
     ImageDecoder,
     PILBatchDecoder,
     check_decode_on,
+    image_decoder,
 )
 from concurrent_loader.errors import ConfigError, DecodeError, Reason
 
@@ -132,3 +133,43 @@ def test_the_pil_stand_in_decodes_full_size_rgb():
     assert all(t.dtype == torch.uint8 for t in out)
     assert torch.equal(out[1], torch.full((3, 30, 40), 77, dtype=torch.uint8))
     assert torch.equal(out[0], ImageDecoder(None)(_jpeg(40, 30)))
+
+
+def test_resize_size_travels_with_the_encoded_image():
+    out = EncodedImageDecoder(16, "cpu", resize_size=20)(_jpeg(40, 30), "s3://b/k.jpg")
+    assert (out.size, out.resize_size) == ((16, 16), 20) and "resize_size=20" in repr(out)
+    back = pickle.loads(pickle.dumps(out))
+    assert (back.size, back.resize_size, back.url) == ((16, 16), 20, "s3://b/k.jpg")
+    assert EncodedImageDecoder(16)(_jpeg(40, 30)).resize_size is None
+    with pytest.raises(ValueError, match="smaller than the crop"):
+        EncodedImageDecoder(16, "cpu", resize_size=12)
+
+
+def test_image_decoder_builds_the_decoder_the_options_ask_for():
+    plain = image_decoder(224, resize_size=256)
+    assert type(plain) is ImageDecoder and plain.resize_size == 256
+    encoded = image_decoder(224, decode_on="cuda", resize_size=256)
+    assert type(encoded) is EncodedImageDecoder and encoded.resize_size == 256
+    assert type(image_decoder()) is ImageDecoder and image_decoder().resize_size is None
+    with pytest.raises(ConfigError, match="needs image_size"):
+        image_decoder(decode_on="cpu")
+    with pytest.raises(ValueError, match="needs image_size"):
+        image_decoder(resize_size=256)
+
+
+def test_image_folder_and_image_sample_pass_resize_size_to_their_decoder(tmp_path):
+    data = _noisy_jpeg(60, 40)
+    expected = ImageDecoder(32, resize_size=36, draft=False)(data)
+    assert not torch.equal(expected, ImageDecoder(32, draft=False)(data))  # it matters
+    (tmp_path / "cat").mkdir()
+    (tmp_path / "cat" / "a.jpg").write_bytes(data)
+    ds = ImageFolder(tmp_path, image_size=32, resize_size=36)
+    try:
+        assert torch.equal(ds[0][0], expected)
+    finally:
+        ds.close()
+    sample = {"__key__": "0", "__url__": "s3://b/shard.tar#0", "jpg": data, "cls": b"1"}
+    image, label = ImageSample(32, resize_size=36)(sample)
+    assert torch.equal(image, expected) and label == 1
+    encoded, _ = ImageSample(32, resize_size=36, decode_on="cpu")(sample)
+    assert encoded.resize_size == 36

@@ -251,3 +251,27 @@ def test_shard_samples_with_decode_on_arrive_decoded_in_order():
     labels = torch.cat([y for _, y in batches])
     assert torch.allclose(images, torch.tensor([color_of(i) for i in range(6)]).float(), atol=3)
     assert labels.tolist() == [0, 1, 0, 1, 0, 1]
+
+
+@pytest.mark.parametrize(("width", "height"), [(500, 375), (375, 500), (333, 257), (299, 256)])
+def test_resize_crop_with_resize_size_matches_the_cpu_fused_decode(width, height):
+    data = noisy_jpeg(width, height)
+    out = resize_crop(ImageDecoder(None)(data), (224, 224), resize_size=256)
+    assert out.shape == (3, 224, 224) and out.dtype == torch.uint8
+    fused = ImageDecoder(224, resize_size=256, draft=False)(data)
+    assert (out.int() - fused.int()).abs().float().mean() < 3
+
+
+@pytest.mark.parametrize(("width", "height"), [(341, 256), (256, 385), (301, 256)])
+def test_an_image_stored_at_resize_size_is_cropped_as_the_cpu_path_crops_it(width, height):
+    data = noisy_jpeg(width, height, seed=3)
+    images = [EncodedImage(data, (224, 224), "k", "cpu", resize_size=256)] * 2
+    out = EncodedBatchDecoder(CPU)(images)
+    expected = ImageDecoder(224, resize_size=256)(data)  # a crop, at torchvision's offsets
+    assert torch.equal(out[0], expected) and torch.equal(out[1], expected)
+
+
+def test_a_batch_mixing_resize_sizes_is_refused():
+    images = [EncodedImage(solid((1, 2, 3)), (8, 8), "k", "cpu", resize_size=r) for r in (None, 10)]
+    with pytest.raises(ConfigError, match="resize_size"):
+        EncodedBatchDecoder(CPU)(images)
