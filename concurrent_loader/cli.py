@@ -11,11 +11,8 @@ Commands::
     concurrent-loader cache clear DIR
 
 Each command's ``--help`` says what it does. ``ROOT`` is ``s3://bucket/prefix`` or a local
-directory; credentials and endpoint follow the AWS chain unless given as options. A
-manifest lists keys relative to ``ROOT``, sorted, one per line, read back exactly by
-``ObjectDataset.from_manifest``. ``cache clear`` removes only what the cache wrote, only in
-a directory marked as a cache. Errors print one line, ``concurrent-loader: error:
-<message>``, and exit with status 1.
+directory; credentials and endpoint follow the AWS chain unless given as options. Errors
+print one line, ``concurrent-loader: error: <message>``, and exit with status 1.
 """
 
 from __future__ import annotations
@@ -33,10 +30,10 @@ from .cache import CacheConfig, CachedStoreConfig, clear_cache, describe_cache
 from .cache.warm import warm_cache
 from .dataset import IMG_EXTENSIONS, ImageFolder, ObjectDataset
 from .decode.presize import FORMATS, Presize
-from .errors import ConfigError, LoaderError, Reason
+from .errors import ConfigError, LoaderError
 from .listing import list_store, progress
 from .shards.pack import add_pack_arguments, run_pack
-from .stores import ObjectInfo, S3Config, StoreConfig, store_config_for
+from .stores import S3Config, StoreConfig, store_config_for
 
 __all__ = ["main"]
 
@@ -45,9 +42,8 @@ log = logging.getLogger(__name__)
 
 
 def root_config(root: str, args: argparse.Namespace) -> StoreConfig:
-    """``root``'s store config: for an ``s3://`` root, the :class:`S3Config` with the store
-    options given (``--endpoint-url``, ``--region``, ``--profile``, ``--anonymous``); those
-    options for any other root are a ``ConfigError``."""
+    """``root``'s store config, with the S3 options given (a ``ConfigError`` for a root that
+    is not on S3)."""
     options = {
         "endpoint_url": args.endpoint_url,
         "region": args.region,
@@ -58,25 +54,9 @@ def root_config(root: str, args: argparse.Namespace) -> StoreConfig:
     return S3Config.from_url(root, **given) if given else store_config_for(root)
 
 
-def list_root(
-    root: str, args: argparse.Namespace, on_object: Callable[[], None] | None = None
-) -> tuple[StoreConfig, list[ObjectInfo]]:
-    """Every object under ``root``, sorted by key (directory markers left out)."""
-    store = root_config(root, args)
-    return store, list_store(store, on_object=on_object)
-
-
-# ---------------------------------------------------------------------------- commands
-
-
 def manifest_text(keys: Iterable[str], store: StoreConfig) -> str:
-    """The manifest of ``keys``: one per line, each ending in ``\n``.
-
-    ``ObjectDataset.from_manifest`` splits on ``\n`` only, drops a trailing ``\r`` and skips
-    blank and ``#`` lines, so every other key reads back exactly as itself (spaces, tabs and
-    characters such as ``\x0b``, ``\x85`` or ``\u2028`` included); a key that would not is
-    refused with ``ConfigError`` naming it, before anything is written.
-    """
+    """The manifest of ``keys``, one per line; a key ``ObjectDataset.from_manifest`` would
+    not read back as itself is refused with ``ConfigError`` naming it, before any write."""
     lines = []
     for key in keys:
         if "\n" in key or "\r" in key or not key.strip() or key.startswith("#"):
@@ -84,15 +64,15 @@ def manifest_text(keys: Iterable[str], store: StoreConfig) -> str:
                 f"the key {key!r} cannot be written to a line-based manifest: it has a line "
                 "break, is blank, or starts with '#'; pass keys= to ObjectDataset instead",
                 url=store.url_for(key),
-                cause=Reason.INVALID_ARGUMENT,
             )
         lines.append(f"{key}\n")
     return "".join(lines)
 
 
 def cmd_manifest(args: argparse.Namespace) -> int:
+    store = root_config(args.root, args)
     with progress(args.progress, "listing") as tick:
-        store, found = list_root(args.root, args, tick)
+        found = list_store(store, on_object=tick)
     text = manifest_text((item.key for item in found), store)
     if args.output == "-":
         sys.stdout.write(text)
@@ -109,7 +89,7 @@ def cmd_manifest(args: argparse.Namespace) -> int:
 
 
 def _write_atomically(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file, so a reader never sees half."""
+    """Through a temporary file, so a reader never sees half."""
     directory = os.path.dirname(os.path.abspath(path))
     try:
         fd, tmp = tempfile.mkstemp(prefix=".manifest-", dir=directory)
@@ -126,8 +106,9 @@ def _write_atomically(path: str, text: str) -> None:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    store = root_config(args.root, args)
     with progress(args.progress, "listing") as tick:
-        store, found = list_root(args.root, args, tick)
+        found = list_store(store, on_object=tick)
     report: dict[str, Any] = {
         "root": str(store),
         "objects": len(found),
@@ -181,18 +162,16 @@ def _human_bytes(n: int) -> str:
 
 def cmd_cache_warm(args: argparse.Namespace) -> int:
     if args.root is None and args.manifest is None:
-        raise ConfigError("cache warm needs ROOT or --manifest FILE", cause=Reason.INVALID_ARGUMENT)
+        raise ConfigError("cache warm needs ROOT or --manifest FILE")
     presize = None
     if args.presize is not None:
         quality = 90 if args.quality is None else args.quality
         presize = Presize(args.presize, format=args.format or "jpeg", quality=quality)
     elif args.format is not None or args.quality is not None:
-        raise ConfigError("--format and --quality need --presize", cause=Reason.INVALID_ARGUMENT)
+        raise ConfigError("--format and --quality need --presize")
     cache = CacheConfig(args.cache, max_bytes=args.max_bytes, presize=presize)
     if args.processes is not None and args.processes < 1:
-        raise ConfigError(
-            f"--processes must be >= 1, got {args.processes}", cause=Reason.INVALID_ARGUMENT
-        )
+        raise ConfigError(f"--processes must be >= 1, got {args.processes}")
     options: dict[str, Any] = {"cache": cache, "progress": args.progress}
     if args.manifest is not None:
         # The manifest's folder is the root unless ROOT is given; either takes the options.
@@ -204,8 +183,7 @@ def cmd_cache_warm(args: argparse.Namespace) -> int:
     if not isinstance(store, CachedStoreConfig):
         raise ConfigError(
             f"{store} is not cached (a local directory, or a cache that cannot be used: "
-            "see the warning above)",
-            cause=Reason.INVALID_ARGUMENT,
+            "see the warning above)"
         )
     keys = list(dataset.keys)
     with progress(args.progress, f"warming {args.cache}") as tick:
@@ -251,10 +229,7 @@ def _cache_call(function: Callable[[str], Any], directory: str) -> Any:
     try:
         return function(directory)
     except ValueError as exc:
-        raise ConfigError(str(exc), cause=Reason.INVALID_ARGUMENT) from None
-
-
-# ---------------------------------------------------------------------------- parser
+        raise ConfigError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -272,18 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def common(sub: argparse.ArgumentParser) -> None:
         sub.add_argument("root", help="s3://bucket/prefix or a local directory")
-        sub.add_argument("--endpoint-url", default=None, help="S3 endpoint (default: AWS chain)")
-        sub.add_argument("--region", default=None, help="S3 region (default: AWS chain)")
-        sub.add_argument("--profile", default=None, help="AWS profile name")
-        sub.add_argument(
-            "--anonymous", action="store_true", help="unsigned requests (public buckets)"
-        )
-        sub.add_argument(
-            "--no-progress",
-            dest="progress",
-            action="store_false",
-            help="no progress bar while listing (there is none without tqdm)",
-        )
+        _store_options(sub)
 
     manifest = commands.add_parser(
         "manifest",
@@ -314,6 +278,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     _cache_commands(commands)
     return parser
+
+
+def _store_options(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--endpoint-url", default=None, help="S3 endpoint (default: AWS chain)")
+    sub.add_argument("--region", default=None, help="S3 region (default: AWS chain)")
+    sub.add_argument("--profile", default=None, help="AWS profile name")
+    sub.add_argument("--anonymous", action="store_true", help="unsigned requests (public buckets)")
+    sub.add_argument(
+        "--no-progress",
+        dest="progress",
+        action="store_false",
+        help="no progress bar (there is none without tqdm)",
+    )
 
 
 def _cache_commands(commands: Any) -> None:
@@ -347,13 +324,7 @@ def _cache_commands(commands: Any) -> None:
         default=None,
         help="with --presize: processes that re-encode (default: one per core)",
     )
-    warm.add_argument("--endpoint-url", default=None, help="S3 endpoint (default: AWS chain)")
-    warm.add_argument("--region", default=None, help="S3 region (default: AWS chain)")
-    warm.add_argument("--profile", default=None, help="AWS profile name")
-    warm.add_argument("--anonymous", action="store_true", help="unsigned requests")
-    warm.add_argument(
-        "--no-progress", dest="progress", action="store_false", help="no progress bar"
-    )
+    _store_options(warm)
     warm.set_defaults(run=cmd_cache_warm)
     info = actions.add_parser("info", help="what a cache holds, and the reads it served")
     info.add_argument("directory")
@@ -372,10 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, stream=sys.stderr)
     try:
         status: int = args.run(args)
-    except LoaderError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:  # writing the manifest, reading a local root
+    except (LoaderError, OSError) as exc:  # OSError: writing the manifest, a local root
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

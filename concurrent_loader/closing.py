@@ -9,8 +9,7 @@ __all__ = ["Closing", "Started"]
 
 
 class Closing:
-    """Mixin: ``with obj:`` returns ``obj`` and calls ``obj.close()`` on the way out, with or
-    without an exception (which propagates)."""
+    """Mixin: ``with obj:`` returns ``obj`` and calls ``obj.close()`` on the way out."""
 
     def close(self) -> None:
         raise NotImplementedError
@@ -23,8 +22,7 @@ class Closing:
 
 
 class Started:
-    """Mixin: ``with obj:`` returns ``obj.start()`` and calls ``obj.stop()`` on the way out,
-    with or without an exception (which propagates)."""
+    """Mixin: ``with obj:`` returns ``obj.start()`` and calls ``obj.stop()`` on the way out."""
 
     def start(self) -> Self:
         raise NotImplementedError

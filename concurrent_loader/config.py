@@ -9,11 +9,16 @@ from dataclasses import dataclass, field
 
 from .errors import ConfigError
 
-__all__ = ["SELF_TUNED_CAP", "FetchConfig", "HedgeConfig", "RetryConfig", "Timeouts"]
+__all__ = ["SELF_TUNED_CAP", "FetchConfig", "HedgeConfig", "RetryConfig", "Timeouts", "check_count"]
+
+
+def check_count(name: str, value: object, minimum: int = 1) -> None:
+    """``value`` is an int (not a bool) >= ``minimum``, else ``ConfigError``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
 def _check_seconds(owner: str, name: str, value: object, *, zero: bool) -> None:
-    """``value`` is a finite number of seconds, > 0 (>= 0 when ``zero``)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ConfigError(f"{owner}.{name} must be a finite number of seconds, got {value!r}")
     if value < 0 or (value == 0 and not zero):
@@ -23,10 +28,8 @@ def _check_seconds(owner: str, name: str, value: object, *, zero: bool) -> None:
 
 @dataclass(frozen=True)
 class Timeouts:
-    """Seconds allowed for each phase of one GET and for the whole attempt, so no request
-    hangs a worker: ``read`` bounds a stall between two body chunks (not the whole body),
-    ``attempt`` the whole attempt (a trickling server cannot hold it), and
-    ``RetryConfig.max_total_seconds`` the object."""
+    """Seconds allowed for each phase of one GET, so no request hangs a worker
+    (``RetryConfig.max_total_seconds`` bounds the object)."""
 
     connect: float = 10.0
     """Seconds to open a connection (TCP and TLS)."""
@@ -47,18 +50,14 @@ class Timeouts:
 
 @dataclass(frozen=True)
 class RetryConfig:
-    """Retries of transient failures: exponential backoff with full jitter, within
-    ``max_total_seconds`` per object. Errors a retry cannot mend (404, 403, ...) are never
-    retried.
+    """Retries of transient failures, with full-jitter exponential backoff, within
+    ``max_total_seconds`` per object; errors a retry cannot mend (404, 403, ...) are not retried.
 
-    - a **failure** (5xx other than SlowDown, a reset or refused connection, a truncated body,
-      a timeout) gets up to ``max_attempts`` attempts, waiting
-      ``uniform(0, min(max_delay, base_delay * 2**retry))`` (the AWS SDKs' "standard" mode);
-    - a **throttle** (:class:`Throttled`: 503 SlowDown, 429, RequestLimitExceeded) is not
-      counted against ``max_attempts``: it backs off with ``throttle_*`` delays, cut short as
-      soon as another GET to the store succeeds, while the process cuts its requests in flight
-      (:mod:`concurrent_loader.fetch.tuning`). With the defaults a SlowDown storm of about
-      100 s loses nothing.
+    - a **failure** (5xx, a reset or refused connection, a truncated body, a timeout) gets up
+      to ``max_attempts`` attempts (the AWS SDKs' "standard" mode);
+    - a **throttle** (503 SlowDown, 429) does not count against ``max_attempts``: it backs off
+      with ``throttle_*`` delays, cut short once another GET to the store succeeds. With the
+      defaults a SlowDown storm of about 100 s loses nothing.
     """
 
     max_attempts: int = 3
@@ -74,34 +73,26 @@ class RetryConfig:
     """Seconds: the first retry's wait cap after a throttle (as the AWS SDKs); it doubles."""
 
     throttle_max_delay: float = 10.0
-    """Seconds: the longest wait before a retry after a throttle (so, how late an object
-    resumes after a SlowDown storm)."""
+    """Seconds: the longest wait before a retry after a throttle."""
 
     max_total_seconds: float = 120.0
-    """Seconds one object may take from its first send to its last byte (attempts, backoff,
-    waiting for a slot for a retry; not the wait for its first slot), however the server
-    behaves; then it fails with ``FetchTimeout`` (``Reason.DEADLINE_EXCEEDED``), the last
-    attempt's error as its ``__cause__``."""
+    """Seconds one object may take from its first send to its last byte, retries included;
+    then it fails with ``FetchTimeout`` (``DeadlineExceeded``), the last error as its cause."""
 
     throttle_cooldown: float = 0.0
-    """Seconds after a throttle during which requests in flight do not grow back (0: from
-    the next round without a throttle)."""
+    """Seconds after a throttle during which requests in flight do not grow back."""
 
     def __post_init__(self) -> None:
-        attempts = self.max_attempts
-        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
-            raise ConfigError(f"RetryConfig.max_attempts must be an int >= 1, got {attempts!r}")
+        check_count("RetryConfig.max_attempts", self.max_attempts)
         for name in ("base_delay", "max_delay", "throttle_base_delay", "throttle_max_delay"):
             _check_seconds("RetryConfig", name, getattr(self, name), zero=True)
         _check_seconds("RetryConfig", "max_total_seconds", self.max_total_seconds, zero=False)
         _check_seconds("RetryConfig", "throttle_cooldown", self.throttle_cooldown, zero=True)
 
     def backoff(self, retry: int, rng: random.Random) -> float:
-        """Delay before retry number ``retry`` (0-based) after a failure: full jitter."""
         return rng.uniform(0.0, min(self.max_delay, self.base_delay * (2**retry)))
 
     def throttle_backoff(self, retry: int, rng: random.Random) -> float:
-        """Delay before retry number ``retry`` (0-based) after a throttle: full jitter."""
         cap = self.throttle_base_delay * (2 ** min(retry, 64))
         return rng.uniform(0.0, min(self.throttle_max_delay, cap))
 
@@ -111,29 +102,23 @@ class HedgeConfig:
     """Hedged GETs ("The Tail at Scale"): a GET without an answer after a delay gets a
     second GET for the same object; the first to complete wins, the other is cancelled.
 
-    The delay is the ``percentile`` of this process's recent whole-GET latencies, within
-    ``min_delay`` and ``max_delay`` (``max_delay`` until a few GETs completed). At most one
-    hedge per attempt, only in a free hedge slot beyond the in-flight limit
-    (``FetchConfig.max_hedges_in_flight``) and not while the store throttles most GETs.
-    Hedges spend a token bucket each GET fills by ``budget`` (5 tokens at start, at most 10):
-    over ``n`` GETs at most ``5 + budget * n`` hedges. At most four hedges per delay, oldest
-    GET first. A hedge that fails while its GET has no answer fails the attempt with its
-    error (the GET is presumed stalled and cancelled), and the attempt is retried.
+    The delay is the ``percentile`` of this process's recent GET latencies, within
+    ``min_delay`` and ``max_delay``. At most one hedge per attempt, in a free hedge slot
+    (``FetchConfig.max_hedges_in_flight``), not while the store throttles most GETs, and
+    over ``n`` GETs at most ``5 + budget * n`` hedges.
     """
 
     enabled: bool = True
     """Whether slow GETs are hedged at all."""
 
     percentile: float = 98.0
-    """The percentile of recent latencies a GET must outlast to be hedged (p98 leaves
-    tokens for stalls; p95 would spend the 5 % budget on the ordinary tail)."""
+    """The percentile of recent latencies a GET must outlast to be hedged."""
 
     min_delay: float = 0.02
     """Seconds: the shortest delay before a hedge (scheduling noise is not hedged)."""
 
     max_delay: float = 2.0
-    """Seconds: the longest delay before a hedge, and the delay until enough latencies are
-    known (AWS's 2 s for a slow S3 request)."""
+    """Seconds: the longest delay before a hedge (and the delay until latencies are known)."""
 
     budget: float = 0.05
     """Hedges allowed per GET sent, in the long run (0.05: at most 5 % more GETs)."""
@@ -165,8 +150,7 @@ class FetchConfig:
     """Limits of one process's fetch stage, for one store.
 
     ``max_inflight_requests`` pins the GETs in flight per process (throttles still lower it);
-    None self-tunes it between 4 and :data:`SELF_TUNED_CAP` (:mod:`concurrent_loader.fetch.tuning`).
-    Up to ``max_hedges_in_flight`` hedges go beyond it. At most ``max_inflight_bytes`` of
+    None self-tunes it between 4 and :data:`SELF_TUNED_CAP`. At most ``max_inflight_bytes`` of
     fetched, undecoded bodies are held; an object over ``max_object_bytes`` is refused
     (``ObjectTooLarge``) before its body is read.
     """
@@ -183,10 +167,8 @@ class FetchConfig:
         n = self.max_inflight_requests
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise ConfigError(f"max_inflight_requests must be an int >= 1 or None, got {n!r}")
-        if self.max_inflight_bytes < 1:
-            raise ConfigError(f"max_inflight_bytes must be >= 1, got {self.max_inflight_bytes}")
-        if self.max_object_bytes < 1:
-            raise ConfigError(f"max_object_bytes must be >= 1, got {self.max_object_bytes}")
+        check_count("max_inflight_bytes", self.max_inflight_bytes)
+        check_count("max_object_bytes", self.max_object_bytes)
 
     @property
     def inflight_cap(self) -> int:
@@ -196,8 +178,7 @@ class FetchConfig:
 
     @property
     def max_hedges_in_flight(self) -> int:
-        """Hedged GETs that may be in flight beyond the limit: twice the hedge budget's
-        share of ``inflight_cap``, at least 2 (0 when hedging is off)."""
+        """Hedged GETs that may be in flight beyond the limit (0 when hedging is off)."""
         if not self.hedge.enabled:
             return 0
         return max(2, math.ceil(2 * self.hedge.budget * self.inflight_cap))

@@ -1,15 +1,10 @@
 """Map-style datasets over objects: :class:`ObjectDataset` and :class:`ImageFolder`.
 
-Both are ordinary ``torch.utils.data.Dataset``s: ``len(ds)`` and ``ds[i]`` work on their own
-(``ds[i]`` fetches synchronously through this process's runtime), so they also work with a
-stock ``DataLoader``; ``__getitems__`` fetches a whole batch concurrently. With
-:class:`~concurrent_loader.ConcurrentDataLoader` they are read through their
-:attr:`~ObjectDataset.source` (:mod:`concurrent_loader.sources`) by the pipelined
-fetch -> decode path instead.
-
-A dataset holds configuration (its store config, fetch config, keys and decoder) and
-nothing open: no client, socket, loop or resolved credential, so it pickles to ``spawn``
-workers and each process opens its own.
+Both are ordinary ``Dataset``s (``ds[i]`` fetches synchronously, ``__getitems__`` a batch
+concurrently), so a stock ``DataLoader`` works too; ``ConcurrentDataLoader`` reads them
+through their ``source`` (:mod:`concurrent_loader.sources`) instead. A dataset holds
+configuration and nothing open, so it pickles to ``spawn`` workers and each process opens
+its own client.
 """
 
 from __future__ import annotations
@@ -48,23 +43,14 @@ class ObjectDataset(Closing, Dataset[Any]):
     """Item ``i`` is ``decode(bytes of key i)``, or the raw ``bytes`` when ``decode`` is None.
 
     ``root`` is ``s3://bucket/prefix``, ``http(s)://host/base/`` (with ``keys``), a local
-    directory, or a store config (:mod:`concurrent_loader.stores`). Keys are relative to
-    ``root`` and come from ``keys``, from a manifest (:meth:`from_manifest`) or from a
-    paginated listing of the root. A URL gets its backend's defaults (S3: endpoint, region
-    and credentials from botocore's chain, ``AWS_ENDPOINT_URL`` included); a backend's
-    options are its config, given as the root:
-    ``ObjectDataset(S3Config.from_url("s3://bucket/prefix", endpoint_url=...))``
-    (:class:`~concurrent_loader.stores.S3Config`: ``region``, ``profile``, ``anonymous``,
-    keys, ``addressing_style``, ``ca_bundle``, ``verify_checksums``, ``verify_etag_md5``).
-    Bodies are checked against the checksums the store sends (S3's ``x-amz-checksum-*``).
-    ``cache`` reads the objects through a node-local cache (a directory, or a
-    :class:`~concurrent_loader.cache.CacheConfig`; see :mod:`concurrent_loader.cache`).
-    How bytes are fetched is the dataset's: ``fetch_config`` (requests and bytes in flight,
-    timeouts, retries, hedges) and ``parts`` (a read larger than ``parts.part_size`` goes as
-    ranged GETs in flight; :class:`~concurrent_loader.PartsConfig`).
+    directory, or a store config: a backend's options are its config, given as the root
+    (``S3Config.from_url("s3://bucket/prefix", endpoint_url=...)``); a URL gets its
+    backend's defaults (botocore's chain for S3). Keys are relative to ``root``: ``keys``, a
+    manifest (:meth:`from_manifest`) or a listing of the root. ``cache``: a node-local cache
+    directory or ``CacheConfig``. ``fetch_config`` (requests and bytes in flight, timeouts,
+    retries, hedges) and ``parts`` (ranged GETs for a large read) say how bytes are fetched.
     """
 
-    #: how a large read is split into ranged GETs (a subclass that sets none: the defaults)
     parts: PartsConfig = PartsConfig()
 
     def __init__(
@@ -79,10 +65,7 @@ class ObjectDataset(Closing, Dataset[Any]):
         parts: PartsConfig | None = None,
     ) -> None:
         if parts is not None and not isinstance(parts, PartsConfig):
-            raise ConfigError(
-                f"parts must be a PartsConfig, got {type(parts).__name__}",
-                cause=Reason.INVALID_ARGUMENT,
-            )
+            raise ConfigError(f"parts must be a PartsConfig, got {type(parts).__name__}")
         self.parts = parts or PartsConfig()
         store = store_config_for(root).resolved()
         self.store: StoreConfig = with_cache(store, cache, client_for)
@@ -103,12 +86,9 @@ class ObjectDataset(Closing, Dataset[Any]):
         self._runtime_lock = threading.Lock()
         self._blocking: tuple[int, BlockingStore] | None = None  # (pid, open store)
 
-    # ------------------------------------------------------------------ construction hooks
-
     def _select(
         self, keys: KeyTable, sizes: np.ndarray | None
     ) -> tuple[KeyTable, np.ndarray | None]:
-        """The keys (and their sizes) this dataset serves, from those given or listed."""
         return keys, sizes
 
     def _decoder(self) -> ObjectDecoder:
@@ -121,12 +101,10 @@ class ObjectDataset(Closing, Dataset[Any]):
         root: str | os.PathLike[str] | StoreConfig | None = None,
         **kwargs: Any,
     ) -> ObjectDataset:
-        """A dataset whose keys are the lines of ``manifest`` (a local file or an object URL),
-        so a million-object dataset starts without listing. Lines are keys relative to
-        ``root``, split on ``\\n`` only (a trailing ``\\r`` is dropped); empty lines and lines
-        starting with ``#`` are skipped. With ``root`` None, the manifest's directory is the
-        root. A remote manifest is read with the options of ``root``'s store config when it
-        is on the same backend (an ``S3Config``'s endpoint and credentials)."""
+        """A dataset whose keys are the lines of ``manifest`` (a local file or an object URL):
+        keys relative to ``root`` (default: the manifest's directory), split on ``\\n`` only
+        (a trailing ``\\r`` dropped), blank and ``#`` lines skipped. A remote manifest on
+        ``root``'s backend is read with its options."""
         base = store_config_for(root) if root is not None else None
         text = _read_manifest(manifest, base, kwargs.get("fetch_config") or FetchConfig())
         keys = [line.removesuffix("\r") for line in text.split("\n")]
@@ -134,8 +112,6 @@ class ObjectDataset(Closing, Dataset[Any]):
         if base is None:
             base = store_config_for(os.path.dirname(os.fspath(manifest)) + "/")
         return cls(base, keys=keys, **kwargs)
-
-    # ------------------------------------------------------------------ plain Dataset API
 
     def url_for(self, index: int) -> str:
         return self.source.url_for(index)
@@ -148,11 +124,9 @@ class ObjectDataset(Closing, Dataset[Any]):
         return load_samples(self.source, indices, self._acquire, self._blocking_store)[0]
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
-        """Fetch a batch's objects concurrently (used by a stock DataLoader)."""
         indices = [self._check_index(i) for i in indices]
         return load_samples(self.source, indices, self._acquire, self._blocking_store)
 
-    #: what an item is called in an out-of-range error
     _items = "objects"
 
     def _check_index(self, index: int) -> int:
@@ -168,9 +142,6 @@ class ObjectDataset(Closing, Dataset[Any]):
 
     def _acquire(self) -> Runtime:
         """This process's runtime, leased by the dataset until :meth:`close` or collection."""
-        runtime = self._runtime
-        if runtime is not None and not runtime.closed and runtime.pid == os.getpid():
-            return runtime
         with self._runtime_lock:
             runtime = self._runtime
             if runtime is None or runtime.closed or runtime.pid != os.getpid():
@@ -182,18 +153,15 @@ class ObjectDataset(Closing, Dataset[Any]):
     def _blocking_store(self) -> BlockingStore:
         """This process's open store for local reads, kept until :meth:`close` (opening one
         per ``ds[i]`` would cost more than the read)."""
-        opened = self._blocking
-        if opened is None or opened[0] != os.getpid():
-            with self._runtime_lock:
-                opened = self._blocking
-                if opened is None or opened[0] != os.getpid():
-                    store: BlockingStore = self.source.store.open(self.source.fetch_config)  # type: ignore[assignment]
-                    opened = self._blocking = (os.getpid(), store)
+        with self._runtime_lock:
+            opened = self._blocking
+            if opened is None or opened[0] != os.getpid():
+                store: BlockingStore = self.source.store.open(self.source.fetch_config)  # type: ignore[assignment]
+                opened = self._blocking = (os.getpid(), store)
         return opened[1]
 
     def close(self) -> None:
-        """Give back what ``ds[i]`` calls opened in this process (the runtime lease, the open
-        store of local reads). Idempotent."""
+        """Give back what ``ds[i]`` calls opened in this process. Idempotent."""
         finalizer = getattr(self, "_finalizer", None)
         if finalizer is not None:
             finalizer()
@@ -245,8 +213,6 @@ def _read_manifest(
 
 
 class _ImageFolderDecoder:
-    """``(decoded image, target)`` for item ``index``."""
-
     def __init__(
         self,
         decoder: ImageDecoder | EncodedImageDecoder,
@@ -268,20 +234,12 @@ class _ImageFolderDecoder:
 class ImageFolder(ObjectDataset):
     """torchvision's ``ImageFolder`` convention over any root: ``root/<class>/<file>``.
 
-    Classes are the sorted first-level folder names; item ``i`` is ``(image, class_index)``.
-    By default ``image`` is a uint8 CHW tensor of the whole image; ``image_size`` (int or
-    (h, w)) turns on the fused decode (JPEG draft mode, resize and centre crop in one step);
-    ``transform`` receives the PIL image instead (torchvision transforms work).
-
-    ``decode_on="cuda"`` (needs ``image_size``, no ``transform``) makes the workers ship
-    each image's bytes undecoded, as an :class:`~concurrent_loader.decode.EncodedImage`;
-    :class:`~concurrent_loader.gpu.CUDAPrefetcher` decodes each batch on the GPU in one
-    batched call, resizes and crops it there, and delivers the same normalised batch as
-    the CPU path. ``decode_on="cpu"`` is the same with the decode done on the prefetcher's
-    thread by Pillow (a stand-in, for tests). Items are then ``(EncodedImage, class_index)``
-    and batches ``[list of EncodedImage, labels]`` until the prefetcher (or
-    :class:`~concurrent_loader.gpu.EncodedBatchDecoder`) decodes them. See
-    :mod:`concurrent_loader.decode.encoded` for which errors stay under the skip policy.
+    Classes are the sorted first-level folder names; item ``i`` is ``(image, class_index)``,
+    ``image`` a uint8 CHW tensor; ``image_size`` (int or (h, w)) turns on the fused decode
+    (JPEG draft mode, resize and centre crop in one step); ``transform`` receives the PIL
+    image instead. ``decode_on="cuda"`` (needs ``image_size``, no ``transform``) ships each
+    image's bytes undecoded, as an ``EncodedImage``, for ``CUDAPrefetcher`` to decode each
+    batch on the GPU in one call (``"cpu"``: by Pillow on its thread, for tests).
     """
 
     def __init__(

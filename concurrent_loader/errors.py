@@ -24,16 +24,15 @@
     ├── LoaderStalled (TimeoutError) no batch for ``stall_timeout_s``; says what waited on what
     └── WorkerError                  a worker process died without raising
 
-Backend exceptions are translated by type and status, never by message text
-(:mod:`concurrent_loader.transport.errors`, :mod:`concurrent_loader.stores.shared`,
-:mod:`concurrent_loader.stores.s3.errors`). Every error names its object, stage and
-:class:`Reason` (the server's own code apart, in ``code``), keeps the original as
-``__cause__``, survives pickling from a worker intact, and can be built from one message
+Backend exceptions are translated by type and status, never by message text. Every error
+names its object, stage and :class:`Reason` (the server's own code in ``code``), keeps the
+original as ``__cause__``, survives pickling from a worker, and can be built from one message
 string (as ``DataLoader`` re-raises a worker's exception).
 """
 
 from __future__ import annotations
 
+import copy
 from enum import StrEnum
 from typing import Any
 
@@ -63,11 +62,7 @@ __all__ = [
 
 
 class Reason(StrEnum):
-    """Why an operation failed: the fixed set of ``LoaderError.cause`` values.
-
-    A ``StrEnum``, so ``error.cause == "NotFound"`` and logs read naturally; building an
-    error with a spelling that is not listed here raises ``ValueError``.
-    """
+    """The fixed set of ``LoaderError.cause`` values (``error.cause == "NotFound"``)."""
 
     # the object or its container
     NOT_FOUND = "NotFound"
@@ -128,6 +123,8 @@ class LoaderError(Exception):
 
     #: whether retrying the same request may succeed
     retryable: bool = False
+    #: the ``cause`` when none is given (not repeated in a message without ``url``)
+    default_cause: Reason | None = None
 
     def __init__(
         self,
@@ -142,13 +139,13 @@ class LoaderError(Exception):
         self.message = message
         self.url = url
         self.stage = stage
-        self.cause: Reason | None = Reason(cause) if cause is not None else None
+        self.cause: Reason | None = Reason(cause) if cause is not None else self.default_cause
         self.status = status
         self.code = code
         super().__init__(self._render())
 
     def _render(self) -> str:
-        if self.url is None and self.cause is None:
+        if self.url is None and self.cause in (None, self.default_cause):
             return self.message
         head = f"{self.cause or type(self).__name__}: {self.url}" if self.url else self.cause
         parts = [p for p in (head, self.message) if p]
@@ -159,17 +156,11 @@ class LoaderError(Exception):
 
     def for_object(self, url: str) -> LoaderError:
         """A copy of this error naming ``url`` (for errors raised before the object was known)."""
-        named = type(self)(
-            self.message,
-            url=url,
-            stage=self.stage,
-            cause=self.cause,
-            status=self.status,
-            code=self.code,
-        )
+        named = copy.copy(self)  # through __reduce__: the same attributes
+        named.__notes__ = list(getattr(self, "__notes__", ()))
+        named.url = url
+        named.args = (named._render(),)
         named.__cause__ = self.__cause__
-        for note in getattr(self, "__notes__", ()):
-            named.add_note(note)
         return named
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -194,6 +185,8 @@ def _rebuild(
 
 class ConfigError(LoaderError, ValueError):
     """A bad argument: malformed URL, unknown scheme, empty prefix, invalid option."""
+
+    default_cause = Reason.INVALID_ARGUMENT
 
 
 class FetchError(LoaderError):
@@ -239,9 +232,8 @@ class ConnectionFailed(FetchError):
 
 
 class CertificateRefused(FetchError):
-    """The server's TLS certificate was refused: not signed by a trusted CA (pass
-    ``ca_bundle=`` for a private CA), expired, or for another host name. Not retried: the
-    same certificate fails the same way."""
+    """The server's TLS certificate was refused: an untrusted CA (pass ``ca_bundle=`` for a
+    private one), expired, or for another host name."""
 
 
 class IncompleteBody(FetchError):
@@ -251,21 +243,16 @@ class IncompleteBody(FetchError):
 
 
 class IntegrityError(FetchError):
-    """The bytes received are not the object's: their checksum is not the one the store
-    gave for it (``ChecksumMismatch``; the message names the algorithm, the expected and
-    the computed value), or the parts of one read came from different versions of the
-    object (``ObjectChanged``). Retried: a body corrupted on its way is fetched again; one
-    that still does not match after the retries is raised, never delivered."""
+    """The bytes received are not the object's: a checksum mismatch (``ChecksumMismatch``),
+    or parts of one read from different versions (``ObjectChanged``). Never delivered."""
 
     retryable = True
 
 
 class FetchTimeout(FetchError, TimeoutError):
-    """Connecting, waiting for the first byte, or a read stalled past its timeout
-    (``ConnectTimeout``, ``FirstByteTimeout``, ``ReadTimeout``); one attempt took longer
-    than ``Timeouts.attempt`` (``AttemptTimeout``); or the object took longer than
-    ``RetryConfig.max_total_seconds`` in all (``DeadlineExceeded``, after which it is not
-    retried)."""
+    """A phase of a GET passed its ``Timeouts`` (``ConnectTimeout``, ``FirstByteTimeout``,
+    ``ReadTimeout``, ``AttemptTimeout``), or the object its ``RetryConfig.max_total_seconds``
+    (``DeadlineExceeded``, not retried)."""
 
     retryable = True
 
@@ -275,11 +262,8 @@ class DecodeError(LoaderError):
 
 
 class ShardError(DecodeError):
-    """A tar shard is not what its index says: not a tar (``NotATar``), shorter than its
-    index (``TruncatedShard``), a member the sample needs is absent or a member is not in
-    the index (``MissingMember``), or the member found at an offset is not the one indexed
-    (``IndexMismatch``). ``url`` is the shard; the message names the member and its offset.
-    """
+    """A tar shard is not what its index says (``NotATar``, ``TruncatedShard``,
+    ``MissingMember``, ``IndexMismatch``); ``url`` is the shard, the message names the member."""
 
 
 class SkipBudgetExceeded(LoaderError):
@@ -287,8 +271,8 @@ class SkipBudgetExceeded(LoaderError):
 
 
 class LoaderStalled(LoaderError, TimeoutError):
-    """No batch arrived for ``stall_timeout_s``: the message says which process waited on
-    what (GETs in flight, the oldest one's age and object) and every thread's stack."""
+    """No batch arrived for ``stall_timeout_s``: the message says what waited on what, with
+    every thread's stack."""
 
 
 class WorkerError(LoaderError):

@@ -79,7 +79,16 @@ class ForkGate:
         return self._forking  # read without the lock: a hint, checked between jobs
 
 
-class GatedExecutor(concurrent.futures.ThreadPoolExecutor):
+class _Gated(concurrent.futures.ThreadPoolExecutor):
+    _gate: ForkGate
+
+    def submit(
+        self, fn: Callable[..., T], /, *args: Any, **kwargs: Any
+    ) -> concurrent.futures.Future[T]:
+        return super().submit(self._gate.job, fn, *args, **kwargs)
+
+
+class GatedExecutor(_Gated):
     """The loop's default executor (``run_in_executor``, ``asyncio.to_thread``): every job
     passes through the runtime's fork gate, and its threads are known, to be waited for."""
 
@@ -91,13 +100,8 @@ class GatedExecutor(concurrent.futures.ThreadPoolExecutor):
         )
         self._gate = gate
 
-    def submit(
-        self, fn: Callable[..., T], /, *args: Any, **kwargs: Any
-    ) -> concurrent.futures.Future[T]:
-        return super().submit(self._gate.job, fn, *args, **kwargs)
 
-
-class GatedThreadPool(concurrent.futures.ThreadPoolExecutor):
+class GatedThreadPool(_Gated):
     """A thread pool whose jobs a fork of this process waits for (new ones wait to start):
     no thread of it is inside a C library when the process forks."""
 
@@ -106,11 +110,6 @@ class GatedThreadPool(concurrent.futures.ThreadPoolExecutor):
         self._gate = ForkGate()
         self._pid = os.getpid()
         pools.add(self)
-
-    def submit(
-        self, fn: Callable[..., T], /, *args: Any, **kwargs: Any
-    ) -> concurrent.futures.Future[T]:
-        return super().submit(self._gate.job, fn, *args, **kwargs)
 
     def forking(self) -> bool:
         """Whether this process is about to fork: a long job should end (and resubmit its

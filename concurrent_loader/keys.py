@@ -7,7 +7,7 @@ and pickling to ``spawn`` workers is cheap.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import overload
 
 import numpy as np
@@ -41,10 +41,6 @@ class KeyTable(Sequence[str]):
             raise IndexError(f"key index {index} out of range for {n} keys")
         start, end = self._offsets[index], self._offsets[index + 1]
         return self._blob[start:end].decode("utf-8", "surrogatepass")
-
-    def __iter__(self) -> Iterator[str]:
-        for i in range(len(self)):
-            yield self[i]
 
     def __repr__(self) -> str:
         return f"KeyTable({len(self)} keys)"

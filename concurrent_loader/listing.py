@@ -25,14 +25,11 @@ def list_store(
     *,
     on_object: Callable[[], None] | None = None,
 ) -> list[ObjectInfo]:
-    """Every object under ``store``'s root, sorted by key."""
     config = config or FetchConfig()
     capabilities = store.capabilities
     if not capabilities.listing:
         raise ConfigError(
-            f"{store} cannot be listed: pass keys= or a manifest",
-            url=store.url_for(""),
-            cause=Reason.INVALID_ARGUMENT,
+            f"{store} cannot be listed: pass keys= or a manifest", url=store.url_for("")
         )
     tick = on_object or (lambda: None)
     if not capabilities.remote:

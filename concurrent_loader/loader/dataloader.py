@@ -1,13 +1,11 @@
 """``ConcurrentDataLoader``: a ``torch.utils.data.DataLoader`` whose workers keep many
 requests in flight, pipelined across batches, on public PyTorch API only.
 
-Guarantees: torch validates the user's arguments and sets every attribute as a stock
-DataLoader would. Each epoch does what torch's iterator does, in the same order: the
-workers' base seed from ``generator`` (new iterators only), then the epoch's batches from
-the sampler, all at once, into a shared :class:`~.plan.EpochPlan`. An inner, plain
-DataLoader (the user's worker settings, a generator holding the same base seed) iterates
-:class:`~.worker.PlannedBatches` over it, so batches arrive as ``0, 1, 2, ...``. Every
-start method works. An ``IterableDataset`` is iterated as a stock DataLoader does.
+Torch validates the user's arguments and sets every attribute. Each epoch draws, in torch's
+order, the workers' base seed (new iterators only) and then all the sampler's batches into a
+shared :class:`~.plan.EpochPlan`; an inner, plain DataLoader (the user's worker settings, a
+generator holding the same base seed) iterates :class:`~.worker.PlannedBatches` over it. An
+``IterableDataset`` is iterated as a stock DataLoader does.
 """
 
 from __future__ import annotations
@@ -30,7 +28,7 @@ from torch.utils.data import (
     Sampler,
 )
 
-from ..errors import ConfigError, Reason
+from ..errors import ConfigError
 from ..metrics import SharedStats, StallLedger, loader_stats
 from ..pipeline import PipelineOptions, SkippedSample, source_of
 from . import state as resume
@@ -156,15 +154,12 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         # holds the state ``generator`` had when this loader drew the same seed.
         self._workers = Workers(dataset, options, self._shared_stats, torch.Generator())
 
-    # ------------------------------------------------------------------ epochs
-
     def set_epoch(self, epoch: int) -> None:
-        """Number the next epoch (its shuffle when the loader shards by itself under
-        torch.distributed, as ``DistributedSampler.set_epoch``)."""
+        """Number the next epoch (as ``DistributedSampler.set_epoch``, when the loader shards
+        by itself under torch.distributed)."""
         self._epoch = epoch
 
     def _epoch_sampler(self) -> Iterable[Any]:
-        """What the epoch's batches (or, with ``batch_size=None``, its indices) come from."""
         if self._shards_itself:
             # Read at iteration time, not construction: the loader may be built before
             # init_process_group.
@@ -236,8 +231,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         self._epoch += 1
         if not 0 <= skip <= len(batches):
             raise ConfigError(
-                f"the state resumes after batch {skip}, but this epoch has {len(batches)} batches",
-                cause=Reason.INVALID_ARGUMENT,
+                f"the state resumes after batch {skip}, but this epoch has {len(batches)} batches"
             )
         predicted = self._predict_next_epoch()
         starts_workers = self.num_workers > 0 and new_iterator
@@ -276,11 +270,9 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         )
 
     def _predict_next_epoch(self) -> list[list[Any]]:
-        """The next epoch's batches, for persistent workers to fetch ahead (see
-        :mod:`.lookahead`); empty when that does not apply or they cannot be predicted."""
-        if source_of(self.dataset) is None:
-            return []
-        if not (self.persistent_workers and self.in_order):
+        """The next epoch's batches, for persistent workers to fetch ahead (:mod:`.lookahead`);
+        empty when that does not apply or they cannot be predicted."""
+        if source_of(self.dataset) is None or not (self.persistent_workers and self.in_order):
             return []
         sampler = self._epoch_sampler()  # the next epoch's: the epoch number is counted
         predicted = predict_next_epoch(
@@ -291,24 +283,15 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         )
         return predicted or []
 
-    # ------------------------------------------------------------------ resumable state
-
     def state_dict(self) -> dict[str, Any]:
-        """Where this loader is in its epochs, to resume exactly (torchdata's protocol).
-
-        Taken mid-epoch, a loader that loads it continues with the next batch the consumer
-        has not received; taken between epochs, with the next epoch.
-        """
+        """Where this loader is in its epochs (torchdata's protocol): a loader that loads it
+        continues with the next batch the consumer has not received, or the next epoch."""
         if self._iterable:
             raise ConfigError(
-                "exact resume needs a map-style dataset (an IterableDataset keeps its own place)",
-                cause=Reason.INVALID_ARGUMENT,
+                "exact resume needs a map-style dataset (an IterableDataset keeps its own place)"
             )
         if not self.in_order and self.num_workers > 0:
-            raise ConfigError(
-                "exact resume needs in_order=True (batches in sampler order)",
-                cause=Reason.INVALID_ARGUMENT,
-            )
+            raise ConfigError("exact resume needs in_order=True (batches in sampler order)")
         return resume.make_state(
             self._progress,
             self._epoch,
@@ -321,22 +304,17 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         resume.check_version(state)
         self._pending_state = dict(state)
 
-    # ------------------------------------------------------------------ live metrics
-
     def stats(self) -> dict[str, Any]:
         """Loader metrics merged over every process (see ``README``); ``verdict`` names the
         bottleneck."""
         elapsed = time.perf_counter() - self._iterating_since if self._iterating_since else 0.0
         processes = max(1, self.num_workers)
+        source = source_of(self.dataset)
+        fetch_slots = source.fetch_config.inflight_cap if source else self.getitem_threads
         return loader_stats(
             self._shared_stats.total(),
             self._waits,
             elapsed=elapsed,
-            fetch_slots=self._fetch_slots() * processes,
+            fetch_slots=fetch_slots * processes,
             decode_slots=self.decode_threads * processes,
         )
-
-    def _fetch_slots(self) -> int:
-        """The most GETs (or ``__getitem__`` calls) in flight per process."""
-        source = source_of(self.dataset)
-        return source.fetch_config.inflight_cap if source else self.options.getitem_threads

@@ -1,11 +1,9 @@
 """One epoch of a ``ConcurrentDataLoader``: what ``iter(loader)`` returns.
 
-- a :class:`~concurrent_loader.pipeline.Failure` is raised with the worker's exception
-  intact, and the next ``next()`` returns the batch after it, as torch;
+- a failed batch raises the worker's exception intact; the next ``next()`` goes on, as torch;
 - a batch that lost samples (``on_error="skip"``) is marked and logged; past
   ``max_skipped`` the epoch ends with ``SkipBudgetExceeded``;
-- a worker killed without raising ends the epoch with a ``WorkerError`` naming it, after
-  the workers are reaped;
+- a worker killed without raising ends the epoch with a ``WorkerError`` naming it;
 - errors are raised from a frame that does not hold the iterator, so a kept error does not
   keep the worker processes alive.
 
@@ -35,14 +33,9 @@ log = logging.getLogger(__name__)
 
 def check_max_skipped(max_skipped: int | float) -> None:
     if isinstance(max_skipped, float) and not 0 <= max_skipped < 1:
-        raise ConfigError(
-            f"max_skipped as a fraction must be in [0, 1), got {max_skipped}",
-            cause=Reason.INVALID_ARGUMENT,
-        )
+        raise ConfigError(f"max_skipped as a fraction must be in [0, 1), got {max_skipped}")
     if isinstance(max_skipped, int) and max_skipped < 0:
-        raise ConfigError(
-            f"max_skipped must be >= 0, got {max_skipped}", cause=Reason.INVALID_ARGUMENT
-        )
+        raise ConfigError(f"max_skipped must be >= 0, got {max_skipped}")
 
 
 class Skips:
@@ -60,7 +53,6 @@ class Skips:
             self.budget = float(max_skipped)
 
     def note(self, batch: Partial) -> BaseException | None:
-        """Log and list what ``batch`` lost; the error to raise if over the budget."""
         for sample in batch.skipped:
             log.warning("skipped %s: %s", sample.url, sample.error)
         self.skipped.extend(batch.skipped)
@@ -77,19 +69,9 @@ class Skips:
         return failure
 
 
-class _Raise:
-    __slots__ = ("exc",)
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
-
-
 class EpochIterator(Iterator[Any]):
-    """The batches of one epoch, in the sampler's order (``in_order=True``).
-
-    ``failure(exc)`` is the error to raise for ``exc`` (a ``WorkerError`` when a worker
-    died); ``stats()`` is what ``log_every_s`` logs.
-    """
+    """The batches of one epoch; ``failure(exc)`` is the error to raise for ``exc`` (a
+    ``WorkerError`` when a worker died), ``stats()`` what ``log_every_s`` logs."""
 
     def __init__(
         self,
@@ -127,8 +109,8 @@ class EpochIterator(Iterator[Any]):
         try:
             outcome = self._advance()
         except RuntimeError as raised:  # torch's SIGCHLD handler raises wherever we are
-            outcome = _Raise(raised)
-        if isinstance(outcome, _Raise):
+            outcome = Failure(raised)
+        if isinstance(outcome, Failure):  # to raise (a batch is never one)
             failure = self._failure(outcome.exc)
             if failure is not outcome.exc:  # a worker died: the others go before it is said
                 self._finish(done=False)
@@ -159,7 +141,7 @@ class EpochIterator(Iterator[Any]):
             except Exception as exc:
                 # The frames in its traceback (and its causes') hold torch's iterator.
                 drop_tracebacks(exc)
-                return _Raise(exc)
+                return Failure(exc)
             got = time.perf_counter()
             # The first batch of an epoch waits for the pipeline to fill: the verdict judges
             # the steady state.
@@ -171,12 +153,12 @@ class EpochIterator(Iterator[Any]):
             progress.batches_taken += 1
             if isinstance(item, Failure):
                 drop_tracebacks(item.exc)
-                return _Raise(item.exc)
+                return item
             if isinstance(item, Partial):
                 failure = self._skips.note(item)
                 if failure is not None:
                     self._finish(done=False)
-                    return _Raise(failure)
+                    return Failure(failure)
                 if item.batch is None:
                     continue  # every sample of it failed: counted and logged
                 # torch's pin thread passed this wrapper through unpinned.

@@ -1,16 +1,15 @@
 """Next-epoch prefetch for persistent workers: the next epoch's first batches are fetched
 while this epoch drains, and delivered only if they are exactly the batches it asks for.
 
-:func:`predict_next_epoch` (main process) draws the next plan from copies of the random
-state it will be drawn from, only where that state can be copied and put back: torch's
-``SequentialSampler``, ``RandomSampler``, ``SubsetRandomSampler`` or ``DistributedSampler``
-(exactly those classes; a user's ``DistributedSampler`` at its epoch plus one), possibly in
-torch's ``BatchSampler``, shuffling with a ``torch.Generator`` (not the global RNG). Every
-random state is restored, so prediction changes no epoch's order.
+:func:`predict_next_epoch` (main process) draws the next plan from copies of its random
+state, only for exactly torch's ``SequentialSampler``, ``RandomSampler``,
+``SubsetRandomSampler`` or ``DistributedSampler`` (a user's at its epoch plus one), perhaps
+in torch's ``BatchSampler``, shuffling with a ``torch.Generator``. Every random state is
+restored, so prediction changes no epoch's order.
 
 :class:`Lookahead` (worker) feeds its pipeline the epoch's share, then the predicted share;
 the pipeline is kept for the next epoch only if its predicted batches are that epoch's
-first ones, else closed (GETs cancelled, bytes released).
+first ones, else closed.
 """
 
 from __future__ import annotations
@@ -40,11 +39,7 @@ log = logging.getLogger(__name__)
 Batches = list[list[Any]]
 
 
-# ---------------------------------------------------------------------------- main process
-
-
 def _predictable(sampler: object) -> bool:
-    """True if iterating ``sampler`` depends only on state :func:`predict_next_epoch` copies."""
     kind = type(sampler)
     if kind is BatchSampler:
         return _predictable(sampler.sampler)  # type: ignore[attr-defined]
@@ -56,8 +51,6 @@ def _predictable(sampler: object) -> bool:
 
 
 def _at_next_epoch(sampler: Any) -> Any:
-    """A copy of a user's ``DistributedSampler`` (or of the batch sampler around one) at its
-    next epoch; any other sampler as it is."""
     ahead: Any
     if type(sampler) is DistributedSampler:
         ahead = copy.copy(sampler)
@@ -95,9 +88,6 @@ def predict_next_epoch(
         torch.set_rng_state(global_state)
 
 
-# ---------------------------------------------------------------------------- worker
-
-
 class Feed:
     """The batches a pipeline starts, taken one at a time: the share of this epoch, then the
     predicted share of the next one (recorded as ``guessed`` as they are taken)."""
@@ -120,8 +110,8 @@ class Feed:
         raise StopIteration
 
     def follows(self, share: Sequence[list[Any]]) -> bool:
-        """True if the guessed batches are exactly the first batches of ``share``: the same
-        indices, of the same types, in the same order."""
+        """True if the guessed batches are exactly the first batches of ``share`` (the same
+        indices, of the same types)."""
         guessed = self.guessed
         return len(share) >= len(guessed) and all(
             len(real) == len(guess) and all(map(_same, real, guess))
@@ -129,7 +119,6 @@ class Feed:
         )
 
     def next_epoch(self, share: Sequence[list[Any]], predicted: Sequence[list[Any]]) -> None:
-        """The guessed batches were the first of ``share``: go on with the rest of it."""
         self._share = deque(share[len(self.guessed) :])
         self._predicted = deque(predicted)
         self.guessed = []
@@ -146,8 +135,7 @@ def _same(real: Any, guess: Any) -> bool:
 
 class Lookahead:
     """One worker's batches, epoch after epoch, from a pipeline kept from one epoch to the next
-    while its predicted batches are the ones asked for. ``hits`` and ``misses`` count the
-    epochs that used, or dropped, the predicted batches in progress."""
+    while its predicted batches are the ones asked for (``hits``; dropped: ``misses``)."""
 
     def __init__(self) -> None:
         self._pipeline: BatchPipeline | None = None
@@ -168,9 +156,8 @@ class Lookahead:
         start: Callable[[Feed], BatchPipeline],
     ) -> Generator[Any, None, None]:
         """Exactly one outcome per batch of ``share``, in order: the batch, or a ``Failure`` (for
-        every batch left once the pipeline broke or could not start); ``start(feed)`` makes a
-        pipeline. It is kept for the next call only after a normal end with predicted batches in
-        progress; otherwise (also on ``close()``) closed."""
+        every batch left once the pipeline broke); ``start(feed)`` makes a pipeline, kept for
+        the next call only after a normal end with predicted batches in progress."""
         pipeline, outcomes, feed = self._pipeline, self._outcomes, self._feed
         self._pipeline = self._outcomes = self._feed = None
         if pipeline is not None and outcomes is not None and feed is not None:
@@ -180,8 +167,7 @@ class Lookahead:
             else:
                 self.misses += 1
                 log.debug("next-epoch prefetch missed: dropping %d batches", len(feed.guessed))
-                outcomes.close()
-                pipeline.close()
+                _close(outcomes, pipeline)
                 pipeline = outcomes = feed = None
         yielded, keep = 0, False
         broken: BaseException | None = None
@@ -203,10 +189,7 @@ class Lookahead:
             broken = exc
         finally:
             if not keep:
-                if outcomes is not None:
-                    outcomes.close()
-                if pipeline is not None:
-                    pipeline.close()
+                _close(outcomes, pipeline)
         if keep:
             self._pipeline, self._outcomes, self._feed = pipeline, outcomes, feed
         for _ in range(len(share) - yielded):
@@ -215,9 +198,12 @@ class Lookahead:
 
     def close(self) -> None:
         """Drop what is kept (at the end of the worker)."""
-        pipeline, outcomes = self._pipeline, self._outcomes
+        _close(self._outcomes, self._pipeline)
         self._pipeline = self._outcomes = self._feed = None
-        if outcomes is not None:
-            outcomes.close()
-        if pipeline is not None:
-            pipeline.close()
+
+
+def _close(outcomes: Generator[Any, None, None] | None, pipeline: BatchPipeline | None) -> None:
+    if outcomes is not None:
+        outcomes.close()
+    if pipeline is not None:
+        pipeline.close()

@@ -2,41 +2,31 @@
 
 Plain ``int`` indices are kept as two int64 tensors, anything else pickled, so a worker
 passes each index to the dataset exactly as the sampler yielded it. A worker gets a fixed
-share (``share(w, W)``: batches ``w, w+W, ...``, which torch's round robin returns in
-order) or claims batches (``in_order=False``): each batch is claimed exactly once, and a
-claim of an earlier generation gets nothing.
+share (batches ``w, w+W, ...``, which torch's round robin returns in order) or claims
+batches (``in_order=False``): each batch is claimed exactly once, and a claim of an earlier
+generation gets nothing.
 """
 
 from __future__ import annotations
 
 import pickle
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
 import torch
 from torch.utils.data import RandomSampler
 
-from ..errors import ConfigError, Reason
+from ..errors import ConfigError
 
-__all__ = [
-    "EpochPlan",
-    "Lock",
-    "Unbatched",
-    "draw_batches",
-    "draws_from_global",
-    "tell_sampler",
-]
+__all__ = ["EpochPlan", "Lock", "Unbatched", "draw_batches", "draws_from_global", "tell_sampler"]
 
 # Slots of ``EpochPlan.control``.
 _COUNT, _GENERATION, _NEXT_CLAIM, _BLOB_BYTES = range(4)
 
 
-class Lock(Protocol):
-    """A multiprocessing lock (of the context the workers are started with)."""
-
-    def __enter__(self) -> Any: ...
-
-    def __exit__(self, *exc: object) -> Any: ...
+#: a multiprocessing lock (of the context the workers are started with)
+Lock = AbstractContextManager[Any]
 
 
 def draw_batches(
@@ -47,10 +37,9 @@ def draw_batches(
     draw_seed: bool,
     seed_into: torch.Generator | None,
 ) -> list[list[Any]]:
-    """The epoch's batches from ``sampler`` (of batches when ``batched``, else of indices,
-    each then a batch of one), drawn in torch's order: the sampler's iterator, then, when
-    ``draw_seed``, the workers' base seed from ``generator`` (torch's default one when None;
-    ``seed_into`` takes the state it was drawn from), then the indices."""
+    """The epoch's batches from ``sampler`` (of batches when ``batched``, else of indices),
+    drawn in torch's order: the sampler's iterator, then, when ``draw_seed``, the workers'
+    base seed (``seed_into`` takes the state it was drawn from), then the indices."""
     indices = iter(sampler)
     if draw_seed:
         drawn_from = generator if generator is not None else torch.default_generator
@@ -66,10 +55,8 @@ def draw_batches(
 def tell_sampler(
     sampler: object, batch_sampler: object, *, num_workers: int, in_order: bool
 ) -> None:
-    """Tell a sampler that orders its indices by worker (it has ``set_batching``, as
-    ``ShardOrderSampler``) which worker makes which batch: batch ``k`` of ``batch_size`` is
-    made by worker ``k % num_workers`` (one worker without workers, or when workers claim
-    batches as they go, ``in_order=False``)."""
+    """Tell a sampler with ``set_batching`` (``ShardOrderSampler``) that batch ``k`` is made
+    by worker ``k % num_workers`` (one worker without workers, or with ``in_order=False``)."""
     if batch_sampler is not None:  # torch's, around ``sampler``, or the user's
         sampler = getattr(batch_sampler, "sampler", None)
     set_batching = getattr(sampler, "set_batching", None)
@@ -88,8 +75,8 @@ def draws_from_global(sampler: object) -> bool:
 
 
 class Unbatched:
-    """Collate for ``batch_size=None``: each planned "batch" is one index, whose sample is
-    converted by the loader's ``collate_fn`` as torch does."""
+    """Collate for ``batch_size=None``: the one sample of a planned "batch", converted by the
+    loader's ``collate_fn`` as torch does."""
 
     def __init__(self, convert: Callable[[Any], Any]) -> None:
         self.convert = convert
@@ -158,18 +145,14 @@ class EpochPlan:
             if not may_grow:
                 raise ConfigError(
                     "the sampler yields more samples this epoch than in the first one, which "
-                    "persistent_workers=True cannot take: use persistent_workers=False",
-                    cause=Reason.INVALID_ARGUMENT,
+                    "persistent_workers=True cannot take: use persistent_workers=False"
                 )
             sizes = [max(n, h) for n, h in zip(want, have, strict=True)]
             self.indices = torch.zeros(sizes[0], dtype=torch.int64).share_memory_()
             self.offsets = torch.zeros(sizes[1], dtype=torch.int64).share_memory_()
             self.blob = torch.zeros(sizes[2], dtype=torch.uint8).share_memory_()
-        if lock is None:
+        with lock or nullcontext():
             self._fill(batches, flat, blob)
-        else:
-            with lock:
-                self._fill(batches, flat, blob)
 
     def _fill(self, batches: Sequence[Sequence[Any]], flat: list[int], blob: bytes) -> None:
         if blob:
@@ -193,10 +176,6 @@ class EpochPlan:
         offsets = self.offsets[: count + 1].tolist()
         indices = self.indices[: offsets[-1]].tolist() if count else []
         return [indices[offsets[b] : offsets[b + 1]] for b in range(count)]
-
-    def share(self, worker: int, num_workers: int) -> list[list[Any]]:
-        """Worker ``worker`` of ``num_workers``'s fixed share: batches ``worker::num_workers``."""
-        return self.batches()[worker::num_workers]
 
     def claim(self, lock: Lock, generation: int) -> int | None:
         """The next batch no worker has claimed, or None when there is none (or ``generation``

@@ -1,8 +1,7 @@
 """The worker processes of an inner DataLoader, as the main process sees them.
 
-The inner DataLoader's ``multiprocessing_context`` is :meth:`WorkerProcesses.context`, the
-user's (or torch's default) context noting each process it makes, so a worker the OS killed
-is named with its pid and signal even after torch reaped it. Only weak references are kept.
+The inner DataLoader's ``multiprocessing_context`` notes (weakly) each process it makes, so a
+worker the OS killed is named with its pid and signal even after torch reaped it.
 :class:`Workers` holds each epoch's inner DataLoader and turns torch's ``RuntimeError`` into
 a ``WorkerError`` naming the workers that died.
 """
@@ -24,14 +23,13 @@ from ..errors import ConfigError, Reason, WorkerError
 from ..metrics import SharedStats
 from ..pipeline import PipelineOptions
 from .plan import EpochPlan, Lock
-from .worker import PlannedBatches
+from .worker import Planned, PlannedBatches
 
 __all__ = ["Death", "WorkerProcesses", "Workers", "drop_tracebacks", "worker_error"]
 
 
 class Death(NamedTuple):
-    """A worker process that ended with an error: ``exitcode`` is its exit status, or minus
-    the signal that killed it (as ``multiprocessing`` reports it)."""
+    """A worker process that ended with an error (``exitcode``: minus the signal if killed)."""
 
     worker: int
     pid: int
@@ -49,17 +47,13 @@ class Death(NamedTuple):
 
 
 class WorkerProcesses:
-    """The processes started through :meth:`context`, worker ``w`` the ``w``-th."""
-
     def __init__(self) -> None:
         self._started: list[weakref.ref[BaseProcess]] = []
 
     def context(self, base: BaseContext) -> BaseContext:
-        """``base``, noting here each process it makes."""
         return _Noting(base, self._started)
 
     def dead(self) -> list[Death]:
-        """The processes that have ended with an error (reaped, if torch has not yet)."""
         deaths = []
         for worker, ref in enumerate(self._started):
             process = ref()
@@ -72,7 +66,6 @@ class WorkerProcesses:
 
 
 def worker_error(deaths: list[Death]) -> WorkerError:
-    """The error a loader raises for worker processes that died without raising."""
     killed = any(death.exitcode == -signal.SIGKILL for death in deaths)
     hint = " (the OS kills a process with SIGKILL when it runs out of memory)" if killed else ""
     return WorkerError(
@@ -83,8 +76,7 @@ def worker_error(deaths: list[Death]) -> WorkerError:
 
 
 class _Noting(BaseContext):
-    """A multiprocessing context that is ``base`` for all torch asks of it (processes,
-    queues, events, the start method), and notes the processes it makes."""
+    """``base`` for all torch asks of it, noting the processes it makes."""
 
     def __init__(self, base: BaseContext, started: list[weakref.ref[BaseProcess]]) -> None:
         self._base: Any = base  # every concrete context has ``Process``; typeshed's base has none
@@ -109,9 +101,8 @@ class _Noting(BaseContext):
 
 
 def drop_tracebacks(exc: BaseException | None) -> None:
-    """The tracebacks of an error and of its causes hold the frames they passed through (the
-    pipeline, torch's iterator and so the worker processes) alive for as long as the caller
-    keeps the error."""
+    """Drop the tracebacks of an error and its causes: their frames (torch's iterator, so the
+    worker processes) would live as long as the caller keeps the error."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
@@ -126,9 +117,8 @@ def _passthrough(batch: Any) -> Any:
 
 
 class Workers:
-    """The inner DataLoader over each epoch's plan (a new one each epoch, or the one persistent
-    workers keep, with its shared plans rewritten), its workers producing ``dataset``'s
-    batches with ``options``, seeded from ``generator``."""
+    """The inner DataLoader over each epoch's plan: a new one each epoch, or the one persistent
+    workers keep, with its shared plans rewritten."""
 
     def __init__(
         self,
@@ -140,7 +130,7 @@ class Workers:
         self._dataset, self._options, self._stats = dataset, options, stats
         self.generator = generator
         self.processes = WorkerProcesses()  # the latest inner loader's
-        self._persistent: tuple[DataLoader[Any], PlannedBatches] | None = None
+        self._persistent: tuple[DataLoader[Any], Planned] | None = None
         self.started = False  # the persistent inner loader's workers have started
 
     def inner(
@@ -151,16 +141,14 @@ class Workers:
         collate: Callable[[list[Any]], Any],
         predicted: list[list[Any]],
     ) -> DataLoader[Any]:
-        """The plain DataLoader that yields this epoch's batches from ``skip`` on, with the
-        ``outer`` loader's torch settings."""
         if self._persistent is not None:
             inner, planned = self._persistent
-            planned._cl_plan.write(batches[skip:], may_grow=False, lock=planned._cl_claims)
-            if planned._cl_next is not None:
+            planned.plan.write(batches[skip:], may_grow=False, lock=planned.claims)
+            if planned.next_plan is not None:
                 try:
-                    planned._cl_next.write(predicted, may_grow=False)
+                    planned.next_plan.write(predicted, may_grow=False)
                 except ConfigError:  # larger than the first epoch: not fetched ahead
-                    planned._cl_next.write([], may_grow=False)
+                    planned.next_plan.write([], may_grow=False)
             return inner
         self.processes = WorkerProcesses()
         workers = outer.num_workers
@@ -173,14 +161,14 @@ class Workers:
         if outer.persistent_workers and claims is None:
             next_plan = EpochPlan()
             next_plan.write(predicted, may_grow=True, room=batches)
-        planned = PlannedBatches(
+        planned = Planned(
             self._dataset, plan, collate, self._options, self._stats, claims, next_plan
         )
         context = outer.multiprocessing_context or torch.multiprocessing.get_context()
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="This DataLoader will create")
             inner = DataLoader(
-                planned,
+                PlannedBatches(planned),
                 batch_size=None,
                 num_workers=workers,
                 collate_fn=_passthrough,
@@ -200,13 +188,11 @@ class Workers:
 
     def failure(self, exc: BaseException, processes: WorkerProcesses) -> BaseException:
         """The error to raise for ``exc``, raised while ``processes`` ran: a ``WorkerError``
-        naming each that died without raising (torch's ``RuntimeError``, from its iterator or
-        SIGCHLD handler), else ``exc``. Their inner iterator is let go, persistent or not: the
-        next epoch starts new workers, as torch's does."""
+        naming each that died without raising (torch's ``RuntimeError``), else ``exc``; the
+        next epoch then starts new workers, as torch's does."""
         deaths = processes.dead() if isinstance(exc, RuntimeError) else []
         if not deaths:
             return exc
-        # The frames in the tracebacks of the error and of its causes hold torch's iterator.
         drop_tracebacks(exc)
         self.let_go(processes)
         failure = worker_error(deaths)
@@ -215,8 +201,7 @@ class Workers:
 
     def died_between_epochs(self) -> WorkerError | None:
         """A ``WorkerError`` if a persistent worker died since the last epoch (torch's SIGCHLD
-        handler may have said so already, in whatever the main process ran); the next epoch
-        then starts new workers."""
+        handler may have said so already); the next epoch then starts new workers."""
         if self._persistent is None or not (deaths := self.processes.dead()):
             return None
         self.let_go(self.processes)

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from ..errors import ConfigError, Reason
+from ..errors import ConfigError
+from ..streaming.sampler import world
 
 __all__ = ["STATE_VERSION", "EpochProgress", "GeneratorStates", "world"]
 
@@ -24,8 +24,6 @@ STATE_VERSION = 1
 
 @dataclass
 class EpochProgress:
-    """The epoch being iterated: what a ``state_dict`` taken now records."""
-
     epoch: int
     generator_states: dict[str, torch.Tensor]
     num_batches: int
@@ -45,7 +43,6 @@ class GeneratorStates:
     ) -> None:
         self.loader = loader
         self.samplers = samplers
-        #: Whether the order comes from torch's global RNG (set per epoch by the loader).
         self.use_global = use_global and loader is None
 
     def _generators(self) -> dict[str, torch.Generator]:
@@ -72,13 +69,6 @@ class GeneratorStates:
         for key, generator in self._generators().items():
             if key in states:
                 generator.set_state(states[key])
-
-
-def world() -> tuple[int, int]:
-    """(rank, world size) under torch.distributed, else (0, 1); read when called."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 def make_state(
@@ -110,10 +100,7 @@ def make_state(
 
 def check_version(state: dict[str, Any]) -> None:
     if state.get("version") != STATE_VERSION:
-        raise ConfigError(
-            f"unknown loader state version {state.get('version')!r}",
-            cause=Reason.INVALID_ARGUMENT,
-        )
+        raise ConfigError(f"unknown loader state version {state.get('version')!r}")
 
 
 def restore(state: dict[str, Any], generators: GeneratorStates) -> tuple[int, int]:
@@ -127,8 +114,7 @@ def restore(state: dict[str, Any], generators: GeneratorStates) -> tuple[int, in
         raise ConfigError(
             f"the state was saved by rank {state['rank']} of {state['world_size']}, but this "
             f"is rank {rank} of {world_size}: resuming with a different world size is not "
-            "supported",
-            cause=Reason.INVALID_ARGUMENT,
+            "supported"
         )
     generators.set(state["generator_states"])
     return int(state["epoch"]), int(state["batches_taken"])

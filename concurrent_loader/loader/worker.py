@@ -2,11 +2,9 @@
 by a :class:`~concurrent_loader.pipeline.BatchPipeline`.
 
 :class:`PlannedBatches` is an ``IterableDataset`` to torch and the user's dataset to everyone
-else (attributes, ``len``, ``[]``, ``__class__``), so ``get_worker_info().dataset`` behaves
-as it would with a stock DataLoader. Every batch of a share has exactly one outcome: the
-batch, or a :class:`~concurrent_loader.pipeline.Failure` carrying the original exception.
-A persistent worker keeps its pipeline across epochs (:class:`~.lookahead.Lookahead`). A
-worker leaves Ctrl-C to the main process.
+else (attributes, ``len``, ``[]``, ``__class__``), as ``get_worker_info().dataset``. Every
+batch of a share has exactly one outcome: the batch, or a ``Failure`` carrying the original
+exception. A persistent worker keeps its pipeline across epochs (:class:`~.lookahead.Lookahead`).
 """
 
 from __future__ import annotations
@@ -16,6 +14,7 @@ import os
 import signal
 import traceback
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
@@ -27,7 +26,7 @@ from ..runtime import Runtime, acquire_runtime
 from .lookahead import Lookahead
 from .plan import EpochPlan, Lock
 
-__all__ = ["Failure", "PlannedBatches"]
+__all__ = ["Failure", "Planned", "PlannedBatches"]
 
 # A worker process keeps one runtime lease for its whole life, so a persistent worker keeps
 # its event loop, fetch clients and open connections from one epoch to the next instead of
@@ -42,25 +41,12 @@ def _hold_runtime_for_this_process() -> None:
 
 
 def _leave_ctrl_c_to_the_main_process() -> None:
-    """A worker ignores SIGINT (unless ``worker_init_fn`` set its own handler): on a
-    ``KeyboardInterrupt`` torch's worker would exit waiting for its queue's feeder thread to
-    write into a pipe the main process no longer reads, holding up the main process 5 s. Left
-    running, it ends with the main process's shutdown of its iterator, within one batch."""
+    # Unless worker_init_fn set its own handler: on Ctrl-C torch's worker would exit waiting
+    # for its queue's feeder thread to write into a pipe the main process no longer reads,
+    # holding the main process up 5 s. Left running, it ends with the main process's iterator.
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-
-_OWN = frozenset(
-    {
-        "_cl_dataset",
-        "_cl_plan",
-        "_cl_collate",
-        "_cl_options",
-        "_cl_stats",
-        "_cl_claims",
-        "_cl_next",
-    }
-)
 
 # This worker process's next-epoch prefetch (persistent workers), closed at the process's end.
 _ahead: tuple[int, Lookahead] | None = None
@@ -76,83 +62,62 @@ def _lookahead() -> Lookahead:
     return _ahead[1]
 
 
+@dataclass
+class Planned:
+    """What the workers need: the user's dataset, the plan (and the predicted next one, for
+    persistent workers), and how batches are made and counted."""
+
+    dataset: Dataset[Any]
+    plan: EpochPlan
+    collate_fn: Callable[[list[Any]], Any]
+    options: PipelineOptions
+    stats: SharedStats
+    claims: Lock | None = None
+    next_plan: EpochPlan | None = None
+
+
 class PlannedBatches(IterableDataset[Any]):
     """Worker ``w`` of ``W`` yields its batches of the plan, collated, in order: batches
     ``w, w+W, ...`` (a fixed share), or, given ``claims`` (a lock), the batches it claims.
     In the main process (no workers) it yields every batch."""
 
-    def __init__(
-        self,
-        dataset: Dataset[Any],
-        plan: EpochPlan,
-        collate_fn: Callable[[list[Any]], Any],
-        options: PipelineOptions,
-        shared_stats: SharedStats,
-        claims: Lock | None = None,
-        next_plan: EpochPlan | None = None,
-    ) -> None:
-        object.__setattr__(self, "_cl_dataset", dataset)
-        object.__setattr__(self, "_cl_plan", plan)
-        object.__setattr__(self, "_cl_collate", collate_fn)
-        object.__setattr__(self, "_cl_options", options)
-        object.__setattr__(self, "_cl_stats", shared_stats)
-        object.__setattr__(self, "_cl_claims", claims)
-        object.__setattr__(self, "_cl_next", next_plan)
-
-    # ------------------------------------------------------------------ the user's dataset
+    def __init__(self, planned: Planned) -> None:
+        object.__setattr__(self, "_cl", planned)
 
     @property  # type: ignore[misc]
     def __class__(self) -> type:
-        return type(self._cl_dataset)
+        return type(self._cl.dataset)
 
     def __getattr__(self, name: str) -> Any:
-        if name in _OWN:  # not set yet
+        if name == "_cl":  # not set yet
             raise AttributeError(name)
-        return getattr(self._cl_dataset, name)
+        return getattr(self._cl.dataset, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in _OWN:
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self._cl_dataset, name, value)
+        setattr(self._cl.dataset, name, value)
 
     def __delattr__(self, name: str) -> None:
-        if name in _OWN:
-            object.__delattr__(self, name)
-        else:
-            delattr(self._cl_dataset, name)
+        delattr(self._cl.dataset, name)
 
     def __len__(self) -> int:
-        return len(self._cl_dataset)
+        return len(self._cl.dataset)
 
     def __getitem__(self, index: Any) -> Any:
-        return self._cl_dataset[index]
+        return self._cl.dataset[index]
 
     def __repr__(self) -> str:
-        return repr(self._cl_dataset)
+        return repr(self._cl.dataset)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # ``__class__`` names the user's class: pickle this one explicitly.
-        return (
-            PlannedBatches,
-            (
-                self._cl_dataset,
-                self._cl_plan,
-                self._cl_collate,
-                self._cl_options,
-                self._cl_stats,
-                self._cl_claims,
-                self._cl_next,
-            ),
-        )
-
-    # ------------------------------------------------------------------ batches
+        return (PlannedBatches, (self._cl,))
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         in_worker, row = info is not None, worker + 1 if info is not None else 0
-        plan, claims = self._cl_plan, self._cl_claims
+        planned = self._cl
+        plan, claims = planned.plan, planned.claims
         # Read now, not when the generator first runs: the main process may write the next
         # epoch's plan meanwhile.
         batches = plan.batches()
@@ -163,18 +128,19 @@ class PlannedBatches(IterableDataset[Any]):
             return self._produce(claimed, None, in_worker, row)
         share = batches[worker::num_workers]
         predicted: list[list[Any]] = []
-        if in_worker and self._cl_next is not None:
+        if in_worker and planned.next_plan is not None:
             # Written with this epoch's plan, before the epoch started: read it now too.
-            predicted = self._cl_next.batches()[worker::num_workers]
+            predicted = planned.next_plan.batches()[worker::num_workers]
         return self._produce(share, predicted, in_worker, row)
 
     def _start(self, feed: Iterable[list[Any]], row: int) -> BatchPipeline:
-        shared = self._cl_stats
+        planned = self._cl
+        shared = planned.stats
         return BatchPipeline(
-            self._cl_dataset,
+            planned.dataset,
             feed,
-            collate_fn=self._cl_collate,
-            options=self._cl_options,
+            collate_fn=planned.collate_fn,
+            options=planned.options,
             # Counting goes on from what earlier epochs (or processes) left in the row.
             stats=shared.read(row),
             publish=lambda stats: shared.write(row, stats),
@@ -189,7 +155,7 @@ class PlannedBatches(IterableDataset[Any]):
     ) -> Iterator[Any]:
         """The outcomes of ``share``: a list (a fixed share, with the ``predicted`` share of the
         next epoch to fetch ahead) or the batches claimed one by one (``predicted`` None)."""
-        source = source_of(self._cl_dataset)
+        source = source_of(self._cl.dataset)
         pipeline: BatchPipeline | None = None
         broken: BaseException | None = None
         try:
@@ -200,7 +166,7 @@ class PlannedBatches(IterableDataset[Any]):
                 # Only our sources' batches are fetched ahead: a foreign ``__getitem__`` may
                 # have side effects (and draw random numbers) for batches never delivered.
                 ahead = Lookahead()
-                if in_worker and self._cl_next is not None and source is not None:
+                if in_worker and self._cl.next_plan is not None and source is not None:
                     ahead = _lookahead()
                 else:
                     predicted = []
@@ -227,9 +193,8 @@ class PlannedBatches(IterableDataset[Any]):
 
 
 def _note_traceback(exc: BaseException, row: int) -> None:
-    """Give an error from user code (a ``__getitem__``, a transform, a collate) the traceback
-    of where it was raised, as a note, as torch gives it in its message: the error reaches
-    the main process without its traceback object."""
+    """Note where an error from user code was raised (as torch does in its message): it
+    reaches the main process without its traceback object."""
     if isinstance(exc, LoaderError) or exc.__traceback__ is None:
         return
     where = f"DataLoader worker process {row - 1}" if row else "the loader's main process"

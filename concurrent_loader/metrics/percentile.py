@@ -12,10 +12,8 @@ def percentile(
     values: Sequence[float], q: float, counts: Sequence[float] | None = None
 ) -> float | None:
     """The nearest-rank ``q``-th percentile (0-100) of ``values``; None when there are none.
-
-    With ``counts``, ``values`` must be sorted and ``counts[i]`` says how many times
-    ``values[i]`` occurred (a histogram: its bucket edges and their counts).
-    """
+    With ``counts`` (a histogram), ``values`` are sorted and ``values[i]`` occurred ``counts[i]``
+    times."""
     if counts is None:
         ordered: Sequence[float] = sorted(values)
         weights: Sequence[float] = [1.0] * len(ordered)

@@ -31,7 +31,6 @@ class StallLedger:
     def record(
         self, wait: float, compute: float, samples: int = 0, *, warmup: bool = False
     ) -> None:
-        """One step; a warm-up step only adds to ``warmup_steps`` and ``warmup_s``."""
         with self._lock:
             if warmup:
                 self.warmup_steps += 1
@@ -61,7 +60,6 @@ class StallLedger:
 
     @property
     def wait_share(self) -> float:
-        """The steady state's share of time spent waiting (0 before any step)."""
         total = self.wait_s + self.compute_s
         return self.wait_s / total if total > 0 else 0.0
 
@@ -79,9 +77,8 @@ def verdict(
     decode_busy: float,
     cache_hit_rate: float | None = None,
 ) -> str:
-    """One line naming the bottleneck and what to change, from the loop's ``wait_share``,
-    ``fetch_busy`` and ``decode_busy`` (averaged shares of slots busy) and the cache's
-    ``cache_hit_rate`` (None: no cache), which a storage verdict names."""
+    """One line naming the bottleneck and what to change, from the loop's ``wait_share``, the
+    shares of fetch slots and decode threads busy, and the cache's hit rate (None: no cache)."""
     if wait_share < 0.1:
         return f"training step: the loader keeps up (the loop waited {wait_share:.0%} of the time)"
     if max(fetch_busy, decode_busy) < 0.5:
@@ -119,7 +116,7 @@ def loader_stats(
     decode_slots: int,
 ) -> dict[str, Any]:
     """``total`` is :meth:`SharedStats.total`; ``fetch_slots`` and ``decode_slots`` the GETs
-    and decode threads allowed over every process, the verdict's denominators."""
+    and decode threads allowed over every process."""
     fetch, decode = total["fetch"], total["decode"]
     out: dict[str, Any] = {
         "requests": int(total["objects"]),

@@ -3,9 +3,7 @@
 Each process counts into a :class:`StageStats` and copies it after every batch into its row
 of a shared-memory matrix (:class:`SharedStats`) the main process sums: no queue or lock
 between processes. Latency histograms are log-scale (10 buckets per decade, 1 us to 1000 s),
-so merging adds arrays and a percentile is its bucket's upper edge (about 26 % wide). A
-cache counts into its process's one :class:`CacheTally`; a pipeline reports what it gained
-since the pipeline started.
+so merging adds arrays and a percentile is its bucket's upper edge (about 26 % wide).
 """
 
 from __future__ import annotations
@@ -45,7 +43,7 @@ COUNTERS = (
     "cache_misses",
     "cache_bytes",
 )
-HISTOGRAMS = ("fetch", "decode", "wait", "first_byte")
+HISTOGRAMS = ("fetch", "decode", "first_byte")
 _HIST_BASE = len(COUNTERS)
 # per histogram: BUCKETS counts, then count and total seconds
 _HIST_WIDTH = BUCKETS + 2
@@ -87,7 +85,6 @@ class CacheTally:
             self.misses += 1
 
     def snapshot(self) -> tuple[int, int, int]:
-        """(hits, misses, bytes), read together."""
         with self._lock:
             return self.hits, self.misses, self.bytes
 
@@ -96,8 +93,7 @@ _TALLY = CacheTally()
 
 
 def cache_tally() -> CacheTally:
-    """This process's tally (a forked child goes on from its parent's counts; pipelines
-    count from their own start, so that does not matter)."""
+    """This process's tally (pipelines count what it gains from their own start)."""
     return _TALLY
 
 
@@ -124,7 +120,7 @@ class StageStats:
         with self._lock:
             self._add_latency(0, seconds)
             if first_byte_s is not None:
-                self._add_latency(3, first_byte_s)
+                self._add_latency(2, first_byte_s)
             self._v[0] += 1
             self._v[1] += size
 
@@ -147,10 +143,6 @@ class StageStats:
         with self._lock:
             self._add_latency(1, seconds)
 
-    def add_wait(self, seconds: float) -> None:
-        with self._lock:
-            self._add_latency(2, seconds)
-
     def add(self, counter: str, amount: float = 1) -> None:
         with self._lock:
             self._v[COUNTERS.index(counter)] += amount
@@ -160,7 +152,6 @@ class StageStats:
             self._v[COUNTERS.index(counter)] = value
 
     def histogram(self, name: str) -> dict[str, Any]:
-        """``counts`` per bucket, ``count`` and ``total`` seconds of one histogram."""
         base = _HIST_BASE + HISTOGRAMS.index(name) * _HIST_WIDTH
         with self._lock:
             v = self._v
@@ -198,11 +189,9 @@ class SharedStats:
         self.rows[row] = torch.tensor(stats.vector(), dtype=torch.float64)
 
     def read(self, row: int) -> StageStats:
-        """The row, to count on from, together with this process's cache tally."""
         return StageStats(self.rows[row].tolist(), cache=cache_tally())
 
     def total(self) -> dict[str, Any]:
-        """Counters and histograms summed over every process."""
         summed = StageStats(self.rows.sum(0).tolist())
         vector = summed.vector()
         out: dict[str, Any] = {name: vector[i] for i, name in enumerate(COUNTERS)}

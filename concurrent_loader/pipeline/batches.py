@@ -1,19 +1,14 @@
-"""One process's batches (a worker's, or the main process's with ``num_workers=0``):
-fetch -> decode -> collate, pipelined across batches, in sampler order.
+"""One process's batches: fetch -> decode -> collate, pipelined across batches, in order.
 
-A :class:`BatchPipeline` keeps the order and one :class:`~.slot.Slot` per batch in
-progress; a producer chosen once by the dataset makes the samples (:mod:`.remote`,
-:mod:`.produce`). Invariants:
+A :class:`BatchPipeline` keeps one :class:`~.slot.Slot` per batch in progress; a producer
+chosen once by the dataset makes the samples (:mod:`.remote`, :mod:`.produce`). Invariants:
 
-- batch ``b`` holds exactly the samples of ``batches[b]``, in order; each sample is
-  delivered once;
-- at most ``prefetch_batches`` batches are in progress, with no per-batch barrier; a batch
-  is taken from ``batches`` only when it starts (a worker claims no more than it started);
-- a batch's first failure fails it, raised when the consumer reaches it (earlier batches
-  still arrive); :meth:`outcomes` yields it as a :class:`~.slot.Failure` and goes on;
+- batch ``b`` holds exactly the samples of ``batches[b]``, in order, each once;
+- at most ``prefetch_batches`` batches in progress; a batch is taken from ``batches`` only
+  when it starts (a worker claims no more than it started);
+- a batch's first failure fails it, raised when the consumer reaches it;
 - a stall (``LoaderStalled``) is the outcome of every batch in progress; none starts after;
-- :meth:`close` (also on ``break``, errors, garbage collection) cancels work, joins the
-  threads and returns the runtime lease; idempotent.
+- :meth:`close` cancels work, joins the threads and returns the runtime lease; idempotent.
 """
 
 from __future__ import annotations
@@ -37,7 +32,6 @@ __all__ = ["BatchPipeline", "source_of"]
 
 
 def source_of(dataset: Dataset[Any]) -> SampleSource | None:
-    """The dataset's sample source, when it has one (our datasets do)."""
     source = getattr(dataset, "source", None)
     return source if isinstance(source, SampleSource) else None
 
@@ -56,8 +50,6 @@ class BatchPipeline:
         publish: Callable[[StageStats], None] | None = None,
     ) -> None:
         self._publish = publish
-        # Taken one at a time as batches start: a worker claiming batches claims no more than
-        # it has started.
         self._batches = iter(batches)
         self.broken: BaseException | None = None
         self._collate = collate_fn
@@ -75,10 +67,7 @@ class BatchPipeline:
         self._producer = _producer(dataset, options, self.stats, watch)
         watch.describe = self._describe  # (while the producer opened, nothing was in progress)
 
-    # ------------------------------------------------------------------ consumer side
-
     def __iter__(self) -> Iterator[Any]:
-        """The batches; a failed batch raises (and ends the iteration) when reached."""
         with contextlib.closing(self.outcomes()) as outcomes:  # closed before raising
             for outcome in outcomes:
                 if isinstance(outcome, Failure):
@@ -87,7 +76,7 @@ class BatchPipeline:
 
     def outcomes(self) -> Generator[Any, None, None]:
         """One outcome per batch started, in order: the batch, or :class:`Failure`; after a
-        stall, :attr:`broken` holds it (see the module docstring). Closes the pipeline when done."""
+        stall, :attr:`broken` holds it. Closes the pipeline when done."""
         try:
             for _ in range(self._prefetch):
                 if not self._start_next():
@@ -117,7 +106,6 @@ class BatchPipeline:
             self.close()
 
     def _describe(self) -> str:
-        """What this pipeline waits for, for stall reports (from the consumer thread)."""
         progress = f"{len(self._slots)} batches in progress"
         waits = self._producer.describe()
         return f"{progress}, {waits}" if waits else progress
@@ -128,7 +116,6 @@ class BatchPipeline:
             self._publish(self.stats)
 
     def _start_next(self) -> bool:
-        """Start the next batch, if there is one (taking it from ``batches`` only now)."""
         if self._closed:
             return False
         indices = next(self._batches, None)
@@ -139,10 +126,7 @@ class BatchPipeline:
         self._producer.start(slot)
         return True
 
-    # ------------------------------------------------------------------ shutdown
-
     def close(self) -> None:
-        """Cancel outstanding work, join the threads, return the runtime lease. Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -158,7 +142,6 @@ class BatchPipeline:
 def _producer(
     dataset: Dataset[Any], options: PipelineOptions, stats: StageStats, watch: StallWatch
 ) -> GetItems:
-    """The dataset's producer, chosen once: by its source, and its source's store."""
     source = source_of(dataset)
     if source is None:
         return GetItems(dataset, options, stats)

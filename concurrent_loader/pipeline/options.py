@@ -1,14 +1,13 @@
-"""How a process produces batches, validated once (``ConfigError``). How bytes are fetched
-is the dataset's ``FetchConfig`` and ``PartsConfig``; ``parts`` here only carries the latter."""
+"""How a process produces batches, validated once (``ConfigError``); the defaults derived
+in one place. How bytes are fetched is the dataset's (``FetchConfig``, ``PartsConfig``)."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import NoReturn
 
-from ..config import FetchConfig
-from ..errors import ConfigError, Reason
+from ..config import FetchConfig, check_count
+from ..errors import ConfigError
 from ..fetch.parts import PartsConfig
 
 __all__ = ["PipelineOptions", "available_cpus"]
@@ -30,15 +29,13 @@ class PipelineOptions:
 
     def __post_init__(self) -> None:
         if self.stall_timeout_s is not None and not self.stall_timeout_s > 0:
-            _refuse(f"stall_timeout_s must be > 0 or None, got {self.stall_timeout_s}")
+            raise ConfigError(f"stall_timeout_s must be > 0 or None, got {self.stall_timeout_s}")
         for name in ("decode_threads", "getitem_threads", "prefetch_batches"):
-            value = getattr(self, name)
-            if value < 1:
-                _refuse(f"{name} must be >= 1, got {value}")
+            check_count(name, getattr(self, name))
         if not isinstance(self.parts, PartsConfig):
-            _refuse(f"parts must be a PartsConfig, got {type(self.parts).__name__}")
+            raise ConfigError(f"parts must be a PartsConfig, got {type(self.parts).__name__}")
         if self.on_error not in ("raise", "skip"):
-            _refuse(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
+            raise ConfigError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
 
     @classmethod
     def derive(
@@ -55,9 +52,8 @@ class PipelineOptions:
         parts: PartsConfig | None = None,
     ) -> PipelineOptions:
         """Fill what the user left out: decode threads = this process's share of the CPUs
-        (at most 8); batches in progress = enough to keep the dataset's GETs in flight
-        (``fetch_config.inflight_cap``; 64 for a dataset that is not ours) busy, plus one
-        (at least 2)."""
+        (at most 8); batches in progress = enough to keep ``fetch_config.inflight_cap`` GETs
+        (64 for a dataset that is not ours) busy, plus one (at least 2)."""
         inflight = fetch_config.inflight_cap if fetch_config is not None else 64
         if decode_threads is None:
             decode_threads = max(1, min(8, available_cpus() // max(1, num_workers)))
@@ -71,10 +67,6 @@ class PipelineOptions:
             stall_timeout_s=stall_timeout_s,
             parts=parts if parts is not None else PartsConfig(),
         )
-
-
-def _refuse(problem: str) -> NoReturn:
-    raise ConfigError(problem, cause=Reason.INVALID_ARGUMENT)
 
 
 def available_cpus() -> int:

@@ -1,7 +1,5 @@
 """Producers that make a batch's samples on a thread pool: ``__getitem__`` (:class:`GetItems`)
-and local reads (:class:`LocalReads`); :mod:`.remote` builds on them.
-
-Each puts a started :class:`~.slot.Slot`'s samples by position, from any thread. Invariants:
+and local reads (:class:`LocalReads`); :mod:`.remote` builds on them. Invariants:
 
 - each sample is put, skipped or failed exactly once; a failed batch's samples are not made;
 - an index that is not a plain int goes to ``dataset[index]`` as it is, as torch passes it;
@@ -57,14 +55,12 @@ class GetItems:
             self.pool.submit(self.complete, slot, position, index)
 
     def produce(self, index: Any) -> Any:
-        """One sample, on a pool thread."""
         started = time.perf_counter()
         item = self.dataset[index]
         self.stats.add_decode(time.perf_counter() - started)
         return item
 
     def complete(self, slot: Slot, position: int, index: Any) -> None:
-        """A pool job: put ``produce(index)`` in the slot, or fail the sample."""
         if slot.failed:
             return
         try:
@@ -75,18 +71,15 @@ class GetItems:
             slot.put(position, item)
 
     def where(self, index: Any) -> str:
-        """Sample ``index`` in messages."""
         return f"item {index!r}"
 
     def failed(self, slot: Slot, position: int, index: Any, exc: BaseException) -> None:
-        """Sample ``index`` failed: skip it (policy "skip", our errors only) or fail its batch."""
         where = self.where(index)
         if self._skip and isinstance(exc, LoaderError):
             self.stats.add("skipped")
             slot.skip(position, SkippedSample(index, exc.url or where, exc))
             return
         if not isinstance(exc, LoaderError):
-            # Errors from user code (a transform, a foreign dataset) get the object's name.
             exc.add_note(f"while loading {where} of {type(self.dataset).__name__}")
         slot.fail(exc)
 
@@ -98,7 +91,6 @@ class GetItems:
         """Bring ``stats`` up to date before they are published."""
 
     def close(self, stalled: bool) -> None:
-        """Cancel the jobs not started; join the threads unless the pipeline stalled."""
         self.pool.shutdown(wait=not stalled, cancel_futures=True)
 
 

@@ -2,12 +2,10 @@
 :func:`~concurrent_loader.sources.plan.plan_fetches`), decodes on the decode threads.
 Invariants, besides those of :mod:`.produce`:
 
-- fetched-but-undecoded bytes (plus those expected in flight) stay within the dataset's
-  ``FetchConfig.max_inflight_bytes`` (:class:`~concurrent_loader.fetch.ByteBudget`); every
-  byte reserved is given back once: decoded, dropped, or its GET failed;
+- fetched-but-undecoded bytes (plus those expected in flight) stay within
+  ``FetchConfig.max_inflight_bytes``; every byte reserved is given back once;
 - fetched samples are decoded earliest batch first (:class:`~.slot.DecodeQueue`);
-- a failed GET fails (or skips) its sample, named by the source when it can; a failure
-  while planning fails the batch;
+- a failed GET fails (or skips) its sample; a failure while planning fails the batch;
 - :meth:`RemoteReads.close` cancels and awaits the GETs, drops undecoded samples, joins the
   threads and returns the runtime lease, in that order.
 """
@@ -49,8 +47,6 @@ def _as_is(index: int, exc: BaseException) -> BaseException:
 
 
 class RemoteReads(SourceSamples):
-    """A remote store's samples, through this process's fetch client on the runtime."""
-
     def __init__(
         self,
         dataset: Dataset[Any],
@@ -62,10 +58,9 @@ class RemoteReads(SourceSamples):
         config = source.fetch_config
         runtime = self._runtime = acquire_runtime()
         try:
-            self._client = watch.result(
-                runtime.submit(client_for(runtime, source.store, config)),
-                "its fetch client to open",
-            )
+            opening = runtime.submit(client_for(runtime, source.store, config))
+            watch.wait(opening, "its fetch client to open")
+            self._client = opening.result()
         except BaseException:
             runtime.release()
             raise
@@ -87,11 +82,7 @@ class RemoteReads(SourceSamples):
     def flush_stats(self) -> None:
         self.stats.set("inflight", self._client.in_flight)
 
-    # ------------------------------------------------------------------ on the loop
-
     def _start_fetches(self, slot: Slot) -> None:
-        """Plan the batch's fetches, then one task per fetch, in the plan's order; a sample
-        whose reads cannot be listed fails (or is skipped) alone."""
         if self._closed:
             return
         samples: list[tuple[Tag, Sequence[Read]]] = []
@@ -132,7 +123,6 @@ class RemoteReads(SourceSamples):
         self._queue(slot, position, index, bodies)
 
     def _queue(self, slot: Slot, position: int, index: int, bodies: Bodies) -> None:
-        """Queue the sample's decode (earliest batch first, not in GET completion order)."""
         size = sum(len(body) for body in bodies)
         decode = functools.partial(self._decode, slot, position, index, bodies, size)
         try:
@@ -141,7 +131,6 @@ class RemoteReads(SourceSamples):
             self._budget.release(self._decodes.drop_all())
 
     async def _get(self, get: Get) -> bytes | bytearray:
-        """One GET within the byte budget; its bytes stay held until released."""
         read = get.read
         reserved = await self._budget.reserve(get.reserve)
         try:
@@ -170,8 +159,6 @@ class RemoteReads(SourceSamples):
             raise failures[0]
         return results  # type: ignore[return-value]
 
-    # ------------------------------------------------------------------ on a decode thread
-
     def _decode(self, slot: Slot, position: int, index: int, bodies: Bodies, size: int) -> None:
         try:
             if slot.failed:
@@ -185,8 +172,6 @@ class RemoteReads(SourceSamples):
             slot.put(position, item)
         finally:
             self._budget.release(size)
-
-    # ------------------------------------------------------------------ shutdown
 
     def close(self, stalled: bool) -> None:
         self._closed = True

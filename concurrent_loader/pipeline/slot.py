@@ -107,8 +107,8 @@ class Slot:
         self.items = []
 
     def collated(self) -> Any:
-        """The batch, collated in the consumer thread: torch ops on a new thread start their
-        own OpenMP team, which spins against the decode threads (3.5x the CPU per image)."""
+        # Collated in the consumer thread: torch ops on a new thread start their own OpenMP
+        # team, which spins against the decode threads (3.5x the CPU per image).
         items = self.future.result()
         try:
             batch = self.collate(items) if items else None
@@ -146,7 +146,6 @@ class DecodeQueue:
         self.running = 0
 
     def put(self, slot: Slot, position: int, size: int, decode: Callable[[], None]) -> None:
-        """Queue one sample's decode; raises ``RuntimeError`` if the pool is shut down."""
         with self._lock:
             heapq.heappush(self._heap, (slot.number, position, next(self._order), size, decode))
             if self.running >= self._max_jobs:
@@ -160,7 +159,6 @@ class DecodeQueue:
             raise
 
     def _drain(self) -> None:
-        """A pool job: decode the most urgent sample waiting until none is left."""
         try:
             while True:
                 with self._lock:
@@ -177,8 +175,8 @@ class DecodeQueue:
         self._hand_on()  # a fork waits for this job to end
 
     def _hand_on(self) -> None:
-        """This job ends with samples perhaps left: a new one (waiting at the pool's gate
-        while the process forks) takes over the queue, keeping the count of jobs."""
+        # Samples may be left: a new job (waiting at the pool's gate while the process
+        # forks) takes over the queue, keeping the count of jobs.
         try:
             self._submit(self._drain)
         except RuntimeError:  # the pool is shut down: we are closing
@@ -186,7 +184,7 @@ class DecodeQueue:
                 self.running -= 1
 
     def drop_all(self) -> int:
-        """Forget every sample waiting (no job will run them); their bytes in all."""
+        """Forget every sample waiting; their bytes in all."""
         with self._lock:
             dropped, self._heap = self._heap, []
         return sum(entry[3] for entry in dropped)

@@ -11,7 +11,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from ..errors import LoaderStalled, Reason
 
@@ -19,11 +19,8 @@ __all__ = ["StallWatch", "thread_stacks"]
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
 
 def thread_stacks() -> str:
-    """Every thread's current Python stack, innermost call last."""
     names = {thread.ident: thread.name for thread in threading.enumerate()}
     parts = []
     for ident, frame in sys._current_frames().items():
@@ -47,12 +44,7 @@ class StallWatch:
         self.where = where
         self.describe = describe
 
-    def result(self, future: concurrent.futures.Future[T], what: str) -> T:
-        self.wait(future, what)
-        return future.result()
-
     def wait(self, future: concurrent.futures.Future[Any], what: str) -> None:
-        """Wait until ``future`` is done (result or exception), watched."""
         waited = 0.0
         while True:
             step = self.warn_s

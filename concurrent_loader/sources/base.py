@@ -1,7 +1,6 @@
 """The contract between datasets and the pipeline: a :class:`SampleSource` turns an index
-into reads from one store and, given their bytes, into the sample (on a decode thread).
-The pipeline never looks further into a dataset. A source is picklable and holds no open
-resource."""
+into reads from one store and, given their bytes, into the sample (on a decode thread). A
+source is picklable and holds no open resource."""
 
 from __future__ import annotations
 
@@ -33,17 +32,13 @@ class SampleSource(Protocol):
     def __len__(self) -> int: ...
 
     def reads(self, index: int) -> Sequence[Read]:
-        """The reads sample ``index`` needs (``index`` is already in range)."""
-        ...
+        """The reads sample ``index`` (in range) needs."""
 
     def decode(self, index: int, bodies: Sequence[bytes | bytearray]) -> Any:
-        """Sample ``index`` from the bodies of its reads, in order; errors that are not a
-        ``LoaderError`` get the object's name attached by the caller."""
-        ...
+        """Sample ``index`` from the bodies of its reads, in order."""
 
     def url_for(self, index: int) -> str:
         """The name of sample ``index`` in messages."""
-        ...
 
 
 @runtime_checkable
@@ -52,6 +47,5 @@ class NamingSource(SampleSource, Protocol):
     sample in the error of a failed read itself."""
 
     def read_failed(self, index: int, exc: BaseException) -> BaseException:
-        """The error for sample ``index`` when a read of it failed with ``exc``: the same
-        kind of error, naming the sample's object, member and offset."""
-        ...
+        """``exc``, a failed read of sample ``index``, as the same kind of error naming the
+        sample's object, member and offset."""

@@ -19,7 +19,6 @@ __all__ = ["CallDecoder", "ObjectDecoder", "ObjectSource"]
 class ObjectDecoder(Protocol):
     def __call__(self, index: int, data: bytes | bytearray, url: str) -> Any:
         """Sample ``index`` from the bytes of its object ``url``."""
-        ...
 
 
 class CallDecoder:

@@ -38,8 +38,7 @@ class Whole(Generic[Tag]):
 
 def plan_get(read: Read, capabilities: Capabilities, parts: PartsConfig) -> Get:
     """A read larger than ``parts.part_size`` goes in parts when the store serves ranges,
-    unless it is a whole object the store wants in one read (a cache fills its entry from
-    it); in parts it reserves its buffer and the parts in flight, else its expected size."""
+    unless it is a whole object the store wants in one read (a cache fills its entry from it)."""
     size = read.byte_range.length if read.byte_range is not None else read.size
     if (
         size is None
@@ -56,8 +55,7 @@ def plan_fetches(
     capabilities: Capabilities,
     parts: PartsConfig,
 ) -> list[Whole[Tag]]:
-    """The fetches of a batch's ``samples`` (``(tag, reads)`` pairs, in sampler order): one
-    :class:`Whole` per sample, in order, each of its reads planned by :func:`plan_get`."""
+    """One :class:`Whole` per ``(tag, reads)`` sample, in order."""
     return [
         Whole(tag, tuple(plan_get(read, capabilities, parts) for read in reads))
         for tag, reads in samples

@@ -1,20 +1,14 @@
 """The shard-order stream of one epoch, as pure functions of (lengths, seed, epoch, world).
 
 Samples are numbered shard by shard (shard ``s`` holds ``offsets[s] .. offsets[s] +
-lengths[s] - 1``); streaming reads whole shards one after another. For one epoch:
-:func:`shard_permutation` orders the shards (the same on every rank); :func:`assign_shards`
-gives each shard, whole, to exactly one rank, balanced by sample count; :func:`rank_stream`
-lists a rank's indices shard by shard, equalised to the same count on every rank (padded
-with its own first samples, or truncated). Nothing reads ``torch.distributed``: every result
-is reproducible from the arguments alone.
+lengths[s] - 1``). :func:`shard_permutation` orders the shards (the same on every rank);
+:func:`assign_shards` gives each shard, whole, to exactly one rank, balanced by sample count;
+:func:`rank_stream` lists a rank's indices, equalised to the same count on every rank.
 
 :func:`shuffle_within_window` is a seeded shuffle buffer (WebDataset's) that also bounds how
 far a sample travels: one read at stream position ``q`` is emitted by the time ``q + window``
-is read. So the buffered samples lie within ``window + 1`` consecutive positions (with
-shards of ``n`` samples, ``ceil(window / n) + 1`` shards); the buffer holds
-``ceil(window / 2)`` samples and each emission is a uniform draw among them unless one
-reaches the window's end (about 14 %); every element is emitted exactly once, in an order
-that is a pure function of the stream and the seed.
+is read. The buffer holds ``ceil(window / 2)`` samples; each emission is a uniform draw among
+them unless one reaches the window's end (about 14 %); every element is emitted exactly once.
 """
 
 from __future__ import annotations
@@ -25,7 +19,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TypeVar
 
-from ..errors import ConfigError, Reason
+from ..errors import ConfigError
 
 __all__ = [
     "assign_shards",
@@ -34,20 +28,18 @@ __all__ = [
     "rank_stream",
     "shard_permutation",
     "shuffle_within_window",
-    "target_count",
 ]
 
 T = TypeVar("T")
 
 
 def epoch_random(purpose: str, seed: int, epoch: int, rank: int = 0) -> random.Random:
-    """A generator for one purpose of one epoch (and rank). Seeded from a string, which
-    Python hashes with SHA-512: the same sequence on every platform and Python version."""
+    """A generator for one purpose of one epoch (and rank). Seeded from a string (hashed
+    with SHA-512): the same sequence on every platform and Python version."""
     return random.Random(f"concurrent_loader.streaming:{purpose}:{seed}:{epoch}:{rank}")
 
 
 def shard_permutation(num_shards: int, *, shuffle: bool, seed: int, epoch: int) -> list[int]:
-    """The epoch's order of the shards: a seeded shuffle, or 0..n-1 without ``shuffle``."""
     order = list(range(num_shards))
     if shuffle:
         epoch_random("shards", seed, epoch).shuffle(order)
@@ -56,18 +48,14 @@ def shard_permutation(num_shards: int, *, shuffle: bool, seed: int, epoch: int) 
 
 def assign_shards(lengths: Sequence[int], order: Sequence[int], world_size: int) -> list[list[int]]:
     """Shards per rank: in ``order``, each shard goes to the rank with the fewest samples so
-    far (the lowest rank on a tie). Every shard goes to exactly one rank, each rank reads its
-    shards in ``order``, and the ranks' sample counts differ by at most the longest shard."""
+    far (the lowest on a tie), so the ranks' counts differ by at most the longest shard."""
     if world_size < 1:
-        raise ConfigError(
-            f"world_size must be >= 1, got {world_size}", cause=Reason.INVALID_ARGUMENT
-        )
+        raise ConfigError(f"world_size must be >= 1, got {world_size}")
     nonempty = sum(1 for s in order if lengths[s] > 0)
     if nonempty < world_size:
         raise ConfigError(
             f"{nonempty} non-empty shards cannot be split by whole shards across {world_size} "
-            "ranks: every rank needs at least one",
-            cause=Reason.INVALID_ARGUMENT,
+            "ranks: every rank needs at least one"
         )
     shards: list[list[int]] = [[] for _ in range(world_size)]
     loads = [0] * world_size
@@ -80,18 +68,11 @@ def assign_shards(lengths: Sequence[int], order: Sequence[int], world_size: int)
     return shards
 
 
-def target_count(loads: Sequence[int], *, drop_last: bool) -> int:
-    """Samples per rank: the most any rank has (others padded), or with ``drop_last`` the
-    fewest (others truncated), as ``DistributedSampler`` pads or drops."""
-    return min(loads) if drop_last else max(loads)
-
-
 def rank_stream(
     lengths: Sequence[int], offsets: Sequence[int], shards: Sequence[int], count: int
 ) -> Iterator[int]:
-    """The global indices of ``shards``, shard by shard and in order within a shard, cut or
-    padded to ``count``: padding starts again at the stream's beginning (the rank's first
-    shard), so it re-reads a shard it has just read, rather than another rank's."""
+    """The global indices of ``shards``, in order, cut or padded to ``count`` (padding starts
+    again at the rank's first shard, not another rank's)."""
 
     def once() -> Iterator[int]:
         for s in shards:
@@ -101,11 +82,9 @@ def rank_stream(
 
 
 def interleave_batches(streams: Sequence[Iterator[int]], batch_size: int) -> Iterator[int]:
-    """Batch ``k`` (``batch_size`` indices) from stream ``k % len(streams)``, so that a
-    DataLoader whose worker ``w`` makes batches ``w, w + W, ...`` gives each worker the
-    indices of one stream. Every index of every stream comes once. A stream that runs out
-    drops out of the turn, and the batches after it mix streams (only near the end of an
-    epoch, when the streams differ in length): locality suffers there, nothing else."""
+    """Batch ``k`` (``batch_size`` indices) from stream ``k % len(streams)``, so that worker
+    ``w`` of a DataLoader gets one stream's indices. Every index comes once; a stream that
+    runs out drops out of the turn (near the epoch's end the batches then mix streams)."""
     live = list(streams)
     turn = 0
     while live:
@@ -119,7 +98,6 @@ def interleave_batches(streams: Sequence[Iterator[int]], batch_size: int) -> Ite
 
 
 def shuffle_within_window(stream: Iterable[T], window: int, rng: random.Random) -> Iterator[T]:
-    """The elements of ``stream``, shuffled within ``window`` positions (see the module)."""
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     hold = -(-window // 2)

@@ -1,29 +1,21 @@
-"""Streaming as a sampler: shard order, a shuffle buffer, and DDP splitting by whole shards.
-
-:class:`ShardOrderSampler` yields a sharded dataset's global indices (numbered as
-``ShardDataset`` numbers them) in streaming order: shards shuffled per epoch, each rank
-reading its own whole shards one after another, samples mixed by a seeded shuffle buffer
-(:mod:`.order`). As a sampler it keeps every promise of
-:class:`~concurrent_loader.ConcurrentDataLoader` (batch ``i`` is the sampler's batch ``i``,
-exact resume, the skip policy, every start method). A batch's reads fall in a few
-neighbouring shards, served with few GETs by read-ahead.
+"""Streaming as a sampler: :class:`ShardOrderSampler` yields a sharded dataset's global
+indices (as ``ShardDataset`` numbers them) in streaming order: shards shuffled per epoch,
+each rank reading its own whole shards, samples mixed by a seeded shuffle buffer
+(:mod:`.order`). As a plain sampler it keeps every promise of the loader (order, exact
+resume, the skip policy, every start method).
 
 Guarantees, for given (``shard_lengths``, ``seed``, epoch, rank, world size):
 
-- the order is a pure function of them (``set_epoch`` picks the epoch), so a loader resumed
-  from its ``state_dict()`` with the same epoch continues exactly;
+- the order is a pure function of them (``set_epoch`` picks the epoch);
 - one rank: every sample exactly once per epoch;
-- several ranks: each shard goes to exactly one rank (in shard order, to the rank with the
-  fewest samples so far); every rank yields ``len(sampler)`` samples, padding with its own
-  first samples (``drop_last=False``: every sample at least once) or stopping at the
-  smallest rank's count (``drop_last=True``: at most once), as ``DistributedSampler`` does;
+- several ranks: each shard goes to exactly one rank; every rank yields ``len(sampler)``
+  samples, padding with its own first samples (``drop_last=False``) or stopping at the
+  smallest rank's count (``drop_last=True``), as ``DistributedSampler`` does;
 - locality: the buffered samples lie within ``buffer_size`` consecutive samples of the
-  rank's stream, so within ``ceil(buffer_size / shard_length) + 1`` shards;
+  rank's stream;
 - given the loader's ``W`` workers (:meth:`ShardOrderSampler.set_batching`), a rank's shards
-  are split again, whole, into ``W`` streams with a buffer each, and batch ``k`` comes from
-  stream ``k % W``, so worker ``k % W`` reads only its own stream's shards until the
-  shortest stream runs out near the epoch's end. Every sample still comes once (per rank,
-  before equalising); with fewer non-empty shards than workers there is one stream.
+  are split again, whole, into ``W`` streams, and batch ``k`` comes from stream ``k % W``
+  (the batch worker ``k % W`` makes) until the shortest stream runs out near the epoch's end.
 """
 
 from __future__ import annotations
@@ -34,7 +26,8 @@ from collections.abc import Iterator, Sequence
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
-from ..errors import ConfigError, Reason
+from ..config import check_count
+from ..errors import ConfigError
 from .order import (
     assign_shards,
     epoch_random,
@@ -42,7 +35,6 @@ from .order import (
     rank_stream,
     shard_permutation,
     shuffle_within_window,
-    target_count,
 )
 
 __all__ = ["ShardOrderSampler"]
@@ -60,13 +52,10 @@ def world() -> tuple[int, int]:
 class ShardOrderSampler(Sampler[int]):
     """Indices of a sharded dataset in streaming order (see the module for the guarantees).
 
-    ``shard_lengths``: samples per shard, in shard order (``ShardDataset.shard_lengths``).
-    ``shuffle``: shuffle the shards per epoch and the samples through the buffer; without
-    it, shard order and tar order. ``buffer_size``: the shuffle window, in samples.
-    ``rank`` / ``world_size``: None reads them from ``torch.distributed`` when iteration
-    starts (or ``len()`` is taken), so the sampler may be made before
-    ``init_process_group``. The loader tells the sampler its workers and batch size
-    (:meth:`set_batching`), so that each worker reads whole shards of its own.
+    ``shard_lengths``: samples per shard (``ShardDataset.shard_lengths``). ``shuffle``: the
+    shards per epoch and the samples through the buffer; without it, shard and tar order.
+    ``buffer_size``: the shuffle window, in samples. ``rank`` / ``world_size``: None reads
+    them from ``torch.distributed`` when iteration starts (or ``len()`` is taken).
     """
 
     def __init__(
@@ -82,24 +71,14 @@ class ShardOrderSampler(Sampler[int]):
     ) -> None:
         lengths = [int(n) for n in shard_lengths]
         if any(n < 0 for n in lengths):
-            raise ConfigError(
-                f"shard_lengths must be >= 0, got {min(lengths)}", cause=Reason.INVALID_ARGUMENT
-            )
+            raise ConfigError(f"shard_lengths must be >= 0, got {min(lengths)}")
         if not any(lengths):
-            raise ConfigError("no samples: every shard is empty", cause=Reason.INVALID_ARGUMENT)
-        if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:
-            raise ConfigError(
-                f"buffer_size must be an int >= 1, got {buffer_size!r}",
-                cause=Reason.INVALID_ARGUMENT,
-            )
+            raise ConfigError("no samples: every shard is empty")
+        check_count("buffer_size", buffer_size)
         if (rank is None) != (world_size is None):
-            raise ConfigError(
-                "give both rank and world_size, or neither", cause=Reason.INVALID_ARGUMENT
-            )
+            raise ConfigError("give both rank and world_size, or neither")
         if world_size is not None and rank is not None and not 0 <= rank < world_size:
-            raise ConfigError(
-                f"rank must be in [0, {world_size}), got {rank}", cause=Reason.INVALID_ARGUMENT
-            )
+            raise ConfigError(f"rank must be in [0, {world_size}), got {rank}")
         self.shard_lengths = lengths
         self.offsets = [0, *itertools.accumulate(lengths)][:-1]
         self.shuffle = shuffle
@@ -117,14 +96,11 @@ class ShardOrderSampler(Sampler[int]):
         self.epoch = epoch
 
     def set_batching(self, *, batch_size: int, num_workers: int) -> None:
-        """Batch ``k`` of ``batch_size`` samples is made by worker ``k % num_workers``: each
-        worker's batches come from whole shards of its own. ``ConcurrentDataLoader`` calls
-        it as each epoch starts; another loader's user may call it before iterating."""
-        for name, value in (("batch_size", batch_size), ("num_workers", num_workers)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(
-                    f"{name} must be an int >= 1, got {value!r}", cause=Reason.INVALID_ARGUMENT
-                )
+        """Batch ``k`` of ``batch_size`` samples is made by worker ``k % num_workers``.
+        ``ConcurrentDataLoader`` calls it as each epoch starts; another loader's user may
+        call it before iterating."""
+        check_count("batch_size", batch_size)
+        check_count("num_workers", num_workers)
         self.batch_size = batch_size
         self.workers = num_workers
 
@@ -141,7 +117,8 @@ class ShardOrderSampler(Sampler[int]):
         )
         per_rank = assign_shards(self.shard_lengths, order, world_size)
         loads = [sum(self.shard_lengths[s] for s in shards) for shards in per_rank]
-        return per_rank[rank], target_count(loads, drop_last=self.drop_last)
+        # As DistributedSampler: the others padded to the most, or cut to the fewest.
+        return per_rank[rank], min(loads) if self.drop_last else max(loads)
 
     def __iter__(self) -> Iterator[int]:
         rank, _ = self._world()
@@ -167,7 +144,6 @@ class ShardOrderSampler(Sampler[int]):
         return itertools.islice(itertools.cycle(once), count)
 
     def _mixed(self, stream: Iterator[int], rank: int, worker: int = 0) -> Iterator[int]:
-        """``stream`` through this epoch's shuffle buffer (as it is without ``shuffle``)."""
         if not self.shuffle:
             return stream
         purpose = "buffer" if worker == 0 else f"buffer-worker-{worker}"

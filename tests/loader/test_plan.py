@@ -23,7 +23,7 @@ def test_each_worker_gets_every_num_workers_th_batch(num_workers):
     batches = random_batches(1, 53, 5)  # 11 batches, the last one short
     plan = EpochPlan()
     plan.write(batches, may_grow=True)
-    shares = [plan.share(w, num_workers) for w in range(num_workers)]
+    shares = [plan.batches()[w::num_workers] for w in range(num_workers)]
     for w, share in enumerate(shares):
         assert share == batches[w::num_workers]
     # torch's round robin over the workers gives back the plan's order
@@ -34,13 +34,13 @@ def test_each_worker_gets_every_num_workers_th_batch(num_workers):
 def test_more_workers_than_batches_leaves_some_idle():
     plan = EpochPlan()
     plan.write([[0, 1], [2]], may_grow=True)
-    assert [plan.share(w, 4) for w in range(4)] == [[[0, 1]], [[2]], [], []]
+    assert [plan.batches()[w::4] for w in range(4)] == [[[0, 1]], [[2]], [], []]
 
 
 def test_empty_plan():
     plan = EpochPlan()
     plan.write([], may_grow=True)
-    assert plan.share(0, 1) == []
+    assert plan.batches() == []
 
 
 def test_a_later_smaller_epoch_replaces_the_plan_in_place():
@@ -50,7 +50,7 @@ def test_a_later_smaller_epoch_replaces_the_plan_in_place():
     smaller = random_batches(3, 10, 3)
     plan.write(smaller, may_grow=False)
     assert plan.indices is indices  # same shared buffers: persistent workers see it
-    assert plan.share(0, 1) == smaller
+    assert plan.batches() == smaller
 
 
 def test_a_larger_epoch_grows_the_plan_unless_workers_are_persistent():
@@ -61,7 +61,7 @@ def test_a_larger_epoch_grows_the_plan_unless_workers_are_persistent():
         plan.write(larger, may_grow=False)
     assert caught.value.cause is Reason.INVALID_ARGUMENT
     plan.write(larger, may_grow=True)
-    assert plan.share(0, 1) == larger
+    assert plan.batches() == larger
 
 
 def test_room_sizes_the_buffers_for_the_whole_epoch():
@@ -69,9 +69,9 @@ def test_room_sizes_the_buffers_for_the_whole_epoch():
     plan = EpochPlan()
     whole = random_batches(6, 40, 4)
     plan.write(whole[7:], may_grow=True, room=whole)
-    assert plan.share(0, 1) == whole[7:]
+    assert plan.batches() == whole[7:]
     plan.write(whole, may_grow=False)  # the next epoch, with persistent workers
-    assert plan.share(1, 2) == whole[1::2]
+    assert plan.batches()[1::2] == whole[1::2]
 
 
 def test_buffers_are_in_shared_memory():
@@ -84,11 +84,11 @@ def test_indices_of_any_kind_are_kept_as_they_are():
     batches = [["a", ("b", 1)], [[0, 1, 2]], [True, 3.5, None]]
     plan = EpochPlan()
     plan.write(batches, may_grow=True)
-    assert plan.share(0, 1) == batches
-    assert plan.share(1, 2) == batches[1::2]
+    assert plan.batches() == batches
+    assert plan.batches()[1::2] == batches[1::2]
     assert plan.blob.is_shared()
     plan.write([[1, 2]], may_grow=False)  # back to ints, in the same buffers
-    assert plan.share(0, 1) == [[1, 2]]
+    assert plan.batches() == [[1, 2]]
 
 
 def test_a_persistent_plan_of_other_indices_has_room_for_another_order():
@@ -98,7 +98,7 @@ def test_a_persistent_plan_of_other_indices_has_room_for_another_order():
     random.Random(1).shuffle(keys)
     later = [keys[i : i + 7] for i in range(0, 100, 7)]
     plan.write(later, may_grow=False)
-    assert plan.share(0, 1) == later
+    assert plan.batches() == later
 
 
 def test_each_batch_is_claimed_once_and_only_in_its_generation():

@@ -92,7 +92,7 @@ def test_counts_from_many_threads_are_not_lost():
 def test_pickles_and_rebuilds_from_its_vector():
     stats = StageStats()
     stats.on_response(0.01, 10, 0.005)
-    stats.add_wait(0.2)
+    stats.add_decode(0.2)
     assert pickle.loads(pickle.dumps(stats)).vector() == stats.vector()
     assert StageStats(stats.vector()).vector() == stats.vector()
 
