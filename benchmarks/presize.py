@@ -1,18 +1,22 @@
 """Pre-sized samples: epochs read from a cache that keeps each image pre-sized, against a
 stock ``DataLoader`` and against our loader over the original JPEGs on local disk.
 
-One worker on one core, ``image_size`` 224, batch 64, shuffled with a seeded generator.
-Four configurations, each run in a fresh subprocess pinned to the client CPUs (its worker
-inherits the pinning):
+Every configuration makes the standard ImageNet evaluation sample, torchvision's
+``Resize(256)`` then ``CenterCrop(224)`` (``--resize-size``, ``--image-size``): one worker
+on one core, batch 64, shuffled with a seeded generator. Four configurations, each run in a
+fresh subprocess pinned to the client CPUs (its worker inherits the pinning); ``S`` is
+``--short-side``, the pre-sized forms' shorter side (256):
 
 - ``stock``: ``torch.utils.data.DataLoader`` over a plain map-style dataset
   (:class:`PilFolder`) that opens each original JPEG from local disk with PIL (no draft
-  mode), resizes its shorter side to 224 (bilinear) and crops the centre 224x224;
-- ``local``: ``ConcurrentDataLoader`` over ``ImageFolder(<local dir>, image_size=224)``,
-  the original JPEGs on local disk;
-- ``jpeg256``: ``ConcurrentDataLoader`` over ``ImageFolder(s3://..., image_size=224,
-  cache=CacheConfig(dir, presize=Presize(256)))``, S3 through the +50 ms latency proxy;
-- ``raw256``: the same with ``Presize(256, format="raw")``.
+  mode) and does what ``Resize(256)`` + ``CenterCrop(224)`` do to a PIL image (the shorter
+  side to 256, bilinear; the centre 224x224), as a torchvision user writes it;
+- ``local``: ``ConcurrentDataLoader`` over ``ImageFolder(<local dir>, image_size=224,
+  resize_size=256)``, the original JPEGs on local disk;
+- ``jpegS``: ``ConcurrentDataLoader`` over ``ImageFolder(s3://..., image_size=224,
+  resize_size=256, cache=CacheConfig(dir, presize=Presize(S)))``, S3 through the +50 ms
+  latency proxy: with S = 256, a decode and a crop, no resample;
+- ``rawS``: the same with ``Presize(S, format="raw")``: a crop only.
 
 Setup as in the other benchmarks: the generated ImageNet-like JPEGs (:mod:`benchmarks.data`,
 500x375, about 110 KB), the local S3 server and the latency proxy pinned to the storage
@@ -30,8 +34,8 @@ What each run reports, over its ``--epochs`` epochs:
   warm-up of every batch the loader can hold ahead plus one, to the epoch's last batch.
 
 Each row gives the median and the range over ``--repeats`` runs; the ratios (medians
-against medians, and per repeat) are against ``stock`` (targets: ``jpeg256`` >= 3x,
-``raw256`` >= 8x) and against ``local``. Bytes per sample: the original JPEGs' mean size
+against medians, and per repeat) are against ``stock`` (targets: ``jpegS`` >= 3x,
+``rawS`` >= 8x) and against ``local``. Bytes per sample: the original JPEGs' mean size
 on disk, and each cache's entry bytes over its entries. The command (about 5 minutes on 2
 cores)::
 
@@ -60,18 +64,35 @@ if str(REPO_ROOT) not in sys.path:  # run as a script
     sys.path.insert(0, str(REPO_ROOT))
 
 REGION = "us-east-1"
-#: the configurations, in the order of an even repeat (an odd one runs them reversed)
-CONFIGS = ("stock", "local", "jpeg256", "raw256")
-TITLES = {
-    "stock": "DataLoader + PIL, original JPEGs (local disk)",
-    "local": "ConcurrentDataLoader, original JPEGs (local disk)",
-    "jpeg256": "ConcurrentDataLoader, S3 + cache of Presize(256) JPEGs",
-    "raw256": 'ConcurrentDataLoader, S3 + cache of Presize(256, format="raw")',
-}
-#: the cached configurations and their Presize format
-CACHED = {"jpeg256": "jpeg", "raw256": "raw"}
-#: the targets: images/s against the stock loader's, at least
-TARGETS = {"jpeg256": 3.0, "raw256": 8.0}
+#: the Presize formats of the cached configurations, named ``<format><short side>``
+FORMATS = ("jpeg", "raw")
+#: the targets: images/s against the stock loader's, at least, per format
+TARGETS = {"jpeg": 3.0, "raw": 8.0}
+
+
+def cached_configs(short_side: int) -> dict[str, str]:
+    """The cached configurations of pre-sized forms at ``short_side`` and their format."""
+    return {f"{fmt}{short_side}": fmt for fmt in FORMATS}
+
+
+def configs(short_side: int) -> tuple[str, ...]:
+    """The configurations, in the order of an even repeat (an odd one runs them reversed)."""
+    return ("stock", "local", *cached_configs(short_side))
+
+
+def title(config: str, short_side: int) -> str:
+    """The row label of ``config``."""
+    if config == "stock":
+        return "DataLoader + PIL, original JPEGs (local disk)"
+    if config == "local":
+        return "ConcurrentDataLoader, original JPEGs (local disk)"
+    if cached_configs(short_side)[config] == "raw":
+        return f'ConcurrentDataLoader, S3 + cache of Presize({short_side}, format="raw")'
+    return f"ConcurrentDataLoader, S3 + cache of Presize({short_side}) JPEGs"
+
+
+#: the configurations at the default short side
+CONFIGS = configs(256)
 
 SMOKE = {
     "images": 64,
@@ -86,9 +107,9 @@ SMOKE = {
 }
 
 
-def _order(repeat: int) -> list[str]:
-    """The configurations of repeat ``repeat``: ``CONFIGS``, reversed in odd repeats."""
-    return list(CONFIGS) if repeat % 2 == 0 else list(reversed(CONFIGS))
+def _order(repeat: int, names: Sequence[str] = CONFIGS) -> list[str]:
+    """The configurations of repeat ``repeat``: ``names``, reversed in odd repeats."""
+    return list(names) if repeat % 2 == 0 else list(reversed(names))
 
 
 # ---------------------------------------------------------------------------- one run
@@ -96,11 +117,13 @@ def _order(repeat: int) -> list[str]:
 
 class PilFolder:
     """The stock baseline's dataset: item ``i`` opens the original JPEG with PIL (full
-    decode, no draft mode), resizes the shorter side to ``image_size`` (bilinear), crops the
-    centre ``image_size`` square and returns ``(uint8 [3, S, S] tensor, label)``."""
+    decode, no draft mode), does torchvision's ``Resize(resize_size)`` (the shorter side to
+    ``resize_size``, bilinear, the longer side truncated) and ``CenterCrop(image_size)``
+    (offsets rounded) to it and returns ``(uint8 [3, S, S] tensor, label)``."""
 
-    def __init__(self, train_dir: str, image_size: int) -> None:
+    def __init__(self, train_dir: str, image_size: int, resize_size: int) -> None:
         self.image_size = image_size
+        self.resize_size = resize_size
         classes = sorted(e.name for e in os.scandir(train_dir) if e.is_dir())
         self.samples = [
             (os.path.join(train_dir, cls, name), label)
@@ -117,14 +140,13 @@ class PilFolder:
         from PIL import Image
 
         path, label = self.samples[index]
-        size = self.image_size
+        size, short = self.image_size, self.resize_size
         with Image.open(path) as img:
             rgb = img.convert("RGB")
         w, h = rgb.size
-        scale = size / min(w, h)
-        new_w, new_h = max(size, round(w * scale)), max(size, round(h * scale))
+        new_w, new_h = (short, int(short * h / w)) if w <= h else (int(short * w / h), short)
         rgb = rgb.resize((new_w, new_h), Image.Resampling.BILINEAR)
-        left, top = (new_w - size) // 2, (new_h - size) // 2
+        left, top = round((new_w - size) / 2.0), round((new_h - size) / 2.0)
         rgb = rgb.crop((left, top, left + size, top + size))
         pixels = torch.from_numpy(np.array(rgb, dtype=np.uint8))
         return pixels.permute(2, 0, 1).contiguous(), label
@@ -144,26 +166,28 @@ def _loader(spec: dict[str, Any]) -> Any:
     if spec["config"] == "stock":
         from torch.utils.data import DataLoader
 
-        return DataLoader(PilFolder(spec["local_dir"], spec["image_size"]), **common)
+        folder = PilFolder(spec["local_dir"], spec["image_size"], spec["resize_size"])
+        return DataLoader(folder, **common)
 
     from concurrent_loader import ConcurrentDataLoader, FetchConfig, ImageFolder
 
     # 0: the self-tuned default
     fetch_config = FetchConfig(max_inflight_requests=spec["max_inflight_requests"] or None)
+    sizes = {"image_size": spec["image_size"], "resize_size": spec["resize_size"]}
     if spec["config"] == "local":
-        dataset = ImageFolder(
-            spec["local_dir"], image_size=spec["image_size"], fetch_config=fetch_config
-        )
+        dataset = ImageFolder(spec["local_dir"], **sizes, fetch_config=fetch_config)
     else:
         from concurrent_loader.cache import CacheConfig
         from concurrent_loader.decode import Presize
 
-        presize = Presize(spec["short_side"], format=CACHED[spec["config"]])
+        presize = Presize(
+            spec["short_side"], format=cached_configs(spec["short_side"])[spec["config"]]
+        )
         # The endpoint and credentials come from the environment (AWS_ENDPOINT_URL: the
         # latency proxy).
         dataset = ImageFolder(
             spec["s3_url"],
-            image_size=spec["image_size"],
+            **sizes,
             fetch_config=fetch_config,
             cache=CacheConfig(spec["cache_dir"], presize=presize),
         )
@@ -313,6 +337,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "workers": args.workers,
         "batch_size": args.batch_size,
         "image_size": args.image_size,
+        "resize_size": args.resize_size,
         "short_side": args.short_side,
         "latency_ms": args.latency_ms,
         "max_inflight_requests": args.max_inflight_requests,
@@ -320,6 +345,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "client_cpus": args.client_cpus,
         "storage_cpus": args.storage_cpus,
     }
+    cached = cached_configs(args.short_side)
+    names = configs(args.short_side)
     args.cache_root.mkdir(parents=True, exist_ok=True)
     with (
         _storage(args) as where,
@@ -331,6 +358,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 "config": config,
                 "client_cpus": args.client_cpus,
                 "image_size": args.image_size,
+                "resize_size": args.resize_size,
                 "batch_size": args.batch_size,
                 "workers": args.workers,
                 "persistent": args.persistent_workers,
@@ -346,13 +374,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
         # The fills (and a local epoch for the page cache), then their entries on disk.
         fill: dict[str, Any] = {}
-        for config in (*CACHED, "local"):
+        for config in (*cached, "local"):
             result = _run_in_subprocess(spec(config, 1), where["env"], args.run_timeout)
             fill[config] = {"images_per_s": _rates(result)[0], "run": result}
             print(f"fill {config}: {fill[config]['images_per_s']:.0f} img/s", flush=True)
         os.sync()
         bytes_per_sample = {"original": where["original_bytes_per_sample"]}
-        for config in CACHED:
+        for config in cached:
             described = describe_cache(str(Path(caches) / config))
             if described["entries"] != args.images:
                 raise RuntimeError(
@@ -368,9 +396,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         # The timed runs: later epochs, every cached read a hit.
         proxy = where["proxy"]
         _reset_when_quiet(proxy)
-        runs: dict[str, list[dict[str, Any]]] = {c: [] for c in CONFIGS}
+        runs: dict[str, list[dict[str, Any]]] = {c: [] for c in names}
         for repeat in range(args.repeats):
-            for config in _order(repeat):
+            for config in _order(repeat, names):
                 result = _run_in_subprocess(
                     spec(config, args.epochs), where["env"], args.run_timeout
                 )
@@ -386,23 +414,23 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         gets = int(proxy.stats()["requests_by_method"].get("GET", 0))
         # Each cached run lists the root when its dataset is made (a GET per 1000 keys);
         # the rest would be objects fetched, which a filled cache never does.
-        listings = args.repeats * len(CACHED) * -(-args.images // 1000)
+        listings = args.repeats * len(cached) * -(-args.images // 1000)
         report["timed_runs_gets"] = gets
         report["timed_runs_listing_gets"] = listings
         report["timed_runs_object_gets"] = gets - listings
 
-    report["rows"] = [_row(config, runs[config]) for config in CONFIGS]
-    report["ratios"] = _ratios(report["rows"])
+    report["rows"] = [_row(config, runs[config], args.short_side) for config in names]
+    report["ratios"] = _ratios(report["rows"], cached)
     return report
 
 
-def _row(config: str, results: list[dict[str, Any]]) -> dict[str, Any]:
+def _row(config: str, results: list[dict[str, Any]], short_side: int) -> dict[str, Any]:
     rates = [_rates(r) for r in results]
     epochs = [e for r in results for e in r["epochs"]]
     misses = [r["cache_misses"] for r in results if r["cache_misses"] is not None]
     return {
         "config": config,
-        "title": TITLES[config],
+        "title": title(config, short_side),
         "whole_images_per_s": _summary([w for w, _ in rates]),
         "steady_images_per_s": _summary([s for _, s in rates]),
         "first_batch_s": statistics.median(e["first_batch_s"] for e in epochs),
@@ -414,12 +442,12 @@ def _row(config: str, results: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def _ratios(rows: Sequence[dict[str, Any]], cached: dict[str, str]) -> list[dict[str, Any]]:
     """Each configuration against ``stock`` and ``local``: medians over medians, and per
     repeat (the two runs of one repeat)."""
     by = {r["config"]: r for r in rows}
     out = []
-    for config in ("local", *CACHED):
+    for config in ("local", *cached):
         for base in ("stock", "local"):
             if base == config:
                 continue
@@ -435,7 +463,7 @@ def _ratios(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                     for a, b in zip(mine["values"], theirs["values"], strict=True)
                 ]
                 ratio = mine["median"] / theirs["median"]
-                target = TARGETS.get(config) if base == "stock" else None
+                target = TARGETS[cached[config]] if base == "stock" and config in cached else None
                 entry[measure_] = {
                     "ratio": ratio,
                     "per_repeat": per_repeat,
@@ -466,9 +494,10 @@ def format_report(report: dict[str, Any]) -> str:
     sizes = report["bytes_per_sample"]
     lines = [
         f"{report['images']} images, {report['workers']} worker(s) on CPUs "
-        f"{report['client_cpus']}, batch {report['batch_size']}, {report['image_size']}x"
-        f"{report['image_size']}, {report['epochs']} epochs per run, {report['repeats']} "
-        f"repeats; S3 at +{report['latency_ms']:g} ms; object GETs over the timed runs: "
+        f"{report['client_cpus']}, batch {report['batch_size']}, "
+        f"Resize({report['resize_size']}) + CenterCrop({report['image_size']}), "
+        f"{report['epochs']} epochs per run, {report['repeats']} repeats; "
+        f"S3 at +{report['latency_ms']:g} ms; object GETs over the timed runs: "
         f"{report['timed_runs_object_gets']} (target 0; {report['timed_runs_gets']} GETs less "
         f"{report['timed_runs_listing_gets']} listing pages)",
         "",
@@ -499,7 +528,7 @@ def format_report(report: dict[str, Any]) -> str:
         "|---|---|---|",
         f"| original JPEG | {sizes['original']:.0f} | |",
     ]
-    for config in CACHED:
+    for config in cached_configs(report["short_side"]):
         lines.append(
             f"| {config} | {sizes[config]:.0f} | {report['fill'][config]['images_per_s']:.0f} |"
         )
@@ -520,7 +549,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3, help="timed runs per configuration")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--image-size", type=int, default=224, help="CenterCrop's size")
+    p.add_argument("--resize-size", type=int, default=256, help="Resize's shorter side")
     p.add_argument("--short-side", type=int, default=256, help="Presize's shorter side")
     p.add_argument("--persistent-workers", action="store_true")
     p.add_argument("--warmup-batches", type=int, default=1, help="at least, per epoch")
