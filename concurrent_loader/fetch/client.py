@@ -1,8 +1,7 @@
 """The fetch client: a store wrapped in policies, one per (store, fetch config) per process.
 
-A GET goes through layers, outermost first, each a :class:`Getter` around the next (a new
-policy is one more wrapper; a cache is a store wrapper below them all; each layer costs a
-coroutine frame per wake-up, so there are few)::
+A GET goes through layers, outermost first, each a :class:`Getter` around the next (each
+costs a coroutine frame per wake-up, so there are few)::
 
     RetryLayer    transient FetchErrors retried with backoff, within the object's time budget
     AttemptLayer  at most ``limit`` attempts in flight (FIFO slots); attempt timeout; timing
@@ -24,11 +23,13 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections import deque
+from typing import Any
 
 from ..config import FetchConfig, RetryConfig
 from ..errors import FetchError, FetchTimeout, Reason, Throttled
 from ..stores.base import Body, ByteRange, Store
-from .getter import Getter, Request
+from .getter import Getter, Request, running_task
 from .hedge import HedgeLayer
 from .hooks import NO_OBSERVER, FetchObserver
 from .limits import AdaptiveLimit
@@ -36,49 +37,109 @@ from .limits import AdaptiveLimit
 __all__ = ["FetchClient", "Getter", "Request"]
 
 
+class _Running:
+    """One attempt in flight, run by ``task``: cut off at ``end`` (loop time)."""
+
+    __slots__ = ("cancelling", "done", "end", "expired", "started", "task", "url")
+
+    def __init__(self, task: asyncio.Task[Any], url: str, end: float) -> None:
+        self.task = task
+        self.cancelling = task.cancelling()  # the caller's cancellations so far
+        self.url = url
+        self.end = end
+        self.started = time.perf_counter()
+        self.done = False
+        self.expired = False  # cancelled by this layer, not yet undone
+
+
 class AttemptLayer:
-    """At most ``limit.limit`` attempts in flight, each waiting (FIFO) for a slot. One timer
-    ends an attempt at the sooner of ``seconds`` (``Timeouts.attempt``) after its send and
-    the object's deadline (set at its first send, ``total`` seconds ahead). A success's
-    duration, size and time to first byte go to the observer; the attempts in flight
-    (object and start) are kept for stall reports."""
+    """At most ``limit.limit`` attempts in flight, each waiting (FIFO) for a slot. An
+    attempt ends ``seconds`` (``Timeouts.attempt``) after its send, a first one also at the
+    object's deadline (``total`` seconds after it; a retry's is the retry layer's). A
+    success's duration, size and time to first byte go to the observer.
+
+    All attempts get the same span, so those in flight, kept in start order, are also in
+    deadline order: one timer, for the oldest, watches them all (``asyncio.timeout`` would
+    arm one per GET). Ended ones are dropped as they reach the head."""
 
     def __init__(self, inner: Getter, limit: AdaptiveLimit, seconds: float, total: float) -> None:
         self.inner = inner
         self.limit = limit
         self.seconds = seconds
         self.total = total
-        self.in_flight: dict[int, tuple[str, float]] = {}
+        self._span = min(seconds, total)
+        self._running: deque[_Running] = deque()
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def get(self, request: Request) -> Body:
         await self.limit.acquire()
-        token = id(request)
         try:
-            now = asyncio.get_running_loop().time()
-            deadline = request.deadline
-            if deadline is None:
-                deadline = request.deadline = now + self.total
-            end = min(now + self.seconds, deadline)
-            started = time.perf_counter()
-            self.in_flight[token] = (request.url, started)
-            timeout = asyncio.timeout_at(end)
+            attempt = self._start(request)
             try:
-                async with timeout:
-                    body = await self.inner.get(request)
-            except TimeoutError as exc:
-                if isinstance(exc, FetchError) or not timeout.expired():
-                    raise
-                raise self._expired(request, end >= deadline) from None
+                body = await self.inner.get(request)
+            except asyncio.CancelledError:
+                if self._uncancel(attempt):
+                    raise self._expired(request) from None
+                raise
+            finally:
+                attempt.done = True
+                self._uncancel(attempt)
             request.observer.on_response(
-                time.perf_counter() - started, len(body.data), body.first_byte_s
+                time.perf_counter() - attempt.started, len(body.data), body.first_byte_s
             )
             return body
         finally:
-            self.in_flight.pop(token, None)
             self.limit.release()
 
-    def _expired(self, request: Request, object_deadline: bool) -> FetchTimeout:
-        if object_deadline:  # the retry layer says more
+    def _start(self, request: Request) -> _Running:
+        loop, task = running_task(self._loop)
+        running = self._running
+        if loop is not self._loop:  # what was watched on another loop is dropped
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            running.clear()
+            self._loop = loop
+        now = loop.time()
+        if request.deadline is None:
+            request.deadline = now + self.total
+        attempt = _Running(task, request.url, now + self._span)
+        while running and running[0].done:
+            running.popleft()
+        running.append(attempt)
+        if self._timer is None:
+            self._timer = loop.call_at(attempt.end, self._expire)
+        return attempt
+
+    def _expire(self) -> None:
+        """Cancel every attempt past its end; the timer is set for the next."""
+        self._timer = None
+        loop = self._loop
+        assert loop is not None
+        now = loop.time()
+        running = self._running
+        while running:
+            attempt = running[0]
+            if not attempt.done:
+                if attempt.end > now:
+                    self._timer = loop.call_at(attempt.end, self._expire)
+                    return
+                attempt.expired = True
+                attempt.task.cancel()
+            running.popleft()
+
+    @staticmethod
+    def _uncancel(attempt: _Running) -> bool:
+        """Undo this layer's cancellation of the attempt's task, once: whether it was the
+        only one (the caller did not cancel too), as ``asyncio.timeout`` decides."""
+        if not attempt.expired:
+            return False
+        attempt.expired = False
+        return attempt.task.uncancel() <= attempt.cancelling
+
+    def _expired(self, request: Request) -> FetchTimeout:
+        if self.total <= self.seconds:  # the object's deadline: the retry layer says more
             return FetchTimeout(
                 "no complete object in time", url=request.url, cause=Reason.DEADLINE_EXCEEDED
             )
@@ -91,17 +152,15 @@ class AttemptLayer:
 
     def oldest(self) -> tuple[str, float] | None:
         """(object, seconds in flight) of the oldest attempt in flight, if any."""
-        attempts = list(self.in_flight.values())  # one C-level copy: safe from other threads
-        if not attempts:
-            return None
-        url, started = min(attempts, key=lambda item: item[1])
-        return url, time.perf_counter() - started
+        for attempt in list(self._running):  # one C-level copy: safe from other threads
+            if not attempt.done:
+                return attempt.url, time.perf_counter() - attempt.started
+        return None
 
 
 class OutcomeLayer:
-    """Each GET (hedges included) is marked as sent to the limit's controller and its
-    outcome told to it: its latency when it succeeds, a throttle (also told to the
-    observer), or a failure. The controller lowers or raises the limit from these."""
+    """Each GET (hedges included) is told to the limit's controller when sent and when it
+    ends: its latency, a throttle (also told to the observer), or a failure."""
 
     def __init__(self, store: Store, limit: AdaptiveLimit) -> None:
         self.store = store
@@ -129,11 +188,9 @@ class RetryLayer:
     """Retries transient errors per :class:`~concurrent_loader.config.RetryConfig`.
 
     A failure counts towards ``max_attempts``; a throttle does not: it is retried after the
-    throttle backoff, or as soon as another GET to the store succeeds, while the object's
-    time budget lasts (the limit, cut by the throttles, paces those retries). The budget's
-    timer is armed here only after a first failure, so a GET answered at once has none.
-    However the budget runs out, the object fails with ``FetchTimeout``
-    (``Reason.DEADLINE_EXCEEDED``) whose ``__cause__`` is the last failed attempt's error.
+    throttle backoff, or once another GET succeeds, while the object's time budget lasts.
+    The budget's timer is armed only after a first failure. However it runs out, the object
+    fails with ``FetchTimeout`` (``DEADLINE_EXCEEDED``) caused by the last failed attempt.
     """
 
     def __init__(self, inner: Getter, config: RetryConfig, limit: AdaptiveLimit) -> None:
@@ -172,12 +229,9 @@ class RetryLayer:
                             error.add_note(f"gave up after {attempts} attempts")
                         raise error
                     if loop.time() + delay >= request.deadline:
-                        # The retry could not start in time: out of time, as below.
                         raise self._out_of_time(request, attempts, error) from error
                     request.observer.on_retry(error)
                     if isinstance(error, Throttled):
-                        # A store that accepts GETs again needs no more waiting: the
-                        # limit, cut by the throttles, paces the retries.
                         await self.limit.wait_for_success(delay)
                     else:
                         await asyncio.sleep(delay)
@@ -193,8 +247,7 @@ class RetryLayer:
     def _out_of_time(
         self, request: Request, attempts: int, last: FetchError | None
     ) -> FetchTimeout:
-        """The error for an object whose time budget ran out after ``attempts`` attempts
-        (the last one perhaps cut off); ``last`` is the last one that failed."""
+        """The error for an object whose budget ran out after ``attempts`` attempts."""
         error = FetchTimeout(
             f"no complete object within RetryConfig.max_total_seconds="
             f"{self.config.max_total_seconds:g} s",
@@ -209,12 +262,10 @@ class RetryLayer:
 
 
 class FetchClient:
-    """Whole objects (or byte ranges) from ``store``, under ``config``'s policies.
-
-    Shared by every pipeline of a process that reads the same store with the same config
-    (it is cached on the runtime), so its limit caps the process's GETs to that store.
-    Use it on the runtime's event loop.
-    """
+    """Whole objects (or byte ranges) from ``store``, under ``config``'s policies. Shared by
+    the process's pipelines that read the same store with the same config (cached on the
+    runtime), so its limit caps the process's GETs to that store. Use it on the runtime's
+    event loop."""
 
     def __init__(self, store: Store, config: FetchConfig) -> None:
         self.store = store
@@ -264,8 +315,7 @@ class FetchClient:
         *,
         observer: FetchObserver = NO_OBSERVER,
     ) -> Body:
-        """Like :meth:`get`, with what the store said of the body (its ETag, and for a
-        range the whole object's checksum, which the caller checks once it has the whole)."""
+        """Like :meth:`get`, with what the store said of the body (ETag, object checksum)."""
         request = Request(key, byte_range, self.store.url_for(key), observer)
         return await self._getter.get(request)
 

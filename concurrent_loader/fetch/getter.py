@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..stores.base import Body, ByteRange
 from .hooks import FetchObserver
 
-__all__ = ["Getter", "Request"]
+__all__ = ["Getter", "Request", "running_task"]
 
 
 @dataclass(slots=True)
@@ -25,3 +26,17 @@ class Request:
 
 class Getter(Protocol):
     async def get(self, request: Request) -> Body: ...
+
+
+def running_task(
+    loop: asyncio.AbstractEventLoop | None,
+) -> tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]:
+    """The running loop and task, without a system call when ``loop`` is the running one
+    (``asyncio.get_running_loop`` calls ``getpid`` on Python 3.11; a layer keeps its loop)."""
+    task = asyncio.current_task(loop) if loop is not None else None
+    if task is None:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task(loop)
+        assert task is not None  # a coroutine awaited on a running loop
+    assert loop is not None
+    return loop, task

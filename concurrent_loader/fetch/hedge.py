@@ -1,32 +1,26 @@
-"""Hedged GETs: a slow GET gets one more for the same object, and the first to complete wins
-(after "The Tail at Scale", Dean and Barroso, 2013).
+"""Hedged GETs: a slow GET gets one more for the same object, the first to complete wins
+("The Tail at Scale", Dean and Barroso, 2013).
 
 :class:`HedgeLayer` sits inside one attempt (below retry, limit, deadline and timing, above
-the per-GET throttle accounting), so an attempt is one object to the layers above: one
-response reported, one deadline, one byte reservation. Guarantees:
+the throttle accounting), so an attempt is one object to the layers above. Guarantees:
 
-- a GET is hedged only once :class:`HedgeDelay` has passed since its send (never while it
-  waits for a slot); the delay follows a high percentile of recent latencies, a cancelled
-  loser counting the time it ran (leaving it out would hide the tail and sink the delay);
+- a GET is hedged only once :class:`HedgeDelay` has passed since its send; the delay is a
+  high percentile of recent latencies, a cancelled loser counting the time it ran;
 - a hedge needs a :class:`HedgeBudget` token, a store that did not throttle most GETs of
-  the last round, and a hedge slot free at once. It never queues and takes none of the
-  limit's slots (the GET it overtakes holds one, and the limit may be small), so GETs in
-  flight stay within ``limit + max_hedges_in_flight``. Without a token or a slot, the GET
-  is looked at again one delay later;
-- hedges are paced, one per ``delay / PACE`` at most, oldest GET first: a burst that only
-  queues at the store then completes before its turns come, leaving tokens for stalls;
-- at most two GETs of an object in flight: a second hedge (only when the first is as late)
-  replaces the first GET. The first GET with bytes wins; the others are cancelled (a
-  loser's body is dropped) and awaited, so their slots are free when the attempt returns.
-  An error a retry cannot mend ends the attempt at once, and so does a transient error of
-  the youngest GET (the older one is most likely stalled); one of an older GET waits for
-  the younger;
-- only a hedge actually sent gets a task: the first GET runs in its caller's task, which
-  tells this layer's cancellation of it from its own caller's (``Task.uncancel``). One
-  timer per layer watches every attempt in flight.
+  the last round, and a free hedge slot (never queued, none of the limit's slots), so GETs
+  in flight stay within ``limit + max_hedges_in_flight``; without them the GET is looked
+  at again one delay later;
+- hedges are paced, one per ``delay / PACE`` at most, oldest GET first;
+- at most two GETs of an object in flight: a second hedge replaces the first GET. The
+  first GET with bytes wins; the others are cancelled and awaited, so their slots are free
+  when the attempt returns. An error a retry cannot mend ends the attempt at once, and so
+  does a transient error of the youngest GET; one of an older GET waits for the younger;
+- only a hedge actually sent gets a task: the first GET runs in its caller's task
+  (``Task.uncancel`` tells this layer's cancellation from the caller's). One timer per
+  layer watches every attempt in flight.
 
-Every GET's throttle is still counted (``on_throttle``, lowering the limit); the observer
-also hears ``on_hedge`` per hedge sent and ``on_hedge_won`` when one wins.
+The observer hears ``on_throttle`` per throttled GET, ``on_hedge`` per hedge sent and
+``on_hedge_won`` when one wins.
 """
 
 from __future__ import annotations
@@ -40,17 +34,15 @@ from typing import Any
 from ..config import HedgeConfig
 from ..errors import FetchError
 from ..stores.base import Body
-from .getter import Getter, Request
+from .getter import Getter, Request, running_task
 from .limits import AdaptiveLimit
 
 __all__ = ["HedgeBudget", "HedgeDelay", "HedgeLayer"]
 
 #: latencies the delay is estimated from (the most recent GETs)
 WINDOW = 256
-#: GETs that must have completed before the estimate replaces ``max_delay``: a whole first
-#: round at the default in-flight cap, because the first GETs of a burst to complete are its
-#: fastest (the rest queue at the store), and an estimate from them alone is so low that it
-#: spends the hedge budget on that burst's ordinary GETs, leaving none for its stalls
+#: GETs completed before the estimate replaces ``max_delay``: a whole first round at the
+#: default cap, since a burst's first answers are its fastest and would sink the estimate
 MIN_SAMPLES = 64
 #: new latencies between two recomputations of the percentile
 RECOMPUTE_EVERY = 16
@@ -60,17 +52,15 @@ BURST = 10.0
 MAX_HEDGES = 2
 #: hedges per delay at most: turns are ``delay / PACE`` apart
 PACE = 4.0
-#: tokens at the start: a process's first GETs, some stalled before enough latencies are
-#: known, are hedged without waiting for tokens that only GETs can earn
+#: tokens at the start, so a process's first stalled GETs can be hedged
 START_TOKENS = 5.0
 
 
 class HedgeDelay:
     """How long a GET may go unanswered before it is hedged: the ``percentile``-th
     percentile of the last :data:`WINDOW` latencies, within ``[min_delay, max_delay]``;
-    ``max_delay`` until :data:`MIN_SAMPLES` are known. ``on_change`` is called when the
-    delay changes, so GETs waiting for their hedge follow the estimate (the GETs sent
-    first, before any latency was known, are not left with ``max_delay``)."""
+    ``max_delay`` until :data:`MIN_SAMPLES` are known. ``on_change`` is called when it
+    changes, so GETs already waiting follow the estimate."""
 
     def __init__(self, config: HedgeConfig, on_change: Callable[[], None] | None = None) -> None:
         self.config = config
@@ -101,9 +91,8 @@ class HedgeDelay:
 
 
 class HedgeBudget:
-    """A token bucket: each GET adds ``rate`` tokens (at most ``burst``), a hedge takes one.
-    It starts with :data:`START_TOKENS`, so over ``n`` GETs at most
-    ``START_TOKENS + rate * n`` hedges are sent."""
+    """A token bucket: each GET adds ``rate`` tokens (at most ``burst``), a hedge takes one,
+    so over ``n`` GETs at most ``START_TOKENS + rate * n`` hedges are sent."""
 
     def __init__(self, rate: float, burst: float = BURST) -> None:
         self.rate = rate
@@ -161,11 +150,9 @@ class HedgeLayer:
 
     async def get(self, request: Request) -> Body:
         self.budget.earn()
-        loop = asyncio.get_running_loop()
+        loop, owner = running_task(self._loop)
         if self.limit.storming:  # no hedge: nothing to watch
             return await self._timed(request, loop)
-        owner = asyncio.current_task()
-        assert owner is not None  # a coroutine awaited on a running loop
         started = loop.time()
         attempt = _Attempt(request, owner, started)
         self._watch(attempt, loop)
@@ -188,8 +175,7 @@ class HedgeLayer:
     async def _settle(
         self, attempt: _Attempt, body: Body | None, error: BaseException | None
     ) -> Body:
-        """The first GET of a hedged attempt ended with ``body`` or ``error``: the
-        attempt's outcome, once its GETs decide it."""
+        """The outcome of a hedged attempt whose first GET ended with ``body`` or ``error``."""
         loop = asyncio.get_running_loop()
         owner = asyncio.current_task()
         assert owner is not None
@@ -227,8 +213,7 @@ class HedgeLayer:
             attempt.hedges = []  # the watch may still hold the attempt: not its bodies
 
     def _decided(self, attempt: _Attempt, loop: asyncio.AbstractEventLoop) -> Body | None:
-        """The winning hedge's body; raises once the attempt has failed; None while it
-        goes on (the youngest GET may still answer)."""
+        """The winning hedge's body; raises once the attempt has failed; None meanwhile."""
         hedges = attempt.hedges
         for hedge in hedges:
             if hedge.done() and not hedge.cancelled():
@@ -245,9 +230,7 @@ class HedgeLayer:
         youngest = hedges[-1]
         if not youngest.done():
             return None
-        # A transient failure of the youngest GET: any still in flight is older, has
-        # outlasted the delay and this GET's whole life, and is most likely stalled, so a
-        # fresh attempt beats waiting for it.
+        # The youngest GET failed: one still in flight outlasted it and is likely stalled.
         error = youngest.exception()
         assert error is not None
         if attempt.error:
@@ -272,8 +255,7 @@ class HedgeLayer:
             attempt.owner.cancel()
 
     def _hedge_ended(self, attempt: _Attempt, loop: asyncio.AbstractEventLoop) -> None:
-        """A hedge ended: the owner decides what it means, interrupted if it is still
-        running its first GET."""
+        """A hedge ended: the owner decides, interrupted if still in its first GET."""
         self.limit.release_hedge()
         if attempt.done:
             return
@@ -303,8 +285,8 @@ class HedgeLayer:
             self._timer = loop.call_at(attempt.key + self.delay.seconds, self._look)
 
     def _look(self) -> None:
-        """Each due attempt at the head, when its turn has come, is hedged if the budget
-        allows (else looked at again one delay later); the timer is set for the next."""
+        """Hedge each due attempt at the head whose turn has come (else look again one
+        delay later); set the timer for the next."""
         self._timer = None
         loop = self._loop
         assert loop is not None
@@ -341,8 +323,7 @@ class HedgeLayer:
             self._look()
 
     def _hedge(self, attempt: _Attempt, loop: asyncio.AbstractEventLoop) -> bool:
-        """Send a hedge for ``attempt`` if the budget, the store's mood and the limit allow
-        one. A second hedge replaces the first GET, cancelled if still running."""
+        """Send a hedge if budget, store and limit allow; a second replaces the first GET."""
         if self.limit.storming or self.budget.tokens < 1.0:
             return False
         if not self.limit.try_acquire_hedge():
@@ -361,9 +342,7 @@ class HedgeLayer:
     async def _timed(
         self, request: Request, loop: asyncio.AbstractEventLoop, hedge: bool = False
     ) -> Body:
-        """One GET; its latency feeds the delay estimate when it succeeds (a cache hit sent
-        no request: its time is no sample of the store's latency). A hedge is counted when
-        it starts: one cancelled before its first step was never sent."""
+        """One GET; a round trip's latency feeds the delay. A hedge counts once it starts."""
         if hedge:
             self.sent += 1
             request.observer.on_hedge()

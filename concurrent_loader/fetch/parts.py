@@ -1,28 +1,20 @@
-"""One large object (or a large byte range) read as several ranged GETs in flight, because
-one GET runs at one connection's speed, often a fraction of the link. :func:`read_in_parts`
-splits the read into parts of ``part_size`` bytes, keeps ``parts_in_flight`` in flight, and
-assembles them, in order, into one buffer of the read's size. Guarantees:
+"""One large object (or byte range) read as several ranged GETs in flight, since one GET
+runs at one connection's speed. :func:`read_in_parts` keeps ``parts_in_flight`` parts of
+``part_size`` bytes in flight and assembles them, in order, into one buffer. Guarantees:
 
-- the result is exactly the bytes a single GET of the same object (or range) returns: each
-  part must come back with exactly its length, and is copied to its own offset;
-- each part is an ordinary GET of the fetch client, so it is retried, held to the client's
-  in-flight limit and timed like any other (a part that fails transiently is fetched
-  again, alone); parts start in byte order;
-- a part that fails for good fails the whole read, at once: the other parts are cancelled
-  and awaited, and the error keeps its type and names the object and the part's bytes
-  (``bytes 8388608-16777215 (part 2 of 32 of the read of bytes 0-268435455)``);
-- a whole object read in parts is read to the size its listing gave. A one-byte GET just
-  past that size checks, alongside the parts, that the object has not grown since: if it
-  has, the object is read again with one plain GET. (One that shrank fails its last part.)
-- the parts are of one version of the object: parts whose ETags differ fail the read with
-  ``IntegrityError`` (``Reason.OBJECT_CHANGED``); a whole object whose parts carried its
-  checksum (:attr:`~concurrent_loader.stores.base.Body.object_checksum`: GCS's
-  ``x-goog-hash``, or an S3 ETag taken as MD5) is checked once assembled, on a thread
-  (``Reason.CHECKSUM_MISMATCH``). Either is read again, whole, up to
-  ``RetryConfig.max_attempts`` reads in all, then raised.
+- the result is exactly what a single GET returns: each part must have exactly its length;
+- each part is an ordinary GET of the fetch client (retried, limited, timed); parts start
+  in byte order;
+- a part that fails for good fails the read at once: the others are cancelled and
+  awaited, and the error keeps its type and names the object and the part's bytes;
+- a whole object is read to its listed size, and a one-byte GET just past it checks that
+  it has not grown (if so, it is read again with one plain GET);
+- the parts are of one version: differing ETags fail the read with ``IntegrityError``
+  (``OBJECT_CHANGED``); a whole-object checksum carried by the parts
+  (:attr:`~concurrent_loader.stores.base.Body.object_checksum`) is checked once assembled,
+  on a thread. Either is read again, up to ``RetryConfig.max_attempts`` reads, then raised.
 
-The caller reserves :meth:`PartsConfig.reservation` in the byte budget before calling; the
-budget settles at the read's size.
+The caller reserves :meth:`PartsConfig.reservation` in the byte budget before calling.
 """
 
 from __future__ import annotations
@@ -170,8 +162,6 @@ async def _read_once(
     queue: Iterator[tuple[int, ByteRange]] = iter(enumerate(parts))
 
     async def fetch_parts() -> None:
-        # Each task takes the next part when it is free: parts start in byte order, and
-        # at most ``parts_in_flight`` are in flight.
         for index, part in queue:
             try:
                 body = await client.get_body(key, part, observer=observer)
@@ -197,7 +187,7 @@ async def _read_once(
         grew = asyncio.ensure_future(_grew_past(client, key, size, observer))
         tasks.append(grew)
     try:
-        await _all_or_first_failure(tasks)
+        await asyncio.gather(*tasks)  # raises the first failure at once
     finally:
         for task in tasks:
             task.cancel()
@@ -206,15 +196,6 @@ async def _read_once(
         said.clear()
         return bytearray(await client.get(key, observer=observer))
     return buffer
-
-
-async def _all_or_first_failure(tasks: list[asyncio.Future[Any]]) -> None:
-    """Wait for every task; raise the first failure as soon as it happens."""
-    pending: set[asyncio.Future[Any]] = set(tasks)
-    while pending:
-        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
-        for task in done:
-            task.result()
 
 
 async def _grew_past(client: FetchClient, key: str, size: int, observer: FetchObserver) -> bool:

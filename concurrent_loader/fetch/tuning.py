@@ -76,6 +76,8 @@ class LimitController:
         self.minimum = min(FLOOR, maximum)
         self.self_tuned = self_tuned
         self._value = float(max(1, round(maximum * INITIAL_SHARE)) if self_tuned else maximum)
+        #: the integer limit to enforce (read on every GET, so kept, not computed)
+        self.limit = max(1, int(self._value))
         self._cooldown = cooldown
         self._clock = clock
         self._sent = 0  # GETs sent so far: a GET's mark is its number
@@ -91,10 +93,6 @@ class LimitController:
         self.rounds = 0
         #: the fraction of the last complete round's GETs that were throttled
         self.last_throttled_fraction = 0.0
-
-    @property
-    def limit(self) -> int:
-        return max(1, int(self._value))
 
     @property
     def baseline_s(self) -> float | None:
@@ -149,6 +147,7 @@ class LimitController:
         if throttles:
             value *= 1.0 - self.last_throttled_fraction / 2.0
         self._value = min(float(self.maximum), max(float(self.minimum), value))
+        self.limit = max(1, int(self._value))
         self._round_gets = self._round_throttles = 0
         self._limit_bound = False
         self._round_starts_at = self._sent

@@ -6,27 +6,21 @@ read to the end; signing, addressing and what a status means belong to the fetch
 
 * it writes ``Host`` itself, from :attr:`Origin.host_header` (the value a signer signs); a
   caller's ``Host``, or a target or header value that could break framing, is a ``ConfigError``;
-* at most ``max_connections`` connections at once; waiters are woken, FIFO, by a released
-  connection, never by polling;
+* at most ``max_connections`` connections at once; waiters are woken FIFO, never polled;
 * a connection is reused only after its response was read to the end, the server did not
   ask to close it, and no byte arrived past that response up to the next request's write;
-* only the ``chunked`` transfer coding is accepted (others: ``FetchError``,
-  ``Reason.UNSUPPORTED_ENCODING``, not retried); no content coding is asked for or decoded;
-* ``max_bytes`` bounds the body: checked against ``Content-Length`` before any body byte;
-  a body of unknown length is stopped as soon as it passes the bound;
-* ``byte_range=(start, end)`` (``end`` exclusive) succeeds only as that exact range (``206``,
-  matching ``Content-Range``, ``end - start`` bytes; else ``ConnectionFailed``,
-  ``MALFORMED_RESPONSE``); a ``200`` is refused with ``BadRequest`` before its body is read;
+* only the ``chunked`` transfer coding (others: ``UNSUPPORTED_ENCODING``, not retried); no
+  content coding is asked for or decoded;
+* ``max_bytes`` bounds the body, checked against ``Content-Length`` before any body byte;
+* ``byte_range=(start, end)`` (``end`` exclusive) succeeds only as that exact range (a
+  matching ``206``; else ``MALFORMED_RESPONSE``); a ``200`` is refused (``BadRequest``);
 * failures raise the :mod:`concurrent_loader.errors` tree with ``stage="fetch"``, ``url``
-  (a label only, never requested, without credentials) and a ``Reason``: ``ConnectionFailed``,
-  ``IncompleteBody``, ``FetchTimeout``, ``ObjectTooLarge``. Non-2xx statuses are returned,
-  not raised;
+  (a label, without credentials) and a ``Reason``; non-2xx statuses are returned;
 * a cancelled ``get`` leaves no half-read connection to reuse; ``close()`` closes every
   socket before it returns; ``get`` after it raises ``RuntimeError``.
 
 The one transport is :class:`ConnectionPool` (HTTP/1.1, bodies written in place by the
-kernel), made by :func:`make_transport`; it runs on asyncio and uvloop, over TCP and TLS,
-directly or through an ``http://`` proxy (:mod:`.proxy`).
+kernel), on asyncio or uvloop, over TCP and TLS, directly or through an ``http://`` proxy.
 """
 
 from __future__ import annotations
@@ -42,14 +36,7 @@ from .pool import ConnectionPool
 from .proxy import Proxy
 from .response import Response
 
-__all__ = [
-    "ConnectionPool",
-    "Origin",
-    "Proxy",
-    "Response",
-    "Transport",
-    "make_transport",
-]
+__all__ = ["ConnectionPool", "Origin", "Proxy", "Response", "Transport", "make_transport"]
 
 
 class Transport(Protocol):
@@ -80,13 +67,9 @@ def make_transport(
     ssl_context: ssl.SSLContext | None,
     proxy: str | None = None,
 ) -> Transport:
-    """A pooled HTTP/1.1 transport (:class:`ConnectionPool`).
-
-    ``ssl_context`` ``None`` verifies certificates against the system's trust store.
-    ``proxy`` (an ``http://`` URL, possibly with a user and password) is the forward proxy
-    every request goes through (see :mod:`.proxy`); the caller decides which origins
-    bypass it (``NO_PROXY``).
-    """
+    """A pooled HTTP/1.1 transport. ``ssl_context`` None: the system's trust store.
+    ``proxy``: an ``http://[user:password@]host`` every request goes through (the caller
+    applies ``NO_PROXY``)."""
     return ConnectionPool(
         max_connections=max_connections,
         timeouts=timeouts,

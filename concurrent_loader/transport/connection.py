@@ -1,12 +1,9 @@
-"""One keep-alive HTTP/1.1 connection, as an :class:`asyncio.BufferedProtocol`.
-
-The response state lives on the protocol, resolved from the loop's callbacks: one future
-per GET, no task. Framing is :class:`.reader.ResponseReader`'s; this module owns the
-socket, the timer and the pool's slot. A connection holds one slot of its
-:class:`ConnectionOwner` until closed; it goes back through ``connection_idle`` only after
-a response read to the end on a connection kept open, every other ending calls
-``connection_released`` exactly once, and :meth:`Connection.reusable` checks the socket
-for unasked-for bytes before reuse.
+"""One keep-alive HTTP/1.1 connection, as an :class:`asyncio.BufferedProtocol`: one future
+per GET, no task; framing is :class:`.reader.ResponseReader`'s. A connection holds one slot
+of its :class:`ConnectionOwner` until closed; it goes back through ``connection_idle`` only
+after a response read to the end on a connection kept open, every other ending calls
+``connection_released`` exactly once, and :meth:`Connection.reusable` checks the socket for
+unasked-for bytes before reuse.
 """
 
 from __future__ import annotations
@@ -92,8 +89,6 @@ class Connection(ResponseReader):
         self.probe = SocketProbe(socket_fd(transport))
 
     def eof_received(self) -> bool:
-        # Returning False lets the transport close; connection_lost decides what the EOF
-        # means for the response in flight.
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -148,17 +143,17 @@ class Connection(ResponseReader):
         self.head_len = 0
         transport = self.transport
         if self.lost or transport is None or transport.is_closing():
-            # The server closed it between connect (or the pool) and now. asyncio would
-            # drop the write silently and uvloop would raise: fail it like a closed
-            # connection instead, which the pool retries when it was a reused one.
+            # Closed by the server: fail it as such (the pool retries a reused one).
             self._fail_unsent(None)
             return waiter
         now = loop.time()
         self.sent_at = now
-        timeouts = self.timeouts
-        # One timer per request, armed for the earlier deadline; it re-arms itself rather
-        # than being rescheduled on every chunk (see _on_timer).
-        self.timer = loop.call_at(now + min(timeouts.first_byte, timeouts.read), self._on_timer)
+        if self.timer is None:
+            # One timer per connection, not per request: it outlives a response and, when
+            # it fires, re-arms itself for what the request then in flight has left, or
+            # stops if none is (see _on_timer).
+            timeouts = self.timeouts
+            self.timer = loop.call_at(now + min(timeouts.first_byte, timeouts.read), self._on_timer)
         try:
             transport.write(request)
         except (RuntimeError, OSError) as exc:
@@ -171,10 +166,8 @@ class Connection(ResponseReader):
         self.fail(error)
 
     def reusable(self) -> bool:
-        """Whether this idle connection can take another request: the server may have
-        closed it while it sat in the pool, or sent bytes no request asked for that the
-        loop has not read yet (past the end of the last response, or later), which the
-        next request would read as its response."""
+        """Whether this idle connection can take another request: not closed, and no
+        unasked-for byte waiting, which the next request would read as its response."""
         transport = self.transport
         return (
             self.state == IDLE
@@ -189,6 +182,7 @@ class Connection(ResponseReader):
         self.discard()
 
     def _on_timer(self) -> None:
+        self.timer = None
         if self.waiter is None or self.state in (IDLE, DEAD):
             return
         timeouts = self.timeouts
@@ -210,11 +204,7 @@ class Connection(ResponseReader):
     # -- endings ----------------------------------------------------------------------
 
     def _complete(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
         response = Response(self.status, self.headers, self.body, self.first_byte_at - self.sent_at)
-        # Drop our references so the caller owns the only one (and may resize it).
         self.body = NO_BODY
         self.body_view = NO_VIEW
         waiter = self.waiter

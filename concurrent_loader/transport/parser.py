@@ -1,32 +1,11 @@
 """HTTP/1.1 response framing as pure logic (no sockets, no loop): the head parser, the chunked
-decoder and the checks of a ranged response.
-
-Every failure is a :class:`FramingError` carrying only the detail (the transports map it
-with :func:`.errors.framing_error`): :class:`ProtocolError` (not a response we can frame,
-or a ``206`` that is not the range asked for), :class:`BodyTooLarge` (a body of unknown
-length passed its limit), :class:`RangeIgnored` (a ranged request answered whole).
-:func:`parse_head` returns a tuple: it runs once per GET.
+decoder and the checks of a ranged response. Every failure is a :class:`FramingError`
+carrying only the detail, mapped by :func:`.errors.framing_error`.
 """
 
 from __future__ import annotations
 
-__all__ = [
-    "CHUNKED",
-    "INTERIM",
-    "MAX_CHUNK_LINE",
-    "MAX_HEAD_BYTES",
-    "UNTIL_CLOSE",
-    "BodyTooLarge",
-    "ChunkedDecoder",
-    "FramingError",
-    "Head",
-    "ProtocolError",
-    "RangeIgnored",
-    "check_partial",
-    "check_partial_length",
-    "parse_content_length",
-    "parse_head",
-]
+__all__ = ["ChunkedDecoder", "FramingError", "check_partial", "parse_head"]
 
 MAX_HEAD_BYTES = 256 * 1024
 MAX_CHUNK_LINE = 4096
@@ -46,12 +25,11 @@ class FramingError(Exception):
 
 
 class ProtocolError(FramingError):
-    """The bytes received are not a well-framed HTTP/1.1 response."""
+    """Not a well-framed HTTP/1.1 response, or a ``206`` that is not the range asked for."""
 
 
 class UnsupportedEncoding(FramingError):
-    """The body has a transfer coding other than ``chunked`` (``gzip, chunked``): its bytes
-    are not the object's, and the same server will send them the same way again."""
+    """A transfer coding other than ``chunked``: the bytes are not the object's."""
 
 
 class BodyTooLarge(FramingError):
@@ -59,7 +37,7 @@ class BodyTooLarge(FramingError):
 
 
 class RangeIgnored(FramingError):
-    """A ranged request was answered with a success other than ``206 Partial Content``."""
+    """A ranged request answered with a success other than ``206 Partial Content``."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -72,12 +50,9 @@ def _is_number(text: str) -> bool:
 
 
 def parse_head(buffer: bytearray, search_from: int, end: int) -> Head | None:
-    """Parse the response head at the start of ``buffer[:end]``.
-
-    Returns ``None`` while the head is incomplete; ``search_from`` is where the blank line
-    that ends it may start (the bytes before were searched by an earlier call). Header names
-    are lower-cased and repeated headers joined with ``", "``. Raises ``ProtocolError``.
-    """
+    """The response head at the start of ``buffer[:end]``, or None while incomplete (the
+    blank line ending it starts at ``search_from`` or later). Header names are lower-cased,
+    repeated headers joined with ``", "``. Raises ``ProtocolError``."""
     stop = buffer.find(b"\r\n\r\n", search_from, end)
     if stop < 0:
         if end >= MAX_HEAD_BYTES:
@@ -157,13 +132,9 @@ _TRAILER = 3
 
 
 class ChunkedDecoder:
-    """Decodes a ``Transfer-Encoding: chunked`` body fed in pieces of any size.
-
-    ``feed`` appends the decoded bytes to ``body`` and returns ``True`` once the last chunk
-    and the trailers were read; ``overrun`` then says whether bytes followed the body (the
-    next response's framing is unknown). Raises ``ProtocolError`` for a malformed body and
-    ``BodyTooLarge`` as soon as a chunk would take ``body`` past ``max_bytes``.
-    """
+    """Decodes a ``chunked`` body fed in pieces of any size: ``feed`` appends to ``body`` and
+    returns True after the last chunk and trailers (``overrun``: bytes followed). Raises
+    ``ProtocolError``, or ``BodyTooLarge`` once a chunk would pass ``max_bytes``."""
 
     __slots__ = ("_left", "_raw", "_state", "body", "max_bytes", "overrun")
 
@@ -227,14 +198,9 @@ class ChunkedDecoder:
 def check_partial(
     status: int, headers: dict[str, str], framing: int, byte_range: tuple[int, int]
 ) -> None:
-    """Check the head of a 2xx response to a request for ``byte_range`` (end exclusive).
-
-    Only ``206`` is accepted (``RangeIgnored`` otherwise): a ``200`` carries the whole object,
-    which may be far larger than the range, so it is refused rather than read and sliced.
-    The ``Content-Range``, when present, must name exactly the range asked for, and a
-    ``Content-Length`` must equal its size (``ProtocolError`` otherwise); a body without a
-    length is checked at its end by :func:`check_partial_length`.
-    """
+    """Check the head of a 2xx response to a request for ``byte_range`` (end exclusive):
+    only a ``206`` (a ``200`` may be far larger than the range: ``RangeIgnored``), whose
+    ``Content-Range`` and ``Content-Length`` match the range (else ``ProtocolError``)."""
     start, end = byte_range
     if status != 206:
         raise RangeIgnored(

@@ -37,12 +37,8 @@ _DEFAULT_TIMEOUTS = Timeouts()
 
 
 class ConnectionPool:
-    """Keep-alive HTTP/1.1 connections for GETs, bounded in number.
-
-    ``get`` sends ``GET target`` to ``origin`` (with its ``Host`` header) and returns the
-    :class:`~.response.Response` read to the end. ``url`` labels errors only (e.g.
-    ``s3://bucket/key``): never put credentials in it.
-    """
+    """Keep-alive HTTP/1.1 connections for GETs, bounded in number. ``url`` labels errors
+    only (``s3://bucket/key``): never put credentials in it."""
 
     def __init__(
         self,
@@ -118,8 +114,7 @@ class ConnectionPool:
             )
         else:
             request = build_request(target, origin.host_header, headers, byte_range)
-        # A plain tuple, not the Origin itself, keys the idle connections: hashing a
-        # dataclass calls Python code, twice per GET.
+        # A tuple, not the Origin: hashing a dataclass runs Python code.
         key = (origin.host, origin.port, origin.tls)
 
         # With callers queued for a slot, a newcomer queues too (FIFO) rather than take the
@@ -147,8 +142,6 @@ class ConnectionPool:
         """Close every connection and wait until their sockets are closed. Idempotent."""
         self._closed = True
         for conn in list(self._connections):
-            # A connection still being opened has no socket to wait for yet; _connect
-            # closes it when create_connection returns.
             if conn.transport is not None:
                 self._lost_futures.append(conn.lost_future)
             conn.fail(RuntimeError("pool is closed"))
@@ -216,8 +209,8 @@ class ConnectionPool:
                 return
 
     async def _acquire(self, key: Key, url: str, *, allow_idle: bool = True) -> Connection:
-        """A connection to ``key``: an idle one if allowed, else a new one once a slot is
-        free. Callers queue in FIFO order; a newcomer does not overtake queued callers."""
+        """An idle connection to ``key`` if allowed, else a new one once a slot is free
+        (FIFO: a newcomer does not overtake queued callers)."""
         woken = False
         loop = asyncio.get_running_loop()
         while True:
@@ -280,10 +273,8 @@ class ConnectionPool:
         url: str,
         loop: asyncio.AbstractEventLoop,
     ) -> None:
-        """Connect ``conn`` to the origin: directly, or through the proxy (a plain
-        connection to it for http, a CONNECT tunnel with TLS inside for https). The socket
-        is connected first (:func:`.sockets.connect_socket`), so a lookup cut short by the
-        connect timeout or a cancelled caller leaves no future behind."""
+        """Connect ``conn`` directly or through the proxy (a CONNECT tunnel for https). The
+        socket is connected first, so a cancelled connect leaves no future behind."""
         proxy = self._proxy
         if proxy is None:
             sock = await connect_socket(host, port)

@@ -1,15 +1,14 @@
-"""The response in flight on one connection: its bytes framed into a head and a body.
-
-:class:`ResponseReader` is the reading half of the ``asyncio.BufferedProtocol``: for a
-``Content-Length`` body, ``get_buffer`` hands the loop the tail of the one ``bytearray``
-that becomes :attr:`Response.body`. Framing is :mod:`.parser`'s; what an ending means for
-the socket is the subclass's (:class:`.connection.Connection`). It reads no byte past the
-response in flight; bytes found past it mark the connection not to be kept alive.
+"""The reading half of a connection's ``asyncio.BufferedProtocol``: a ``Content-Length``
+body is read by the kernel straight into the one ``bytearray`` that becomes
+:attr:`Response.body`. Framing is :mod:`.parser`'s; what an ending means for the socket is
+:class:`.connection.Connection`'s. Bytes past the response mark the connection not to be
+kept alive.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 
 from .errors import framing_error, too_large
 from .parser import (
@@ -39,6 +38,12 @@ DEAD = 5  # closed or failed; never reused
 
 NO_BODY = bytearray()
 NO_VIEW = memoryview(NO_BODY)
+
+# A bytearray of a given length, not zero-filled: the body is written over by the socket
+# before anyone sees it, and zeroing 100 KB costs more than the rest of a GET's parsing.
+_new_bytearray = ctypes.pythonapi.PyByteArray_FromStringAndSize
+_new_bytearray.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
+_new_bytearray.restype = ctypes.py_object
 
 
 class ResponseReader(asyncio.BufferedProtocol):
@@ -86,23 +91,19 @@ class ResponseReader(asyncio.BufferedProtocol):
         self.body_view = NO_VIEW
         self.got = 0
         self.expected = 0
-        # Reading chunked or until-close bodies needs a scratch buffer: made on first use,
-        # since most connections only ever see Content-Length bodies.
+        # Chunked or until-close bodies only: made on first use.
         self.scratch = NO_VIEW
         self.decoder = ChunkedDecoder()
 
-    # -- what the connection does with a response's end ------------------------------
+    # -- what the connection does with a response's end (Connection's) ----------------
 
     def _complete(self) -> None:
-        """The response was read to its end."""
         raise NotImplementedError
 
     def fail(self, error: BaseException) -> None:
-        """Close now, failing the request in flight with ``error``."""
         raise NotImplementedError
 
     def discard(self) -> None:
-        """Close the connection, never to be reused."""
         raise NotImplementedError
 
     # -- asyncio protocol callbacks -----------------------------------------------------
@@ -187,12 +188,11 @@ class ResponseReader(asyncio.BufferedProtocol):
             detail = f"Content-Length {length} > max_bytes {self.max_bytes}"
             self.fail(too_large(self.url, detail))
             return
-        body = bytearray(length)
+        body: bytearray = _new_bytearray(None, length)
         have = min(len(extra), length)
         body[:have] = extra[:have]
         if len(extra) > length:
-            # Bytes past the body (a misbehaving server): the next response's framing is
-            # unknown, so this connection is not reused.
+            # Bytes past the body: the next response's framing is unknown.
             self.keep_alive = False
         self.body = body
         if have == length:
@@ -223,8 +223,7 @@ class ResponseReader(asyncio.BufferedProtocol):
             self.fail(too_large(self.url, f"body over max_bytes {self.max_bytes}"))
 
     def _finish_unknown_length(self) -> None:
-        """Complete a chunked or until-close body, once its length is checked against the
-        range asked for (a Content-Length body was checked with its head)."""
+        """Complete a chunked or until-close body, its length checked against the range."""
         if self.byte_range is not None and 200 <= self.status < 300:
             try:
                 check_partial_length(len(self.body), self.byte_range)

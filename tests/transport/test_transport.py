@@ -144,6 +144,7 @@ _ALLOWED_IMPORTS = {
     "asyncio",
     "base64",
     "collections",
+    "ctypes",
     "dataclasses",
     "select",
     "socket",
