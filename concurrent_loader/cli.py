@@ -233,9 +233,7 @@ def _cache_call(function: Callable[[str], Any], directory: str) -> Any:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=PROG, description="Tools for datasets read by concurrent_loader."
-    )
+    parser = argparse.ArgumentParser(prog=PROG, description="Tools for concurrent_loader datasets.")
     parser.add_argument(
         "--log-level",
         default="WARNING",
@@ -281,16 +279,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _store_options(sub: argparse.ArgumentParser) -> None:
-    sub.add_argument("--endpoint-url", default=None, help="S3 endpoint (default: AWS chain)")
-    sub.add_argument("--region", default=None, help="S3 region (default: AWS chain)")
-    sub.add_argument("--profile", default=None, help="AWS profile name")
+    sub.add_argument("--endpoint-url", help="S3 endpoint (default: AWS chain)")
+    sub.add_argument("--region", help="S3 region (default: AWS chain)")
+    sub.add_argument("--profile", help="AWS profile name")
     sub.add_argument("--anonymous", action="store_true", help="unsigned requests (public buckets)")
-    sub.add_argument(
-        "--no-progress",
-        dest="progress",
-        action="store_false",
-        help="no progress bar (there is none without tqdm)",
-    )
+    sub.add_argument("--no-progress", dest="progress", action="store_false", help="no tqdm bar")
 
 
 def _cache_commands(commands: Any) -> None:
@@ -298,32 +291,19 @@ def _cache_commands(commands: Any) -> None:
     actions = cache.add_subparsers(dest="action", required=True)
     warm = actions.add_parser("warm", help="read every object of ROOT once through the cache")
     warm.add_argument("root", nargs="?", help="s3://bucket/prefix (default: the manifest's)")
-    warm.add_argument("--manifest", default=None, help="read the keys of this manifest")
+    warm.add_argument("--manifest", help="read the keys of this manifest")
     warm.add_argument("--cache", required=True, help="the cache directory")
-    warm.add_argument("--max-bytes", type=int, default=None, help="the cache's byte budget")
+    warm.add_argument("--max-bytes", type=int, help="the cache's byte budget")
     warm.add_argument(
         "--presize",
         type=int,
-        default=None,
         metavar="SHORT_SIDE",
         help="keep each image pre-sized to this shorter side instead of its bytes "
         "(the dataset must name the same setting: CacheConfig(presize=Presize(...)))",
     )
-    warm.add_argument(
-        "--format",
-        choices=FORMATS,
-        default=None,
-        help="with --presize: a re-encoded JPEG (default) or raw uint8 pixels",
-    )
-    warm.add_argument(
-        "--quality", type=int, default=None, help="with --presize: the JPEG quality (default 90)"
-    )
-    warm.add_argument(
-        "--processes",
-        type=int,
-        default=None,
-        help="with --presize: processes that re-encode (default: one per core)",
-    )
+    warm.add_argument("--format", choices=FORMATS, help="with --presize: jpeg (default) or raw")
+    warm.add_argument("--quality", type=int, help="with --presize: the JPEG quality (default 90)")
+    warm.add_argument("--processes", type=int, help="with --presize: processes (default: cores)")
     _store_options(warm)
     warm.set_defaults(run=cmd_cache_warm)
     info = actions.add_parser("info", help="what a cache holds, and the reads it served")

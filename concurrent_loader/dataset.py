@@ -13,6 +13,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -212,16 +213,11 @@ def _read_manifest(
         runtime.release()
 
 
+@dataclass(eq=False)
 class _ImageFolderDecoder:
-    def __init__(
-        self,
-        decoder: ImageDecoder | EncodedImageDecoder,
-        targets: np.ndarray,
-        target_transform: Callable[[int], Any] | None,
-    ) -> None:
-        self.decoder = decoder
-        self.targets = targets
-        self.target_transform = target_transform
+    decoder: ImageDecoder | EncodedImageDecoder
+    targets: np.ndarray
+    target_transform: Callable[[int], Any] | None
 
     def __call__(self, index: int, data: bytes | bytearray, url: str) -> tuple[Any, Any]:
         image = self.decoder(data, url)

@@ -156,31 +156,19 @@ class LoaderError(Exception):
 
     def for_object(self, url: str) -> LoaderError:
         """A copy of this error naming ``url`` (for errors raised before the object was known)."""
-        named = copy.copy(self)  # through __reduce__: the same attributes
-        named.__notes__ = list(getattr(self, "__notes__", ()))
-        named.url = url
-        named.args = (named._render(),)
+        named = copy.copy(self)
+        notes = list(getattr(self, "__notes__", ()))
+        named.__setstate__({**self.__dict__, "url": url, "__notes__": notes})
         named.__cause__ = self.__cause__
         return named
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (
-            _rebuild,
-            (type(self), self.message, self.url, self.stage, self.cause, self.status, self.code),
-            self.__dict__,
-        )
+        # Rebuilt from its message, then its attributes (url, cause, ..., notes) and text.
+        return (type(self), (self.message,), self.__dict__)
 
-
-def _rebuild(
-    cls: type[LoaderError],
-    message: str,
-    url: str | None,
-    stage: str | None,
-    cause: Reason | None,
-    status: int | None,
-    code: str | None = None,
-) -> LoaderError:
-    return cls(message, url=url, stage=stage, cause=cause, status=status, code=code)
+    def __setstate__(self, state: dict[str, Any] | None) -> None:
+        self.__dict__.update(state or {})
+        self.args = (self._render(),)
 
 
 class ConfigError(LoaderError, ValueError):

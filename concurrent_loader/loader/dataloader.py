@@ -48,22 +48,17 @@ T_co = TypeVar("T_co", covariant=True)
 class ConcurrentDataLoader(DataLoader[T_co]):
     """A ``DataLoader`` that fetches many objects concurrently per worker process.
 
-    Takes every ``torch.utils.data.DataLoader`` argument with torch's meaning, plus how
-    batches are produced (:class:`~concurrent_loader.pipeline.PipelineOptions`); how bytes are
-    fetched is the dataset's (``fetch_config``, ``parts``, its store).
+    Takes every ``DataLoader`` argument with torch's meaning, plus how batches are produced
+    (how bytes are fetched is the dataset's ``fetch_config``):
 
-    - ``decode_threads``, ``getitem_threads``, ``prefetch_batches``: per process (defaults
-      derived by ``PipelineOptions.derive``); torch's ``prefetch_factor`` keeps its meaning;
-    - ``seed``: the shuffle seed shared by all ranks when the loader shards by itself under
+    - ``decode_threads``, ``getitem_threads``, ``prefetch_batches``: per process (defaults:
+      ``PipelineOptions.derive``);
+    - ``seed``: the shuffle seed of all ranks when the loader shards by itself under
       ``torch.distributed`` (no ``sampler`` or ``batch_sampler`` given);
     - ``on_error``: ``"raise"`` (``next()`` raises the failed batch's error, the next call goes
-      on) or ``"skip"``, within ``max_skipped`` (a count or a fraction of the epoch's samples)
-      before ``SkipBudgetExceeded``;
+      on) or ``"skip"``, within ``max_skipped`` (a count or a fraction of the epoch's samples);
     - ``log_every_s``: log :meth:`stats` this often; ``stall_timeout_s``: a process waiting
       this long raises ``LoaderStalled`` (None: never).
-
-    Persistent workers fetch the next epoch's first batches ahead when its plan can be
-    predicted (:mod:`.lookahead`); a wrong prediction is never delivered.
     """
 
     def __init__(
@@ -150,8 +145,8 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         self._iterating_since: float | None = None
         self._pending_state: dict[str, Any] | None = None
         self._progress: resume.EpochProgress | None = None
-        # The inner loader draws its workers' base seed from ``_workers.generator``, which
-        # holds the state ``generator`` had when this loader drew the same seed.
+        # The inner loader draws its workers' base seed from the state ``generator`` had
+        # when this loader drew the same seed.
         self._workers = Workers(dataset, options, self._shared_stats, torch.Generator())
 
     def set_epoch(self, epoch: int) -> None:

@@ -9,6 +9,7 @@ exception. A persistent worker keeps its pipeline across epochs (:class:`~.looka
 
 from __future__ import annotations
 
+import functools
 import multiprocessing.util
 import os
 import signal
@@ -161,22 +162,20 @@ class PlannedBatches(IterableDataset[Any]):
         try:
             if in_worker and source is not None and source.store.capabilities.remote:
                 _hold_runtime_for_this_process()
-            if predicted is not None:
+            outcomes: Iterator[Any]
+            if predicted is None:
+                pipeline = self._start(share, row)
+                outcomes = pipeline.outcomes()
+            else:
                 assert isinstance(share, list)
+                start = functools.partial(self._start, row=row)
                 # Only our sources' batches are fetched ahead: a foreign ``__getitem__`` may
                 # have side effects (and draw random numbers) for batches never delivered.
-                ahead = Lookahead()
                 if in_worker and self._cl.next_plan is not None and source is not None:
-                    ahead = _lookahead()
+                    outcomes = _lookahead().epoch(share, predicted, start)
                 else:
-                    predicted = []
-                for outcome in ahead.epoch(share, predicted, lambda f: self._start(f, row)):
-                    if isinstance(outcome, Failure):
-                        _note_traceback(outcome.exc, row)
-                    yield outcome
-                return
-            pipeline = self._start(share, row)
-            for outcome in pipeline.outcomes():
+                    outcomes = Lookahead().epoch(share, [], start)
+            for outcome in outcomes:
                 if isinstance(outcome, Failure):
                     _note_traceback(outcome.exc, row)
                 yield outcome

@@ -154,15 +154,11 @@ def loader_stats(
 
 def format_stats(stats: dict[str, Any]) -> str:
     p50 = stats["get_latency_s"]["p50"]
+    rate = stats.get("cache_hit_rate")
     return (
         f"{stats['images_per_s']:.0f} img/s, {stats['bytes_per_s'] / 1e6:.1f} MB/s, "
         f"GET p50 {p50 * 1000 if p50 else 0:.1f} ms, {stats['inflight']} in flight, "
         f"{stats['retries']} retries, {stats['throttles']} throttles, "
-        f"{stats['skipped']} skipped"
-        + (
-            f", cache hits {stats['cache_hit_rate']:.0%}"
-            if stats.get("cache_hit_rate") is not None
-            else ""
-        )
-        + f" - {stats['verdict']}"
+        f"{stats['skipped']} skipped{'' if rate is None else f', cache hits {rate:.0%}'}"
+        f" - {stats['verdict']}"
     )

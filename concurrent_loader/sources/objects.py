@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -21,13 +22,13 @@ class ObjectDecoder(Protocol):
         """Sample ``index`` from the bytes of its object ``url``."""
 
 
+@dataclass
 class CallDecoder:
     """``decode(data)``, or the bytes themselves when ``decode`` is None. What ``decode``
     raises becomes a ``DecodeError`` naming the object (the original as ``__cause__``); a
     ``LoaderError`` without an object gets the object's URL."""
 
-    def __init__(self, decode: Callable[[bytes | bytearray], Any] | None) -> None:
-        self.decode = decode
+    decode: Callable[[bytes | bytearray], Any] | None
 
     def __call__(self, index: int, data: bytes | bytearray, url: str) -> Any:
         if self.decode is None:
@@ -47,24 +48,19 @@ class CallDecoder:
             ) from exc
 
 
+@dataclass(eq=False, repr=False)
 class ObjectSource:
     """``keys[i]`` of ``store``, decoded by ``decoder``; ``sizes[i]`` (bytes) when listed."""
 
-    def __init__(
-        self,
-        store: StoreConfig,
-        keys: KeyTable,
-        decoder: ObjectDecoder,
-        fetch_config: FetchConfig,
-        sizes: np.ndarray | None = None,
-    ) -> None:
-        if sizes is not None and len(sizes) != len(keys):
-            raise ValueError(f"{len(sizes)} sizes for {len(keys)} keys")
-        self.store = store
-        self.keys = keys
-        self.decoder = decoder
-        self.fetch_config = fetch_config
-        self.sizes = sizes
+    store: StoreConfig
+    keys: KeyTable
+    decoder: ObjectDecoder
+    fetch_config: FetchConfig
+    sizes: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.sizes is not None and len(self.sizes) != len(self.keys):
+            raise ValueError(f"{len(self.sizes)} sizes for {len(self.keys)} keys")
 
     def __len__(self) -> int:
         return len(self.keys)
