@@ -13,7 +13,6 @@ __all__ = ["SELF_TUNED_CAP", "FetchConfig", "HedgeConfig", "RetryConfig", "Timeo
 
 
 def check_count(name: str, value: object, minimum: int = 1) -> None:
-    """``value`` is an int (not a bool) >= ``minimum``, else ``ConfigError``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
 

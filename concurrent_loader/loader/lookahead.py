@@ -197,7 +197,6 @@ class Lookahead:
             yield Failure(broken or RuntimeError("the batch pipeline ended early"))
 
     def close(self) -> None:
-        """Drop what is kept (at the end of the worker)."""
         _close(self._outcomes, self._pipeline)
         self._pipeline = self._outcomes = self._feed = None
 

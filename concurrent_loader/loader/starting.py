@@ -35,7 +35,6 @@ def fresh_credentials(dataset: Dataset[object]) -> None:
 
 @contextlib.contextmanager
 def frozen_heap() -> Iterator[None]:
-    """The heap frozen for the garbage collector meanwhile (see the module docstring)."""
     if gc.get_freeze_count() or not gc.isenabled():
         yield  # the program manages the collector itself
         return

@@ -28,7 +28,6 @@ __all__ = ["GetItems", "LocalReads", "is_position"]
 
 
 def is_position(index: Any) -> bool:
-    """True for a plain int index, which a source reads."""
     return type(index) is int
 
 

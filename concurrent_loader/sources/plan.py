@@ -55,7 +55,6 @@ def plan_fetches(
     capabilities: Capabilities,
     parts: PartsConfig,
 ) -> list[Whole[Tag]]:
-    """One :class:`Whole` per ``(tag, reads)`` sample, in order."""
     return [
         Whole(tag, tuple(plan_get(read, capabilities, parts) for read in reads))
         for tag, reads in samples
