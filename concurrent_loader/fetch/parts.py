@@ -24,7 +24,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import BadRequest, ConfigError, FetchError, IncompleteBody, IntegrityError, Reason
+from ..config import check_count
+from ..errors import BadRequest, FetchError, IncompleteBody, IntegrityError, Reason
 from ..stores.base import ByteRange
 from ..stores.checksum import Checksum
 from .client import FetchClient
@@ -50,12 +51,8 @@ class PartsConfig:
     enabled: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("part_size", "parts_in_flight"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(
-                    f"{name} must be an int >= 1, got {value!r}", cause=Reason.INVALID_ARGUMENT
-                )
+        check_count("part_size", self.part_size)
+        check_count("parts_in_flight", self.parts_in_flight)
 
     def applies(self, size: int | None) -> bool:
         """Whether a read of ``size`` expected bytes goes in parts."""

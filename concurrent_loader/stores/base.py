@@ -1,14 +1,11 @@
 """The contract between the loader and a storage backend.
 
-A backend is a **store config** (:class:`StoreConfig`: frozen, hashable, picklable; names a
-root and holds the backend's options; travels to workers with the dataset) and a **store**
-(:class:`Store`), made by :meth:`StoreConfig.open` inside the process (and, when remote, the
-event loop) that uses it, so no socket, client or resolved credential crosses a ``fork``.
-
-A store does one attempt per call: ``get`` returns the object's bytes (or the byte range
-asked for) or raises a :class:`~concurrent_loader.errors.FetchError` naming the object.
-Retries, limits, hedging and metrics belong to the fetch client (:mod:`concurrent_loader.fetch`).
-Callers check :class:`Capabilities`, never the URL scheme.
+A backend is a **store config** (:class:`StoreConfig`: frozen, hashable, picklable; a root
+and the backend's options; travels to workers) and a **store** (:class:`Store`), opened
+inside the process (and event loop) that uses it, so nothing opened crosses a ``fork``.
+A store does one attempt per call and raises a
+:class:`~concurrent_loader.errors.FetchError` naming the object; retries, limits, hedging
+and metrics are the fetch client's. Callers check :class:`Capabilities`, never the scheme.
 """
 
 from __future__ import annotations
@@ -27,14 +24,12 @@ __all__ = ["Body", "ByteRange", "Capabilities", "ObjectInfo", "Store", "StoreCon
 class Capabilities:
     """What a backend can do.
 
-    - ``remote``: reads go over the network through the asyncio ``get``; when False the
-      store also reads without an event loop (``get_blocking``, ``list_blocking``), and the
-      pipeline reads and decodes in one thread-pool job;
-    - ``listing``: ``list`` works (plain HTTP cannot list: keys come from the caller);
+    - ``remote``: reads go over the network (asyncio ``get``); False: the store also reads
+      without a loop (``get_blocking``, ``list_blocking``), in the decode job;
+    - ``listing``: ``list`` works (plain HTTP cannot list);
     - ``ranges``: ``get`` honours ``byte_range``;
     - ``whole_reads_up_to``: a whole object up to this many bytes is read with one ``get``,
-      never split into ranged parts (a wrapper that keeps whole objects keeps it from one
-      read; 0: any large read may go in parts).
+      never in ranged parts (0: any large read may go in parts).
     """
 
     remote: bool
@@ -69,14 +64,10 @@ class ObjectInfo:
 
 @dataclass(slots=True)
 class Body:
-    """A successful read: the bytes, the time to first byte when the transport knows it, the
-    object's ETag when the store gives one (a cache keeps it with the entry),
-    whether a round trip to the store served it (False: a wrapper served it from bytes it
-    holds, so its time says nothing about the store's latency, and the in-flight limit and
-    the hedge delay take no sample from it), and, for a byte range only, the whole object's
-    checksum as the store gave it, unchecked (a whole body is checked by its store before it
-    is returned; the fetch client checks the object once its parts are assembled,
-    :mod:`concurrent_loader.fetch.parts`)."""
+    """A successful read: the bytes, the time to first byte when known, the object's ETag,
+    whether a round trip served it (False: a wrapper served bytes it holds, so the limit and
+    the hedge delay take no latency sample), and, for a range only, the whole object's
+    checksum, unchecked (checked once the parts are assembled: :mod:`..fetch.parts`)."""
 
     data: bytes | bytearray
     first_byte_s: float | None = None
@@ -95,29 +86,21 @@ class Store(Protocol):
         """The object's name for messages (``s3://bucket/key``); never holds credentials."""
         ...
 
-    async def get(self, key: str, byte_range: ByteRange | None = None) -> Body:
-        """One attempt at the object (or ``byte_range`` of it), or a ``FetchError``."""
-        ...
+    async def get(self, key: str, byte_range: ByteRange | None = None) -> Body: ...
 
     def list(self) -> AsyncIterator[ObjectInfo]:
         """Every object under the root, keys relative to it, in any order."""
         ...
 
-    async def close(self) -> None:
-        """Release connections. Idempotent."""
-        ...
+    async def close(self) -> None: ...
 
 
 class BlockingStore(Store, Protocol):
     """A store that also reads without an event loop (``capabilities.remote`` is False)."""
 
-    def get_blocking(self, key: str, byte_range: ByteRange | None = None) -> bytes:
-        """The object (or ``byte_range`` of it), read on the calling thread."""
-        ...
+    def get_blocking(self, key: str, byte_range: ByteRange | None = None) -> bytes: ...
 
-    def list_blocking(self) -> Iterator[ObjectInfo]:
-        """Every object under the root, on the calling thread."""
-        ...
+    def list_blocking(self) -> Iterator[ObjectInfo]: ...
 
 
 class StoreConfig(Protocol):
@@ -126,15 +109,13 @@ class StoreConfig(Protocol):
     @property
     def capabilities(self) -> Capabilities: ...
 
-    def url_for(self, key: str) -> str:
-        """The name of object ``key`` (relative to the root) as users write it."""
-        ...
+    def url_for(self, key: str) -> str: ...
 
     def resolved(self) -> StoreConfig:
-        """This config with what can be resolved once resolved (in the main process, when a
-        dataset is made: an S3 route), so worker processes need not."""
+        """This config with what can be resolved once (an S3 route) resolved, in the main
+        process when a dataset is made, so workers need not."""
         ...
 
     def open(self, fetch: FetchConfig) -> Store:
-        """A store for this process. Remote stores are opened on the runtime's loop."""
+        """A store for this process (a remote one on the runtime's loop)."""
         ...

@@ -1,19 +1,17 @@
-"""Checking a body against the checksum its store gave for the whole object.
+"""Checking a body against the checksum its store gave for it.
 
-:func:`s3_checksum` and :func:`http_checksum` pick the cheapest checksum of a response worth
-checking; :meth:`Checksum.check` raises :class:`~concurrent_loader.errors.IntegrityError`
-(retried by the fetch client) on a mismatch. What is checked:
+:func:`s3_checksum` and :func:`http_checksum` pick the cheapest checksum of a response;
+:meth:`Checksum.check` raises :class:`~concurrent_loader.errors.IntegrityError` (retried) on
+a mismatch. What is checked:
 
 * S3 (``x-amz-checksum-mode: ENABLED``): ``x-amz-checksum-crc64nvme``, ``-crc32c``,
-  ``-crc32``, ``-sha1``, ``-sha256``; a ``COMPOSITE`` checksum (of the parts, not the body) is
-  skipped. Opt-in: a single-part ETag as the MD5 (not one for SSE-KMS or SSE-C objects).
+  ``-crc32``, ``-sha1``, ``-sha256``, not a ``COMPOSITE`` one. Opt-in: a single-part ETag as
+  the MD5 (not so for SSE-KMS or SSE-C objects).
 * HTTP(S): GCS's ``x-goog-hash`` and ``Content-MD5``; neither when GCS decoded a stored
-  ``gzip`` object (its hashes are of the stored bytes).
-* Ranges: the length by ``Content-Range`` (the transports), and the assembled object
-  (:mod:`concurrent_loader.fetch.parts`) against a whole-object checksum sent with a part
-  (``x-goog-hash``, an S3 ETag as MD5). S3's ``x-amz-checksum-*`` on a range is that part's
-  and is checked against the range; a range that is the whole object is checked as a whole
-  body; ``Content-MD5`` only on a ``200``.
+  ``gzip`` object.
+* Ranges: S3's ``x-amz-checksum-*`` on a range is that part's, checked against it; a
+  whole-object checksum sent with a part (``x-goog-hash``, an S3 ETag as MD5) is checked
+  once the parts are assembled (:mod:`concurrent_loader.fetch.parts`).
 """
 
 from __future__ import annotations
@@ -69,8 +67,7 @@ _SIZES = {"crc64nvme": 8, "crc32c": 4, "crc32": 4, "sha1": 20, "sha256": 32, "md
 
 @dataclass(frozen=True, slots=True)
 class Checksum:
-    """The digest a store gave for a whole object: ``algorithm`` (a key of
-    :data:`ALGORITHMS`), the raw ``expected`` digest, and the header it came from."""
+    """A store's digest: ``algorithm`` (of :data:`ALGORITHMS`), raw ``expected``, its header."""
 
     algorithm: str
     expected: bytes
@@ -96,8 +93,7 @@ class Checksum:
 
 
 def _from_base64(algorithm: str, value: str, source: str) -> Checksum | None:
-    """The checksum in a base64 header value; None for a composite (``...-N``) or malformed
-    value, which cannot be checked against the body."""
+    """The checksum in a base64 header value; None for a composite or malformed one."""
     try:
         digest = binascii.a2b_base64(value.strip(), strict_mode=True)
     except (binascii.Error, ValueError):
@@ -111,11 +107,8 @@ _S3_HEADERS = tuple((name, "x-amz-checksum-" + name) for name in ALGORITHMS if n
 
 
 def s3_checksum(headers: Mapping[str, str], *, etag_md5: bool) -> Checksum | None:
-    """The checksum of an S3 GET response worth checking, or None.
-
-    ``headers`` are lower-case. A full-object ``x-amz-checksum-*`` header, cheapest
-    algorithm first; else, when ``etag_md5``, a single-part ETag as the MD5.
-    """
+    """An S3 response's full-object ``x-amz-checksum-*``, cheapest first; else, when
+    ``etag_md5``, a single-part ETag as the MD5; else None."""
     if headers.get("x-amz-checksum-type", "").upper() != "COMPOSITE":
         for algorithm, name in _S3_HEADERS:
             value = headers.get(name)
@@ -134,11 +127,8 @@ def s3_checksum(headers: Mapping[str, str], *, etag_md5: bool) -> Checksum | Non
 
 
 def http_checksum(headers: Mapping[str, str], *, whole: bool) -> Checksum | None:
-    """The checksum of a plain HTTP(S) response worth checking, or None.
-
-    GCS's ``x-goog-hash`` (``crc32c=...,md5=...``; the whole object's, also on a range),
-    crc32c first; else, for a whole body (``whole``), ``Content-MD5``.
-    """
+    """GCS's ``x-goog-hash`` (the whole object's, also on a range), crc32c first; else, for
+    a whole body, ``Content-MD5``; else None."""
     if _transcoded(headers):
         return None
     found: dict[str, Checksum] = {}
@@ -160,9 +150,8 @@ def http_checksum(headers: Mapping[str, str], *, whole: bool) -> Checksum | None
 
 
 def _transcoded(headers: Mapping[str, str]) -> bool:
-    """Whether GCS decoded the object on its way (decompressive transcoding: an object
-    stored with ``Content-Encoding: gzip`` is sent decompressed to a client that does not
-    accept gzip), so that its hashes, of the stored bytes, are not the body's."""
+    """Whether GCS decompressed a stored gzip object on its way, so its hashes are not the
+    body's."""
     stored = headers.get("x-goog-stored-content-encoding", "identity").strip().lower()
     sent = headers.get("content-encoding", "identity").strip().lower()
     return stored != "identity" and stored != sent

@@ -29,8 +29,8 @@ from functools import partial
 
 import numpy as np
 
-from ..config import FetchConfig
-from ..errors import ConfigError, Reason
+from ..config import FetchConfig, check_count
+from ..errors import ConfigError
 from .base import Body, ByteRange, Capabilities, ObjectInfo, Store, StoreConfig
 
 __all__ = ["Readahead", "ReadaheadConfig", "ReadaheadStore"]
@@ -52,19 +52,10 @@ class Readahead:
     max_bytes: int = 128 * _MiB
 
     def __post_init__(self) -> None:
-        for name in ("span_bytes", "max_bytes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(
-                    f"Readahead.{name} must be an int >= 1, got {value!r}",
-                    cause=Reason.INVALID_ARGUMENT,
-                )
+        check_count("Readahead.span_bytes", self.span_bytes)
+        check_count("Readahead.max_bytes", self.max_bytes)
         if self.max_bytes < self.span_bytes:
-            raise ConfigError(
-                f"Readahead.max_bytes ({self.max_bytes}) must hold at least one span "
-                f"(span_bytes={self.span_bytes})",
-                cause=Reason.INVALID_ARGUMENT,
-            )
+            raise ConfigError(f"Readahead.max_bytes must hold at least one span, {self.span_bytes}")
 
 
 @dataclass(frozen=True, eq=False)

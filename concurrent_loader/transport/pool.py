@@ -20,8 +20,8 @@ import ssl
 import warnings
 from collections.abc import Sequence
 
-from concurrent_loader.config import Timeouts
-from concurrent_loader.errors import ConfigError, ConnectionFailed, Reason
+from concurrent_loader.config import Timeouts, check_count
+from concurrent_loader.errors import ConnectionFailed
 
 from .connection import Connection, Key
 from .errors import TIMEOUT_ERRORS, connect_error
@@ -51,16 +51,7 @@ class ConnectionPool:
         # Set before validating: __del__ runs even when __init__ raises.
         self._closed = False
         self._connections: set[Connection] = set()
-        if isinstance(max_connections, bool) or not isinstance(max_connections, int):
-            raise ConfigError(
-                f"max_connections must be an int, got {max_connections!r}",
-                cause=Reason.INVALID_ARGUMENT,
-            )
-        if max_connections < 1:
-            raise ConfigError(
-                f"max_connections must be >= 1, got {max_connections}",
-                cause=Reason.INVALID_ARGUMENT,
-            )
+        check_count("max_connections", max_connections)
         self.max_connections = max_connections
         self.timeouts = timeouts
         self._ssl_context = ssl_context

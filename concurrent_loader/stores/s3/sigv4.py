@@ -1,13 +1,8 @@
-"""A lean AWS Signature Version 4 signer for S3 ``GET`` requests.
-
-:class:`SigV4Signer` produces exactly the ``Authorization`` header botocore's
-``S3SigV4Auth`` would for the same request, credentials and second, and guarantees:
-
-* the signing key is derived once per (secret key, UTC day, region, service);
-* ``x-amz-date`` is formatted at most once per second;
-* a call does one SHA-256 and one HMAC-SHA256, plus string formatting.
-
-Bodiless requests only (the empty payload hash). ``checksum_mode=True`` also sends and signs
+"""A lean AWS Signature Version 4 signer for S3 ``GET`` requests: exactly the
+``Authorization`` header botocore's ``S3SigV4Auth`` gives for the same request, credentials
+and second, with the signing key derived once per (secret key, UTC day, region, service),
+``x-amz-date`` formatted at most once per second, and one SHA-256 and one HMAC per call.
+Bodiless requests only; ``checksum_mode=True`` also sends and signs
 ``x-amz-checksum-mode: ENABLED``. Paths must be encoded by :func:`encode_s3_path`.
 """
 
@@ -21,14 +16,7 @@ from urllib.parse import quote
 
 from concurrent_loader.errors import ConfigError, Reason
 
-__all__ = [
-    "CHECKSUM_MODE_HEADER",
-    "EMPTY_SHA256",
-    "Credentials",
-    "SigV4Signer",
-    "encode_s3_key",
-    "encode_s3_path",
-]
+__all__ = ["CHECKSUM_MODE_HEADER", "EMPTY_SHA256", "Credentials", "SigV4Signer", "encode_s3_path"]
 
 #: SHA-256 of the empty body, hex-encoded.
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
@@ -51,8 +39,6 @@ class Credentials:
     token: str | None = field(default=None, repr=False)
 
     def __repr__(self) -> str:
-        # Logs and tracebacks print reprs; the secret and token must never reach them, and
-        # the full access key is not needed to tell two credentials apart.
         token = ", token=<set>" if self.token else ""
         return f"Credentials(access_key={self.access_key[:4]!r}..., secret_key=<hidden>{token})"
 
@@ -63,14 +49,9 @@ def encode_s3_key(key: str) -> str:
 
 
 def encode_s3_path(bucket: str | None, key: str) -> str:
-    """Return the URI-encoded request path for ``key``, as S3 and botocore build it.
-
-    ``bucket`` given: path-style ``/bucket/key``; ``None``: virtual-hosted ``/key`` (the
-    bucket is in the host name). Every byte of the key except unreserved characters and
-    ``/`` is percent-encoded, once; ``/`` runs and ``.``/``..`` segments are kept as they
-    are, because S3 keys are opaque strings and S3 does not normalise paths.
-    """
-    # Equivalent to quoting each "/"-separated segment with safe="-_.~", in one call.
+    """The URI-encoded request path for ``key`` as botocore builds it: path-style
+    ``/bucket/key``, or ``/key`` when ``bucket`` is None (virtual-hosted). ``/`` runs and
+    ``.``/``..`` segments are kept: S3 does not normalise paths."""
     encoded_key = encode_s3_key(key)
     if bucket is None:
         return "/" + encoded_key
@@ -122,11 +103,8 @@ def _hmac(key: bytes, msg: str) -> bytes:
 
 
 class SigV4Signer:
-    """Signs S3 ``GET`` requests with SigV4 headers for one region and service.
-
-    Meant for one event loop, but safe to share across threads: each cache is replaced as
-    a whole, so the worst a race can do is compute a key twice.
-    """
+    """Signs S3 ``GET`` requests for one region. Safe to share across threads: each cache
+    is replaced whole, so a race at worst computes a key twice."""
 
     __slots__ = (
         "_canonical_host",
@@ -181,23 +159,14 @@ class SigV4Signer:
         *,
         amz_date: str | None = None,
     ) -> list[tuple[str, str]]:
-        """Return the headers that sign ``GET canonical_path`` (no query) for ``host``.
-
-        ``host`` must be exactly the ``Host`` header that will be sent (``name:port`` when
-        the port is not the scheme's default). ``canonical_path`` is already URI-encoded
-        (:func:`encode_s3_path`). ``amz_date`` (``YYYYMMDDTHHMMSSZ``) overrides the current
-        UTC time.
-        """
+        """The headers that sign ``GET canonical_path`` (encoded, no query) for ``host``, exactly
+        the ``Host`` header sent. ``amz_date`` (``YYYYMMDDTHHMMSSZ``) overrides the time."""
         if amz_date is None:
             amz_date = self._now()
         elif len(amz_date) != 16 or amz_date[8] != "T" or amz_date[15] != "Z":
             raise ConfigError(f"amz_date must look like 20240131T235959Z, got {amz_date!r}")
         day_key = self._key_for(credentials, amz_date[:8])
-        # S3 requires x-amz-content-sha256 on every SigV4 request. botocore sends the hash
-        # of the empty body for a GET (over http, where it always signs payloads, and over
-        # https too since a GET carries no checksum header), so we do the same: the
-        # signature then matches botocore's byte for byte and the header is valid for both
-        # schemes.
+        # x-amz-content-sha256 is the empty body's hash, as botocore sends it for a GET.
         if day_key.token:
             canonical_request = (
                 f"GET\n{canonical_path}\n\nhost:{host}{self._canonical_host}"

@@ -1,15 +1,12 @@
 """The S3 backend: :class:`S3Config` (where and how to reach a bucket) and :class:`S3Store`.
 
-GETs are signed by :class:`~.sigv4.SigV4Signer` and sent through a pooled
-:class:`~concurrent_loader.transport.Transport`; the route (:mod:`.route`) and credentials
-(:mod:`.credentials`) are botocore's, resolved once when the dataset is made, and
-aiobotocore lists from the same configuration. A worker builds no botocore session unless
-its route is unresolved or its credentials need refreshing.
-
-A ``301 PermanentRedirect`` naming another region re-resolves the route for it once and
-retries; any other wrong-region answer is ``BadRequest`` with ``Reason.WRONG_REGION``. Every
-GET asks for the object's checksum and checks the body (``verify_checksums``, on;
-``verify_etag_md5``, off; :mod:`..checksum`) before it is returned.
+GETs are signed by :class:`~.sigv4.SigV4Signer` and sent through the pooled transport; the
+route (:mod:`.route`) and credentials (:mod:`.credentials`) are botocore's, resolved once
+when the dataset is made (a worker builds no botocore session unless it must), and
+aiobotocore lists from the same configuration. A ``301`` naming another region re-resolves
+the route once and retries; any other wrong-region answer is ``BadRequest``
+(``WRONG_REGION``). Every GET asks for the object's checksum and checks the body
+(``verify_checksums``, on; ``verify_etag_md5``, off; :mod:`..checksum`).
 """
 
 from __future__ import annotations
@@ -80,12 +77,9 @@ class S3Config:
         verify_checksums: bool = True,
         verify_etag_md5: bool = False,
     ) -> S3Config:
-        """The config for ``s3://bucket/prefix`` with these options (what a dataset's root
-        takes: ``ObjectDataset(S3Config.from_url(url, endpoint_url=...))``). Credentials come
-        from botocore's chain (``profile``, the environment, ...) unless ``anonymous`` or
-        given; they never appear in the config's ``repr``. A URL that is not ``s3://`` (a
-        local directory, an ``http(s)://`` root) is a ``ConfigError``: it takes no S3
-        options."""
+        """The config for ``s3://bucket/prefix`` with these options, given to a dataset as its
+        root. Credentials come from botocore's chain unless ``anonymous`` or given; they never
+        appear in the ``repr``. A URL that is not ``s3://`` is a ``ConfigError``."""
         parts = urlsplit(url)
         if parts.scheme.lower() != "s3":
             raise ConfigError(
@@ -152,8 +146,7 @@ class S3Config:
         )
 
     def resolved(self) -> S3Config:
-        """This config with its route and credentials resolved (once, here, in the main
-        process, so workers need not)."""
+        """This config with its route and credentials resolved (in the main process)."""
         if self.route is not None and not self.credentials.needs_resolving:
             return self
         session = self.credentials.botocore_session()
@@ -190,8 +183,6 @@ class S3Store:
         self.config = config
         self._fetch = fetch
         source = config.credentials
-        # A botocore session only for what the main process did not resolve (a config
-        # opened directly): workers of a dataset make none (see the module docstring).
         session = None
         if config.route is None:
             session = source.botocore_session()
@@ -207,8 +198,6 @@ class S3Store:
         return SigV4Signer(region, checksum_mode=self.config.verify_checksums)
 
     def _make_transport(self, route: S3Route) -> Transport:
-        # Plain http (a local or in-cluster endpoint, through an http proxy or not) never
-        # does TLS: no trust store to load.
         tls = route.origin.scheme == "https"
         return make_transport(
             max_connections=self._fetch.max_connections,
@@ -246,7 +235,6 @@ class S3Store:
             max_bytes=self._fetch.max_object_bytes,
             byte_range=(byte_range.start, byte_range.end) if byte_range else None,
         )
-        # The transport refuses a body shorter than its Content-Length (or its range).
         if response.status in (200, 206):
             body = Body(response.body, response.first_byte_s, response.headers.get("etag"))
             config = self.config
@@ -272,12 +260,8 @@ class S3Store:
         raise error
 
     def _verify(self, body: Body, headers: dict[str, str], ranged: bool, url: str) -> None:
-        """Check a body against the checksum S3 sent with it, and a whole body against its
-        ETag taken as MD5 (kept on a range's body for the assembled object instead).
-
-        S3 sends ``x-amz-checksum-*`` with a range only when the range is exactly one part
-        of a multipart upload, and then it is that part's: the body's, as for a whole body
-        (botocore checks it the same way), never the whole object's."""
+        """Check a body against S3's checksum (on a range, that part's, as botocore checks
+        it), and a whole body against its ETag as MD5 (kept on a range's body instead)."""
         config = self.config
         whole = not ranged or covers_whole_object(headers)
         if config.verify_checksums:
@@ -294,8 +278,7 @@ class S3Store:
                 body.object_checksum = etag
 
     async def _follow_region(self, region: str) -> None:
-        """Switch to ``region``'s route, once per store: GETs redirected together share one
-        resolution; later redirects elsewhere are not followed."""
+        """Switch to ``region``'s route, once per store (redirected GETs share it)."""
         if self._redirect is None:
             self._redirect = asyncio.ensure_future(self._switch_region(region))
         await asyncio.shield(self._redirect)
@@ -309,7 +292,7 @@ class S3Store:
         await old.close()
 
     async def list(self) -> AsyncIterator[ObjectInfo]:
-        """Every object under the prefix (keys relative to it), page by page, via aiobotocore."""
+        """Every object under the prefix, page by page, via aiobotocore."""
         from aiobotocore.config import AioConfig
         from aiobotocore.session import AioSession
         from botocore import UNSIGNED
@@ -329,7 +312,6 @@ class S3Store:
         )
         prefix = config.prefix
         try:
-            # The same inputs the route was resolved from: botocore resolves them alike.
             client_args: dict[str, Any] = {
                 "endpoint_url": config.endpoint_url,
                 "region_name": self._route.region,
@@ -352,9 +334,8 @@ class S3Store:
 
 
 def _no_retry_of_certificates(caught_exception: BaseException | None = None, **_: Any) -> None:
-    """A botocore ``needs-retry`` handler, run before the retry handler: a refused
-    certificate ends the listing at once (botocore's standard mode would retry it as a
-    connection error; the same certificate fails the same way)."""
+    """A botocore ``needs-retry`` handler: a refused certificate ends the listing at once
+    (the standard mode would retry it as a connection error)."""
     from botocore.exceptions import SSLError
 
     if isinstance(caught_exception, SSLError) and refused_certificate(caught_exception):
