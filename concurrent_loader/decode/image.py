@@ -101,8 +101,8 @@ def to_tensor(image: Image.Image) -> torch.Tensor:
 def _chw(array: np.ndarray) -> torch.Tensor:
     if array.ndim == 2:
         array = array[:, :, None]
-    # A copy always: for one channel the transpose is already contiguous, and PIL's array
-    # is read-only.
+    # A copy always: for one channel (or the raw form's planes) the transpose is already
+    # contiguous, and PIL's array (or a view of bytes) is read-only.
     return torch.from_numpy(array.transpose(2, 0, 1).copy())
 
 
@@ -276,7 +276,7 @@ class ImageDecoder:
                 # No decode and no PIL image: the pixels are already what is asked for, or
                 # a centre crop of them.
                 if self.image_size is None:
-                    return torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))
+                    return _chw(array)
                 _, crop = self.geometry(array.shape[1], array.shape[0])
                 if crop is not None:
                     return _chw(self._cropped(array, crop))

@@ -67,7 +67,7 @@ def test_bad_settings_are_refused_with_a_config_error(args):
 def test_identity_names_the_setting():
     assert Presize(256).identity == "presize-v1:jpeg:256:q90"
     assert Presize(160, "jpeg", 75).identity == "presize-v1:jpeg:160:q75"
-    assert Presize(256, "raw").identity == Presize(256, "raw", 50).identity == "presize-v1:raw:256"
+    assert Presize(256, "raw").identity == Presize(256, "raw", 50).identity == "presize-v2:raw:256"
     assert Presize(256) == Presize(256, "jpeg", 90) and hash(Presize(256)) == hash(Presize(256))
 
 
@@ -206,7 +206,7 @@ def test_raw_round_trip_and_header():
     pixels = _pixels(37, 23)
     data = write_raw(pixels)
     assert is_raw(data) and len(data) == RAW_HEADER_SIZE + 23 * 37 * 3
-    assert data[:4] == b"CLRW" and data[4] == 1 and data[5] == 3
+    assert data[:4] == b"CLRW" and data[4] == 2 and data[5] == 3
     assert (
         int.from_bytes(data[8:12], "little") == 23 and int.from_bytes(data[12:16], "little") == 37
     )
@@ -222,7 +222,7 @@ def test_raw_round_trip_and_header():
     [
         lambda d: d[:10],
         lambda d: d + b"\0",
-        lambda d: d[:4] + b"\x02" + d[5:],  # version
+        lambda d: d[:4] + b"\x03" + d[5:],  # version
         lambda d: d[:5] + b"\x02" + d[6:],  # channels
         lambda d: d[:8] + b"\0\0\0\0" + d[12:],  # height 0
     ],
