@@ -1,10 +1,7 @@
-"""The runtime's event loop, which knows its connections.
-
-The loop tracks every connection made on it (``create_connection``, ``start_tls``) until it
-is lost, and a closing runtime closes the loop only after the last one (a loop closed under
-a connection still closing, as a TLS shutdown waiting for ``close_notify``, leaks its
-socket). Connections still closing after ``CONNECTIONS_CLOSE_TIMEOUT_S``, and those nobody
-closes, are aborted. Servers' and unix connections are not tracked (none are made here).
+"""The runtime's event loop, which knows its connections (``create_connection``,
+``start_tls``) until they are lost, so a closing runtime closes the loop only after the last
+one (a loop closed under a TLS shutdown leaks its socket). Connections still closing after
+``CONNECTIONS_CLOSE_TIMEOUT_S``, and those nobody closes, are aborted.
 """
 
 from __future__ import annotations
@@ -48,7 +45,6 @@ class Connections:
             return
         for watch in list(self._open):
             watch.transport.abort()
-        # An aborted transport is lost within a turn or two of the loop.
         if not await self._wait_all_lost(timeout):
             log.warning("%d connection(s) still open after they were aborted", len(self))
 

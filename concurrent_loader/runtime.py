@@ -1,24 +1,18 @@
 """The per-process runtime: one asyncio event loop (uvloop when installed) on a background thread.
 
-Each process gets its own runtime, made on first use inside it, so nothing made before a
-``fork``, ``spawn`` or ``forkserver`` start is used after it. It is reference counted
-(:func:`acquire_runtime`, :meth:`Runtime.release`): when the last lease returns, the
-fetch clients cached on it are closed, the loop is closed once its last
-connection is gone (:mod:`concurrent_loader.loops`) and its threads joined, so a finished
-or abandoned iteration leaves no thread, loop or socket behind.
+Each process makes its own on first use, so nothing made before a ``fork`` or ``spawn`` is
+used after it. It is reference counted (:func:`acquire_runtime`, :meth:`Runtime.release`):
+the last lease closes the clients cached on it, closes the loop once its last connection is
+gone (:mod:`concurrent_loader.loops`) and joins its threads, leaving no thread, loop or
+socket behind.
 
-Fork safety: a forked child inherits C-library locks as they were, and OpenSSL 3 takes
-global locks when a thread makes an ``SSLContext``, draws random bytes or ends. So none of
-the runtime's threads is inside a C library when its process forks:
-
-- once the last lease returns, its threads have ended *at the OS level*, not only been
-  joined (OpenSSL's thread-exit destructor holds a lock the next ``SSLContext`` takes);
-- while it is live, a fork parks the loop thread between two turns and waits for the
-  executor's running jobs (new ones wait), and does the same for every
-  :class:`~concurrent_loader.forkgate.GatedThreadPool` of the process (decode and
-  ``__getitem__`` threads, whose user code may be in any C library).
-
-Not covered: threads the runtime runs no jobs on (uvloop's ``getaddrinfo`` pool, the
+Fork safety: a forked child inherits C-library locks as they were (OpenSSL 3 takes global
+locks when a thread makes an ``SSLContext``, draws random bytes or ends), so none of the
+runtime's threads is inside a C library when its process forks: after the last lease its
+threads have ended at the OS level, not only been joined; while it is live, a fork parks
+the loop thread between two turns and waits for the running jobs of its executor and of
+every :class:`~concurrent_loader.forkgate.GatedThreadPool` (decode and ``__getitem__``
+threads). Not covered: threads it runs no jobs on (uvloop's ``getaddrinfo`` pool, the
 user's). A fork that waits past ``QUIESCE_TIMEOUT_S`` goes on with a warning.
 """
 
@@ -107,9 +101,7 @@ class Runtime:
 
         deadline = time.monotonic() + QUIESCE_TIMEOUT_S
         at_rest = self._gate.hold(wake_loop, QUIESCE_TIMEOUT_S)
-        if at_rest:
-            # Threads that ended in Python (a loop closed from another thread) may still
-            # be in their thread-local destructors.
+        if at_rest:  # threads ended in Python may still be in their destructors
             at_rest = _wait_until_ended([self._thread, *self._executor.threads], deadline)
         if not at_rest:
             log.warning(
@@ -140,14 +132,11 @@ class Runtime:
     async def resource(
         self, key: Hashable, factory: Callable[[], Awaitable[AsyncCloseable]]
     ) -> Any:
-        """The loop-bound object cached under ``key``, made by ``factory`` on first use.
-
-        Runs on the loop; concurrent callers of one key get the same object.
-        """
+        """The loop-bound object cached under ``key``, made by ``factory`` on first use (on
+        the loop; concurrent callers of one key get the same object)."""
         found = self._resources.get(key)
         if found is None:
             found = await factory()
-            # Another caller may have made one while we awaited: keep the first.
             if key in self._resources:
                 await found.close()
                 found = self._resources[key]
@@ -178,9 +167,7 @@ class Runtime:
         connections_timeout = EXIT_JOIN_TIMEOUT_S if at_exit else CONNECTIONS_CLOSE_TIMEOUT_S
         try:
             self.submit(self._close_resources(connections_timeout)).result(timeout=CLOSE_TIMEOUT_S)
-        except concurrent.futures.TimeoutError:
-            # The loop thread is stuck (in a C call, say): leave the daemon thread behind
-            # rather than hang the process that is closing it.
+        except concurrent.futures.TimeoutError:  # stuck in a C call, say: leave it behind
             log.warning(
                 "the concurrent-loader event loop did not close within %.0f s; leaving it",
                 CLOSE_TIMEOUT_S,
@@ -190,21 +177,15 @@ class Runtime:
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
         deadline = time.monotonic() + (EXIT_JOIN_TIMEOUT_S if at_exit else QUIESCE_TIMEOUT_S)
-        # The loop's last turns (async generators' finalizers) may still use the executor.
         self._thread.join(max(0.0, deadline - time.monotonic()))
         self._executor.shutdown(wait=False, cancel_futures=True)
         threads = [self._thread, *self._executor.threads]
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        if at_exit:
-            # The OS-level wait below protects a later fork; none follows the exit, and a
-            # thread stuck in a C call (a DNS lookup, say) must not delay the exit of a
-            # script (after Ctrl-C, typically) by the whole bound.
+        if at_exit:  # no fork follows: no OS-level wait to delay the exit
             _live.discard(self)
             return
-        # join() returned once the threads' interpreter states were gone; their OS threads
-        # may still be in OpenSSL's per-thread cleanup, holding its locks. A fork right after
-        # this returns (the next loader's workers) must not copy those locks held.
+        # Joined threads may still be in OpenSSL's per-thread cleanup, holding its locks.
         if any(thread.is_alive() for thread in threads) or not _wait_until_ended(threads, deadline):
             log.warning(
                 "the concurrent-loader threads did not end within %.0f s of their loop",
@@ -213,8 +194,7 @@ class Runtime:
         _live.discard(self)
 
     async def _close_resources(self, connections_timeout: float) -> None:
-        # Tasks still running belong to users that did not close (e.g. at interpreter exit):
-        # cancel them first so none is destroyed pending or left holding a connection.
+        # Tasks still running (users that did not close): cancelled, none left pending.
         current = asyncio.current_task()
         tasks = [task for task in asyncio.all_tasks() if task is not current]
         for task in tasks:
@@ -226,26 +206,20 @@ class Runtime:
                 await resource.close()
             except Exception:  # closing must go on for the others
                 log.exception("error while closing %r", resource)
-        # Connections closed above may still be closing (a TLS shutdown): the loop must not
-        # close under them.
         await self.loop.connections.close(connections_timeout)
 
 
 def _wait_until_ended(threads: Iterable[threading.Thread], deadline: float) -> bool:
-    """Wait until the OS threads of ``threads`` (already joined, or ended in Python) exist
-    no more; False if one is still there at ``deadline`` (``time.monotonic()``).
-
-    The OS gives no event for that, so this looks at ``/proc/self/task`` at growing
-    intervals (the thread is normally gone within a millisecond). Where there is no
-    ``/proc`` (macOS, whose default start method is spawn) it returns at once.
-    """
+    """Wait until the OS threads of ``threads`` (ended in Python) are gone, looking at
+    ``/proc/self/task`` at growing intervals (no ``/proc``: at once); False if one is still
+    there at ``deadline`` (``time.monotonic()``)."""
     if not os.path.isdir("/proc/self/task"):
         return True
     delay = 0.0002
     for thread in threads:
         tid = thread.native_id
         if tid is None or thread.is_alive():
-            continue  # never started, or still running Python: not ours to wait for here
+            continue
         path = f"/proc/self/task/{tid}"
         while os.path.exists(path):
             if time.monotonic() >= deadline:
@@ -278,8 +252,7 @@ def acquire_runtime() -> Runtime:
 
 
 def _before_fork() -> None:
-    # Not under _lock: the forking thread may hold it (a runtime starting), and the set
-    # only changes under it in this process's own threads, which are being quiesced.
+    # Not under _lock: the forking thread may hold it.
     pid = os.getpid()
     for runtime in list(_live):
         if runtime.pid == pid:

@@ -125,19 +125,12 @@ class AdaptiveLimit:
 
 class ByteBudget:
     """Bytes fetched and not yet decoded, plus those expected of the GETs in flight, stay
-    within ``max_bytes``.
+    within ``max_bytes``. :meth:`reserve` waits (FIFO) until the expected size fits (the
+    listed ``size_hint``, else the mean so far, else the whole budget); :meth:`settle` turns
+    it into held bytes, which :meth:`release` frees from any thread. One reservation is
+    always admitted when nothing is committed, so a larger object still loads.
 
-    Before a GET, :meth:`reserve` waits (FIFO) until the object's expected size fits: its
-    size when the listing told it (``size_hint``), else the mean size so far, else (before
-    the first body) the whole budget, so the very first GET goes alone. When the body
-    arrives, :meth:`settle` turns the reservation into held bytes, which :meth:`release`
-    frees from any thread once decoded. One reservation is always admitted when nothing is
-    committed, so an object larger than the budget still loads; one larger than its
-    estimate may overshoot it.
-
-    Invariant: ``held + reserved`` is what is committed; both only change under the lock.
-    ``reserve`` runs on the event loop; ``release`` may run on any thread and wakes the loop
-    through ``call_soon`` (``loop.call_soon_threadsafe``).
+    Invariant: ``held + reserved`` is what is committed; both change only under the lock.
     """
 
     def __init__(self, max_bytes: int, call_soon: Callable[[Callable[[], None]], None]) -> None:
@@ -166,8 +159,6 @@ class ByteBudget:
     async def reserve(self, size_hint: int | None = None) -> int:
         """Wait until one more body fits; return the bytes reserved for it."""
         with self._lock:
-            # Checked and queued under the lock that releases take, so a release cannot
-            # slip between the check and the queueing unnoticed.
             if not self._waiters:
                 expected = self._expected(size_hint)
                 if self._fits(expected):
@@ -176,8 +167,6 @@ class ByteBudget:
             waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
             self._waiters.append((waiter, size_hint))
         try:
-            # Granted by _grant with the bytes already reserved: nobody can take them
-            # between the grant and this task's turn of the loop.
             return await waiter
         except asyncio.CancelledError:
             with self._lock:

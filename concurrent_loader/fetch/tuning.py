@@ -1,29 +1,20 @@
 """How many GETs a process keeps in flight: a controller fed by every GET's outcome.
 
-:class:`LimitController` decides the limit that :class:`~.limits.AdaptiveLimit` enforces,
-in **rounds**, as TCP does per round trip: a round ends when as many GETs *sent since the
-last decision* have ended as the limit then was, and only those count towards the next
-decision. So every decision sees the effect of the one before, and a burst of throttles of
-GETs already in flight lowers the limit once. At the end of each round, in this order:
+:class:`LimitController` decides the limit :class:`~.limits.AdaptiveLimit` enforces in
+**rounds**, as TCP does per round trip: a round ends when as many GETs sent since the last
+decision have ended as the limit then was, so each decision sees the effect of the one
+before. At the end of each round, in this order:
 
-1. **Queueing** (self-tuned only): the median of a complete window of
-   :data:`WINDOW_SAMPLES` latencies over ``TOLERANCE`` x baseline + ``SLACK_S`` (the
-   baseline: the lowest window median of the last :data:`BASELINE_S` seconds) means GETs
-   queue somewhere, so the limit is scaled down towards where they would not, by at most
-   half (the gradient of TCP Vegas and Netflix concurrency-limits: by Little's law, more
-   GETs in flight than throughput x unloaded latency only add latency).
-2. **Growth**, only when the round was limit-bound (some GET waited for a slot) and showed
-   no queueing: by the limit's square root (concurrency-limits' Gradient2).
-3. **Throttles** (503 SlowDown, 429): a cut by half the fraction of the round's GETs that
-   were throttled (as DCTCP cuts its window), so a store that throttles every GET halves
-   the limit per round, while a steady few percent costs a few percent that growth makes up.
+1. **Queueing** (self-tuned only): a window median of :data:`WINDOW_SAMPLES` latencies over
+   ``TOLERANCE`` x baseline + ``SLACK_S`` (the lowest window median of the last
+   :data:`BASELINE_S` s) scales the limit down, by at most half (TCP Vegas' gradient);
+2. **Growth**, when some GET waited for a slot and no queueing showed: by the limit's
+   square root (concurrency-limits' Gradient2);
+3. **Throttles** (503 SlowDown, 429): a cut by half the throttled fraction (as DCTCP).
 
 The limit stays within ``[minimum, maximum]``. Self-tuned, it starts at ``maximum`` x
-:data:`INITIAL_SHARE`; pinned (``FetchConfig.max_inflight_requests``), it starts at, and is
-never grown past, ``maximum``, and only throttles lower it. Growth waits ``cooldown``
-seconds (``RetryConfig.throttle_cooldown``) after a throttle; none by default.
-
-Pure logic with an injectable clock and no event loop, so tests script GETs one by one.
+:data:`INITIAL_SHARE`; pinned, at ``maximum``, which only throttles lower. Growth waits
+``cooldown`` s after a throttle. Pure logic with an injectable clock, no event loop.
 """
 
 from __future__ import annotations
@@ -36,31 +27,24 @@ from collections.abc import Callable
 
 __all__ = ["LimitController"]
 
-#: the self-tuned limit's first value, as a fraction of ``maximum``: all of it, because an
-#: epoch's first seconds are when GETs are most needed, and a limit that must first climb
-#: costs a short epoch more than a few GETs too many cost the store (the byte budget bounds
-#: memory either way); queueing and throttles then bring it down
+#: the self-tuned limit's first value, as a fraction of ``maximum``: a limit that must first
+#: climb costs a short epoch more than a few GETs too many cost the store
 INITIAL_SHARE = 1.0
 #: the lowest limit throttles or queueing may push a limit of at least this to
 FLOOR = 4
 #: latencies per window before its median is compared with the baseline
 WINDOW_SAMPLES = 16
-#: seconds of window medians the baseline is the lowest of: long enough that sustained
-#: queueing cannot pass for the unloaded latency, short enough to follow a store that slows
+#: seconds of window medians the baseline is the lowest of
 BASELINE_S = 30.0
 #: a window median up to this multiple of the baseline is not queueing...
 TOLERANCE = 2.0
-#: ...nor is one up to this many seconds above it (scheduling noise on a busy machine
-#: when the baseline is a millisecond or two)
+#: ...nor is one up to this many seconds above it (scheduling noise)
 SLACK_S = 0.005
 
 
 class LimitController:
-    """The limit on GETs in flight, between ``minimum`` and ``maximum`` (module docstring).
-
-    Feed it :meth:`on_send` when a GET is sent (its return value is the GET's send mark),
-    and :meth:`on_done` when it ends. :attr:`limit` is the integer limit to enforce.
-    """
+    """The limit on GETs in flight: feed it :meth:`on_send` when a GET is sent (returns its
+    mark) and :meth:`on_done` when it ends."""
 
     def __init__(
         self,

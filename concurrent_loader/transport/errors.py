@@ -5,7 +5,6 @@ What a status means for a store is the store's (:mod:`concurrent_loader.stores.s
 
 from __future__ import annotations
 
-import asyncio
 import ssl
 
 from concurrent_loader.errors import (
@@ -21,25 +20,11 @@ from concurrent_loader.errors import (
 
 from .parser import BodyTooLarge, FramingError, RangeIgnored, UnsupportedEncoding
 
-__all__ = [
-    "TIMEOUT_ERRORS",
-    "certificate_refused",
-    "closed_early",
-    "connect_error",
-    "framing_error",
-    "incomplete",
-    "malformed",
-    "timed_out",
-    "too_large",
-]
-
-# asyncio.wait_for raises asyncio.TimeoutError, a distinct class before Python 3.11.
-TIMEOUT_ERRORS = (TimeoutError, getattr(asyncio, "TimeoutError", TimeoutError))
+__all__ = ["certificate_refused", "closed_early", "connect_error", "framing_error", "timed_out"]
 
 
 def closed_early(url: str, exc: BaseException | None, when: str) -> ConnectionFailed:
-    """The connection was closed (``exc`` is ``None``) or reset ``when`` (``"before any
-    response byte"``)."""
+    """The connection was closed (``exc`` None) or reset ``when`` (``"before any byte"``)."""
     how, reason = (
         ("closed", Reason.CONNECTION_CLOSED) if exc is None else ("reset", Reason.CONNECTION_RESET)
     )
@@ -68,11 +53,9 @@ def framing_error(url: str, exc: FramingError) -> FetchError:
     """The error for a response :mod:`.parser` refused."""
     if isinstance(exc, BodyTooLarge):
         return too_large(url, str(exc))
-    if isinstance(exc, UnsupportedEncoding):
-        # Not retried: the same server encodes the same way again.
+    if isinstance(exc, UnsupportedEncoding):  # not retried, nor a RangeIgnored: both recur
         return FetchError(str(exc), url=url, stage="fetch", cause=Reason.UNSUPPORTED_ENCODING)
     if isinstance(exc, RangeIgnored):
-        # Not retried: the same server will ignore the same Range again.
         return BadRequest(
             str(exc), url=url, stage="fetch", cause=Reason.BAD_REQUEST, status=exc.status
         )
@@ -94,14 +77,14 @@ def connect_error(exc: BaseException, url: str, timeout: float) -> FetchError:
         return exc
     if isinstance(exc, ssl.CertificateError):  # SSLCertVerificationError too
         return certificate_refused(exc, url)
-    if isinstance(exc, TIMEOUT_ERRORS):
+    if isinstance(exc, TimeoutError):
         return FetchTimeout(
             f"could not connect within {timeout:g} s",
             url=url,
             stage="fetch",
             cause=Reason.CONNECT_TIMEOUT,
         )
-    if isinstance(exc, (ssl.SSLError, ssl.CertificateError)):
+    if isinstance(exc, ssl.SSLError):
         cause = Reason.TLS_FAILED
     elif isinstance(exc, ConnectionRefusedError):
         cause = Reason.CONNECTION_REFUSED

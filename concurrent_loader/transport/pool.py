@@ -24,7 +24,7 @@ from concurrent_loader.config import Timeouts, check_count
 from concurrent_loader.errors import ConnectionFailed
 
 from .connection import Connection, Key
-from .errors import TIMEOUT_ERRORS, connect_error
+from .errors import connect_error
 from .origin import Origin
 from .proxy import Proxy
 from .request import build_request
@@ -243,7 +243,7 @@ class ConnectionPool:
             await asyncio.wait_for(
                 self._open(conn, host, port, tls, ssl_context, url, loop), self.timeouts.connect
             )
-        except (OSError, *TIMEOUT_ERRORS) as exc:
+        except (OSError, TimeoutError) as exc:
             conn.discard()
             raise connect_error(exc, url, self.timeouts.connect) from exc
         except BaseException:
