@@ -1,11 +1,9 @@
 """A node-local object cache shared by every worker process and job on the node.
 
-The cache is a store wrapping the root's store (:class:`CachedStoreConfig`), so retries,
-limits, the pipeline and the loader do not change. It fills until its budget is reached and
-never evicts. It keeps each object as fetched, or in a form it is given (``presize=``,
-:mod:`.form`). Its guarantees are stated in :mod:`.store` (reads), :mod:`.directory`
-(sharing, the budget, crashes, fork), :mod:`.layout` (a directory of its own, no link
-followed), :mod:`.writer` (writes behind reads) and :mod:`.entry` (integrity).
+A store wrapping the root's store (:class:`CachedStoreConfig`), so retries, limits, the
+pipeline and the loader do not change. It fills until its budget is reached and never
+evicts. Guarantees: :mod:`.store` (reads), :mod:`.directory` (sharing, budget, crashes,
+fork), :mod:`.layout` (no link followed), :mod:`.writer` and :mod:`.entry` (integrity).
 """
 
 from __future__ import annotations
@@ -46,14 +44,11 @@ def with_cache(
     cache: str | os.PathLike[str] | CacheConfig | None,
     client_for: Callable[[Runtime, StoreConfig, FetchConfig], Awaitable[Client]] | None = None,
 ) -> StoreConfig:
-    """``store`` read through ``cache`` (a directory or a ``CacheConfig``), resolved: the
-    directory made and the budget fixed, here in the main process. ``store`` itself when
-    ``cache`` is None, when the store is on local disk already, or when the directory
-    cannot be made (one WARNING: training goes on uncached). A bad option is a
-    ``ConfigError``; a directory that is not a cache and not empty (or whose own files are
-    links) is refused with ``CacheRefused`` (a ``ConfigError``) naming it. ``client_for``
-    gives this process's fetch client for a store config (:attr:`CachedStoreConfig.client_for`:
-    the local path and warm-ups read misses through it)."""
+    """``store`` read through ``cache`` (a directory or a ``CacheConfig``), the directory
+    made and the budget fixed here in the main process; ``store`` itself when ``cache`` is
+    None, the store is local, or the directory cannot be made (one WARNING). A directory
+    that is not a cache is refused with ``CacheRefused`` (a ``ConfigError``).
+    ``client_for``: see :attr:`CachedStoreConfig.client_for`."""
     if cache is None:
         return store
     config = cache_config_for(cache)

@@ -14,59 +14,44 @@ from typing import Any
 
 from .directory import Ledger, remove_dead_temps
 from .form import clear_forms, read_forms
-from .layout import (
-    SHARD_NAME,
-    Handles,
-    scan_entries,
-    temp_files,
-    unlink_entry,
-)
+from .layout import SHARD_NAME, Handles, scan_entries, temp_files, unlink_entry
 
-__all__ = ["clear_cache", "describe_cache", "ledger_bytes", "ledger_entries"]
+__all__ = ["clear_cache", "describe_cache", "ledger_bytes", "read_ledger"]
 
 
-def _read_ledger(directory: str) -> Ledger | None:
-    """The ledger, read without its lock (None when there is none, or it cannot be read)."""
+def read_ledger(directory: str) -> Ledger:
+    """A cache directory's ledger, read without its lock (empty for none, or no cache)."""
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         fd = os.open(os.path.join(directory, "ledger"), flags)
     except OSError:
-        return None
+        return Ledger()
     try:
-        return Ledger.unpack(os.pread(fd, Ledger.SIZE, 0))
+        return Ledger.read(fd) or Ledger()
     except OSError:
-        return None
+        return Ledger()
     finally:
         os.close(fd)
 
 
 def ledger_bytes(directory: str) -> int:
-    """The bytes a cache directory's ledger says it holds (0 for none, or no cache)."""
-    ledger = _read_ledger(directory)
-    return ledger.used if ledger is not None else 0
-
-
-def ledger_entries(directory: str) -> int:
-    """The entries a cache directory's ledger counts (0 for none, or no cache)."""
-    ledger = _read_ledger(directory)
-    return ledger.entries if ledger is not None else 0
+    return read_ledger(directory).used
 
 
 def describe_cache(directory: str) -> dict[str, Any]:
     """What a cache directory holds (a scan), the forms its entries were kept in
-    (``forms``: ``original`` and transforms' identities, :mod:`.form`; [] when none is
-    recorded) and what its ledger says;
-    ``CacheRefused`` if it is not a cache directory."""
+    (:mod:`.form`) and what its ledger says; ``CacheRefused`` if it is not a cache."""
     directory = os.path.abspath(directory)
     handles = Handles.open(directory, create=False)
     try:
-        ledger = Ledger.unpack(os.pread(handles.ledger_fd, Ledger.SIZE, 0))
+        ledger = Ledger.read(handles.ledger_fd)
         scanned = list(scan_entries(handles.entries_fd, directory))
         temps = sum(1 for _ in temp_files(handles.tmp_fd))
         forms = read_forms(handles.root_fd, directory)
     finally:
         handles.close()
-    reads = (ledger.hits + ledger.misses) if ledger else 0
+    counts = ledger or Ledger()
+    reads = counts.hits + counts.misses
     return {
         "directory": directory,
         "forms": forms,
@@ -74,17 +59,16 @@ def describe_cache(directory: str) -> dict[str, Any]:
         "bytes": sum(size for _, size in scanned),
         "ledger_bytes": ledger.used if ledger else None,
         "temporary_files": temps,
-        "hits": ledger.hits if ledger else 0,
-        "misses": ledger.misses if ledger else 0,
-        "bytes_served": ledger.bytes_served if ledger else 0,
-        "hit_rate": ledger.hits / reads if ledger and reads else None,
+        "hits": counts.hits,
+        "misses": counts.misses,
+        "bytes_served": counts.bytes_served,
+        "hit_rate": counts.hits / reads if reads else None,
     }
 
 
 def clear_cache(directory: str) -> int:
     """Remove every entry and dead writer's temporary file the cache wrote and zero the
-    ledger, under its lock; returns the entries removed. Files the cache did not write
-    stay. ``CacheRefused`` if it is not a cache directory."""
+    ledger, under its lock; the entries removed. ``CacheRefused`` if it is not a cache."""
     handles = Handles.open(os.path.abspath(directory), create=False)
     root, entries_fd = handles.root, handles.entries_fd
     try:

@@ -1,9 +1,8 @@
 """A remote store's config read through the node-local cache: :class:`CachedStoreConfig`.
 
-What a dataset holds and pickles to its workers; the store it opens is
-:class:`~.store.CachedStore`. It tells whether the cache holds the whole dataset
-(:meth:`CachedStoreConfig.complete`: then the pipeline takes the local directories' path),
-and asks for whole reads in one piece (``Capabilities.whole_reads_up_to``).
+What a dataset holds and pickles to its workers; it opens a :class:`~.store.CachedStore`,
+and tells whether the cache holds the whole dataset (then the pipeline takes the local
+directories' path).
 """
 
 from __future__ import annotations
@@ -15,14 +14,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..config import FetchConfig
-from ..errors import ConfigError, Reason
+from ..errors import ConfigError
 from ..runtime import Runtime
 from ..stores.base import Body, ByteRange, Capabilities, StoreConfig
-from .admin import ledger_entries
+from .admin import read_ledger
 from .config import CacheConfig
 from .directory import name_for
 from .form import form_tag
-from .layout import CacheRefused, Handles, has_entry
+from .layout import CACHE_ERRORS, Handles, has_entry
 from .store import CachedStore, Read
 from .writer import MAX_PENDING_BYTES
 
@@ -44,13 +43,11 @@ class CachedStoreConfig:
 
     inner: StoreConfig
     cache: CacheConfig
-    #: the dataset's size and a sample of its keys (:meth:`for_keys`): once the cache holds
-    #: that many entries, the sample's included, reads take the local path
+    #: the dataset's size and a sample of its keys (:meth:`for_keys`)
     object_count: int = 0
     sample_keys: tuple[str, ...] = ()
-    #: this process's fetch client for a store config (``concurrent_loader.fetch.client_for``,
-    #: given by whoever wires the cache in): off the remote path, misses are read through it.
-    #: Without one the cache never takes the local path, and cannot be warmed.
+    #: this process's fetch client for a store config (``fetch.client_for``): off the remote
+    #: path misses are read through it; without it, no local path and no warm-up
     client_for: Callable[[Runtime, StoreConfig, FetchConfig], Awaitable[Client]] | None = None
 
     def __post_init__(self) -> None:
@@ -58,15 +55,12 @@ class CachedStoreConfig:
             raise ConfigError(
                 f"{self.inner.url_for('')} is on local disk already: it needs no cache",
                 url=self.inner.url_for(""),
-                cause=Reason.INVALID_ARGUMENT,
             )
 
     @property
     def capabilities(self) -> Capabilities:
-        """Those of a store opened now (:meth:`open`), fixed for that store's life: the
-        wrapped store's, except ``remote`` is False once the cache holds the whole dataset
-        (:meth:`complete`): then the pipeline reads and decodes each sample in one
-        thread-pool job, as from a local directory, with no event loop in the way."""
+        """Those of a store opened now, fixed for its life: the wrapped store's, except
+        ``remote`` is False once the cache holds the whole dataset (:meth:`complete`)."""
         inner = self.inner.capabilities
         if self.client_for is not None and self.complete():
             return Capabilities(remote=False, listing=inner.listing, ranges=inner.ranges)
@@ -75,30 +69,27 @@ class CachedStoreConfig:
 
     def complete(self) -> bool:
         """Whether the cache seems to hold every object of the dataset: its ledger counts at
-        least ``object_count`` entries and every sampled key has one (a few ``stat`` calls).
-        Once it did, this process takes it as complete from then on without looking again:
-        a miss on the local path is still fetched (and cached again)."""
+        least ``object_count`` entries and every sampled key has one. Once found so, taken
+        as so for the rest of the process (a miss is still fetched, and cached)."""
         if not self.object_count:
             return False
         if self in _FOUND_COMPLETE:
             return True
         directory = self.cache.directory
-        if ledger_entries(directory) < self.object_count:
+        if read_ledger(directory).entries < self.object_count:
             return False
         prefix = self.entry_prefix()
         try:
             handles = Handles.open(directory, create=False)
-        except (OSError, CacheRefused):
+            try:
+                found = all(
+                    has_entry(handles.entries_fd, name_for(prefix + self.url_for(key)), directory)
+                    for key in self.sample_keys
+                )
+            finally:
+                handles.close()
+        except CACHE_ERRORS:
             return False
-        try:
-            found = all(
-                has_entry(handles.entries_fd, name_for(prefix + self.url_for(key)), directory)
-                for key in self.sample_keys
-            )
-        except (OSError, CacheRefused):
-            found = False
-        finally:
-            handles.close()
         if found:
             _FOUND_COMPLETE.add(self)
         return found
@@ -115,30 +106,24 @@ class CachedStoreConfig:
         return self.inner.url_for(key)
 
     def entry_prefix(self) -> str:
-        """What starts the source of each of this config's entries: the form kept
-        (:func:`.form.form_tag`), then where the bytes come from (:func:`source_prefix`)."""
         return form_tag(self.cache.presize) + source_prefix(self.inner)
 
     def resolved(self) -> CachedStoreConfig:
         return dataclasses.replace(self, inner=self.inner.resolved(), cache=self.cache.resolved())
 
     def open(self, fetch: FetchConfig) -> CachedStore:
-        """A store for this process, its capabilities decided now (see :attr:`capabilities`):
-        on the remote path it wraps the inner store, opened here (on the loop); on the local
-        path it reads misses through this process's fetch client (:meth:`through_client`)."""
+        """A store for this process, its capabilities decided now: on the remote path around
+        the inner store, opened here; else reading misses through the fetch client."""
         capabilities = self.capabilities
         if not capabilities.remote:
             return self.through_client(fetch, capabilities)
-        prefix = self.entry_prefix()
-        return CachedStore(
-            self.cache, self.inner, fetch, capabilities, prefix, self.inner.open(fetch)
-        )
+        prefix, inner = self.entry_prefix(), self.inner
+        return CachedStore(self.cache, inner, fetch, capabilities, prefix, inner.open(fetch))
 
     def through_client(
         self, fetch: FetchConfig, capabilities: Capabilities | None = None
     ) -> CachedStore:
-        """A store that reads misses through this process's fetch client for the inner
-        store under ``fetch`` (its retries, limits and hedges), made on first use."""
+        """A store that reads misses through this process's fetch client (made on first use)."""
         client_for, inner = self.client_for, self.inner
         if client_for is None:
             raise ValueError(f"{self} was made without a fetch client (client_for)")
@@ -160,11 +145,8 @@ _FOUND_COMPLETE: set[CachedStoreConfig] = set()
 
 def source_prefix(inner: StoreConfig) -> str:
     """Where ``inner``'s bytes come from, in front of every entry's source, so two stores
-    whose URLs read alike (one bucket on two endpoints) never share an entry: for an S3
-    store, the origin and path of the route botocore resolved in the main process (whatever
-    chose the endpoint: ``endpoint_url=``, ``AWS_ENDPOINT_URL``, a profile), which holds no
-    credential; a config not resolved yet is resolved here. A store whose URLs name their
-    host (plain HTTP) needs nothing more. A wrapping config (``inner``) is looked through."""
+    whose URLs read alike (one bucket on two endpoints) never share an entry: an S3 store's
+    resolved route (origin and path, no credential); nothing for URLs that name their host."""
     config: Any = inner
     while hasattr(config, "inner"):
         config = config.inner

@@ -1,10 +1,5 @@
-"""What a node-local cache is: a directory and a byte budget.
-
-:class:`CacheConfig` is a frozen, picklable value validated when it is made; a dataset's
-``cache=`` argument (a directory, or a ``CacheConfig``) becomes one through
-:func:`cache_config_for`. Its budget is resolved once, in the main process, when the
-dataset is made (:meth:`CacheConfig.resolved`), so every worker enforces the same figure.
-"""
+"""What a node-local cache is: a directory and a byte budget, resolved once in the main
+process when the dataset is made, so every worker enforces the same figure."""
 
 from __future__ import annotations
 
@@ -12,7 +7,8 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-from ..errors import ConfigError, Reason
+from ..config import check_count
+from ..errors import ConfigError
 from .form import Transform, check_transform
 
 __all__ = ["CacheConfig", "cache_config_for"]
@@ -26,16 +22,10 @@ DEFAULT_DISK_SHARE = 0.8
 class CacheConfig:
     """A node-local object cache in ``directory``, shared by every process that names it.
 
-    - ``max_bytes``: the budget, in bytes on disk, honoured across every process using the
-      directory. None: 80 % of the disk's free space plus what the cache already holds,
-      measured when the dataset is made.
-
-    - ``presize``: keep each object in this form instead of its bytes (None, the default:
-      the bytes as fetched). Any object with ``apply(data, url) -> bytes`` and a stable
-      ``identity: str``, such as ``concurrent_loader.decode.presize.Presize(short_side=256)``.
-      A miss fetches the original and returns (and keeps) ``apply``'s result, so every
-      epoch sees the same form; the budget counts that form's bytes; entries of another
-      setting are never served (:mod:`.form`).
+    - ``max_bytes``: the budget in bytes on disk, across every process using the directory;
+      None: 80 % of the disk's free space plus what the cache holds, when the dataset is made.
+    - ``presize``: keep each object in this form instead (``apply(data, url) -> bytes`` and
+      a stable ``identity``, such as ``Presize(short_side=256)``; :mod:`.form`).
 
     The cache fills until the budget is reached and never evicts, so under random sampling
     the hit rate is budget / dataset every epoch. An entry is never revalidated: clear the
@@ -48,25 +38,15 @@ class CacheConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.directory, str) or not self.directory:
-            raise ConfigError(
-                f"cache directory must be a non-empty path, got {self.directory!r}",
-                cause=Reason.INVALID_ARGUMENT,
-            )
-        if self.max_bytes is not None and (
-            isinstance(self.max_bytes, bool)
-            or not isinstance(self.max_bytes, int)
-            or self.max_bytes < 0
-        ):
-            raise ConfigError(
-                f"cache max_bytes must be an int >= 0 or None, got {self.max_bytes!r}",
-                cause=Reason.INVALID_ARGUMENT,
-            )
+            raise ConfigError(f"cache directory must be a non-empty path, got {self.directory!r}")
+        if self.max_bytes is not None:
+            check_count("cache max_bytes", self.max_bytes, 0)
         if self.presize is not None:
             check_transform(self.presize)
 
     def resolved(self, held_bytes: int = 0) -> CacheConfig:
-        """This config with an absolute directory and a budget in bytes. ``held_bytes``
-        is what the cache already holds (it counts as free for the default budget)."""
+        """This config with an absolute directory and a budget in bytes; ``held_bytes``, what
+        the cache already holds, counts as free for the default budget."""
         directory = os.path.abspath(os.path.expanduser(self.directory))
         budget = self.max_bytes
         if budget is None:
@@ -76,7 +56,6 @@ class CacheConfig:
 
     @property
     def budget(self) -> int:
-        """``max_bytes`` of a resolved config."""
         if self.max_bytes is None:
             raise ValueError("the cache's budget is resolved when a dataset is made")
         return self.max_bytes
@@ -88,7 +67,4 @@ def cache_config_for(cache: str | os.PathLike[str] | CacheConfig) -> CacheConfig
         return cache
     if isinstance(cache, (str, os.PathLike)):
         return CacheConfig(os.fspath(cache))
-    raise ConfigError(
-        f"cache must be a directory or a CacheConfig, got {type(cache).__name__}",
-        cause=Reason.INVALID_ARGUMENT,
-    )
+    raise ConfigError(f"cache must be a directory or a CacheConfig, got {type(cache).__name__}")

@@ -10,18 +10,15 @@ Layout (:mod:`.layout` says how it is marked and opened)::
 
 Guarantees, across processes, without a server:
 
-- Reads take no lock: an entry is written under ``tmp/`` and ``os.replace``d into place, and
-  every read checks it. A killed writer leaves only a ``tmp/`` file, removed after
-  ``STALE_TEMP_S`` when a process opens the cache.
-- The budget: every change to ``entries/`` happens under an exclusive ``flock`` of the
-  ledger, updated before the rename, so ``entries/`` never exceeds the budget (a kill in
-  between under-uses it by one object). A bad ledger is rebuilt from a scan.
-- Fill locks: a process fetching an object holds a ``lockf`` lock on one byte of ``locks``
-  until its entry is in place, so others wait instead of fetching it again. They only save
-  GETs; correctness never depends on them.
-- Fork: a child closes the files it inherited (``os.register_at_fork``; a ``flock`` belongs
-  to the shared open file description), opens its own on first use, and makes its thread
-  locks anew.
+- reads take no lock: entries are written under ``tmp/`` and renamed into place, and every
+  read checks its entry; a killed writer's ``tmp/`` file is removed after ``STALE_TEMP_S``;
+- the budget: every change to ``entries/`` happens under an exclusive ``flock`` of the
+  ledger, updated before the rename, so ``entries/`` never exceeds it (a kill in between
+  under-uses it); a bad ledger is rebuilt from a scan;
+- fill locks (one ``lockf`` byte of ``locks`` per object being fetched) only save GETs:
+  correctness never depends on them;
+- a forked child closes the files it inherited (a ``flock`` belongs to the shared open file
+  description), opens its own on first use, and makes its thread locks anew.
 """
 
 from __future__ import annotations
@@ -41,7 +38,7 @@ from dataclasses import dataclass
 
 from .config import CacheConfig
 from .entry import CorruptEntry, Entry, read_entry_fd
-from .layout import Handles, open_shard, scan_entries, temp_files
+from .layout import Handles, in_shard, scan_entries, temp_files
 
 __all__ = ["CacheDirectory", "Ledger", "entry_path", "name_for", "remove_dead_temps"]
 
@@ -53,7 +50,6 @@ _temp_names = itertools.count()
 
 
 def entry_path(root: str, name: str) -> str:
-    """Where the entry ``name`` lives under the cache directory ``root``."""
     return os.path.join(root, "entries", name[:2], name)
 
 
@@ -72,12 +68,16 @@ class Ledger:
     misses: int = 0
     bytes_served: int = 0
 
-    SIZE = _LEDGER.size
-
     def pack(self) -> bytes:
         return _LEDGER.pack(
             _LEDGER_MAGIC, self.used, self.entries, self.hits, self.misses, self.bytes_served
         )
+
+    SIZE = _LEDGER.size
+
+    @classmethod
+    def read(cls, fd: int) -> Ledger | None:
+        return cls.unpack(os.pread(fd, _LEDGER.size, 0))
 
     @classmethod
     def unpack(cls, raw: bytes) -> Ledger | None:
@@ -94,19 +94,14 @@ _OPEN: weakref.WeakSet[CacheDirectory] = weakref.WeakSet()
 
 
 class CacheDirectory:
-    """One process's handle on a cache directory (see the module docstring).
-
-    Every method may raise ``OSError`` (a full disk, a permission, a deleted directory);
-    the store using it turns that into one warning. Opening raises
-    :class:`~.layout.CacheRefused` for a directory that is not a cache it may use.
-    """
+    """One process's handle on a cache directory. Every method may raise ``OSError``, and
+    opening :class:`~.layout.CacheRefused` for a directory that is not a cache it may use."""
 
     def __init__(self, config: CacheConfig) -> None:
         self.root = config.directory
         self.budget = config.budget
         self._handles = Handles.open(self.root, create=True)
-        #: handles given up for newer ones (:meth:`refresh`); other threads may still use them
-        self._retired: list[Handles] = []
+        self._retired: list[Handles] = []  # given up for newer ones, maybe still in use
         # flock excludes other open files, not threads sharing this one.
         self._mutex = threading.Lock()
         self._reopening = threading.Lock()
@@ -128,7 +123,6 @@ class CacheDirectory:
                     handles.close()
 
     def _forked(self) -> None:
-        """In a forked child: the parent's files and thread locks are not this process's."""
         self._mutex = threading.Lock()
         self._reopening = threading.Lock()
         for handles in [self._handles, *self._retired]:
@@ -137,7 +131,6 @@ class CacheDirectory:
         self._retired = []
 
     def _h(self) -> Handles:
-        """This process's open files (opened again in a forked child)."""
         handles = self._handles
         if handles.pid != os.getpid():
             with self._reopening:
@@ -147,8 +140,7 @@ class CacheDirectory:
         return handles
 
     def refresh(self) -> None:
-        """Open the directory again if it was removed (and made again) since it was
-        opened: a failed write retried after ``clear`` or a deleted directory."""
+        """Open the directory again if it was removed (and made again) since it was opened."""
         handles = self._h()
         if handles.replaced():
             with self._reopening:
@@ -162,38 +154,30 @@ class CacheDirectory:
         return entry_path(self.root, name)
 
     def read(self, name: str, source: str, max_bytes: int | None = None) -> Entry | None:
-        """The entry ``name`` for ``source``, or None when there is none; raises as
-        :func:`~.entry.read_entry_fd` does. Nothing on the way is a link."""
-        handles = self._h()
-        shard_fd = open_shard(handles.entries_fd, name, self.root, create=False)
-        if shard_fd is None:
-            return None
+        """The entry ``name`` for ``source``, or None; raises as :func:`~.entry.read_entry_fd`."""
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
-            fd = os.open(name, flags, dir_fd=shard_fd)
+            with in_shard(self._h().entries_fd, name, self.root) as shard_fd:
+                fd = os.open(name, flags, dir_fd=shard_fd)
         except FileNotFoundError:
             return None
         except OSError as exc:
             if exc.errno != errno.ELOOP:
                 raise
             raise CorruptEntry(f"{self.path_for(name)}: a symbolic link, not an entry") from None
-        finally:
-            os.close(shard_fd)
         try:
             return read_entry_fd(fd, self.path_for(name), source, max_bytes)
         finally:
             os.close(fd)
 
     def looks_full(self, size: int) -> bool:
-        """Whether an entry of ``size`` bytes would not fit now, read without the lock (a
-        hint that saves writing an entry that would be refused)."""
-        ledger = Ledger.unpack(os.pread(self._h().ledger_fd, _LEDGER.size, 0))
+        """Whether an entry of ``size`` bytes would not fit now (a hint, read without the lock)."""
+        ledger = Ledger.read(self._h().ledger_fd)
         return ledger is not None and ledger.used + size > self.budget
 
     # ------------------------------------------------------------------ fill locks
 
     def try_fill_lock(self, name: str) -> bool:
-        """Take the fill lock of ``name`` if no other process holds it."""
         try:
             fcntl.lockf(self._h().locks_fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, _lock_offset(name))
         except (BlockingIOError, PermissionError):
@@ -208,11 +192,10 @@ class CacheDirectory:
 
     @contextlib.contextmanager
     def _locked_ledger(self, handles: Handles) -> Iterator[Ledger]:
-        """The ledger, exclusively; what the body changes in it is written back."""
         with self._mutex:
             fcntl.flock(handles.ledger_fd, fcntl.LOCK_EX)
             try:
-                ledger = Ledger.unpack(os.pread(handles.ledger_fd, _LEDGER.size, 0))
+                ledger = Ledger.read(handles.ledger_fd)
                 if ledger is None:
                     ledger = Ledger()
                     for _, size in scan_entries(handles.entries_fd, self.root):
@@ -224,43 +207,38 @@ class CacheDirectory:
                 fcntl.flock(handles.ledger_fd, fcntl.LOCK_UN)
 
     def put(self, name: str, data: bytes | bytearray, tail: bytes, *, replace: bool) -> bool:
-        """Add the entry ``name`` (``data`` then ``tail``) if the budget allows (nothing is
-        evicted). ``replace``: the entry now in place (if any) is known bad, so it goes
-        even when the new one does not fit. True if added."""
+        """Add the entry ``name`` (``data`` then ``tail``) if the budget allows; True if added.
+        ``replace``: the entry in place is bad, so it goes even when the new one does not fit."""
         handles = self._h()
         size = len(data) + len(tail)
         temp = f"{name}.{os.getpid()}.{threading.get_ident()}.{next(_temp_names)}"
         _write_file(handles.tmp_fd, temp, data, tail)
         try:
-            with self._locked_ledger(handles) as ledger:
-                shard_fd = open_shard(handles.entries_fd, name, self.root, create=True)
-                if shard_fd is None:  # pragma: no cover - made just now
-                    raise FileNotFoundError(self.path_for(name))
-                try:
-                    old = _size_or_none(shard_fd, name)
-                    used = ledger.used - (old or 0)
-                    if used + size > self.budget:
-                        if replace and old is not None:
-                            os.unlink(name, dir_fd=shard_fd)
-                            ledger.entries -= 1
-                        else:
-                            used += old or 0
-                        ledger.used = used
-                        return False
-                    ledger.used = used + size
-                    ledger.entries += 0 if old is not None else 1
-                    # The ledger first: a kill between the two over-counts, never under.
-                    os.pwrite(handles.ledger_fd, ledger.pack(), 0)
-                    os.replace(temp, name, src_dir_fd=handles.tmp_fd, dst_dir_fd=shard_fd)
-                    return True
-                finally:
-                    os.close(shard_fd)
+            with (
+                self._locked_ledger(handles) as ledger,
+                in_shard(handles.entries_fd, name, self.root, create=True) as shard_fd,
+            ):
+                old = _size_or_none(shard_fd, name)
+                used = ledger.used - (old or 0)
+                if used + size > self.budget:
+                    if replace and old is not None:
+                        os.unlink(name, dir_fd=shard_fd)
+                        ledger.entries -= 1
+                    else:
+                        used += old or 0
+                    ledger.used = used
+                    return False
+                ledger.used = used + size
+                ledger.entries += 0 if old is not None else 1
+                # The ledger first: a kill between the two over-counts, never under.
+                os.pwrite(handles.ledger_fd, ledger.pack(), 0)
+                os.replace(temp, name, src_dir_fd=handles.tmp_fd, dst_dir_fd=shard_fd)
+                return True
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temp, dir_fd=handles.tmp_fd)
 
     def record_reads(self, hits: int, misses: int, bytes_served: int) -> None:
-        """Add this process's reads to the ledger's totals (for ``cache info``)."""
         if hits or misses:
             with self._locked_ledger(self._h()) as ledger:
                 ledger.hits += hits
@@ -269,8 +247,7 @@ class CacheDirectory:
 
 
 def remove_dead_temps(tmp_fd: int) -> None:
-    """Remove the temporary files of writers that died (older than ``STALE_TEMP_S``; a
-    live writer's would only fail its write)."""
+    """Remove the temporary files of writers that died (older than ``STALE_TEMP_S``)."""
     cutoff = time.time() - STALE_TEMP_S
     for name, mtime in list(temp_files(tmp_fd)):
         if mtime < cutoff:
@@ -298,7 +275,6 @@ def _size_or_none(dir_fd: int, name: str) -> int | None:
 
 
 def _write_file(dir_fd: int, name: str, data: bytes | bytearray, tail: bytes) -> None:
-    """``data`` then ``tail`` into a new file ``name`` (removed again on failure)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(name, flags, 0o644, dir_fd=dir_fd)
     try:

@@ -5,10 +5,9 @@ Layout (little-endian)::
     data | etag (UTF-8) | source (UTF-8) | data length u64 | etag length u16 |
     source length u16 | crc32 u32 | b"CLC1"
 
-``source`` names the object (its store's endpoint and URL); ``crc32`` covers data, ETag and
-source. An entry is read whole into the buffer that becomes the body (the tail cut off in
-place). A file truncated, with any byte flipped, or of another object is refused with
-:class:`CorruptEntry`, never served.
+``source`` names the object; ``crc32`` covers data, ETag and source. An entry is read whole
+into the buffer that becomes the body. A file truncated, with any byte flipped, or of
+another object is refused with :class:`CorruptEntry`, never served.
 """
 
 from __future__ import annotations
@@ -19,16 +18,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 
-__all__ = [
-    "MAGIC",
-    "CorruptEntry",
-    "Entry",
-    "TooLarge",
-    "data_checksum",
-    "footer",
-    "read_entry",
-    "read_entry_fd",
-]
+__all__ = ["CorruptEntry", "Entry", "TooLarge", "data_checksum", "footer", "read_entry_fd"]
 
 MAGIC = b"CLC1"
 _TAIL = struct.Struct("<QHHI4s")
@@ -49,13 +39,11 @@ class Entry:
 
 
 def data_checksum(data: bytes | bytearray | memoryview) -> int:
-    """The checksum of an object's bytes (computed as they arrive, before anyone else holds
-    them, so a later change to the buffer fails the entry instead of caching it)."""
+    """The checksum of an object's bytes, taken before anyone else holds them."""
     return zlib.crc32(data)
 
 
 def footer(data_len: int, data_crc: int, etag: str | None, source: str) -> bytes:
-    """What follows the data in the entry for ``source`` (see the module docstring)."""
     etag_bytes = (etag or "").encode()
     source_bytes = source.encode()
     if len(etag_bytes) > MAX_FIELD or len(source_bytes) > MAX_FIELD:
@@ -69,25 +57,9 @@ class TooLarge(Exception):
     """The entry is larger than the caller reads in place (it reads it elsewhere)."""
 
 
-def read_entry(path: str, source: str, max_bytes: int | None = None) -> Entry | None:
-    """The entry at ``path`` for ``source`` (not through a link); None when there is no
-    file. Raises as :func:`read_entry_fd` does."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
-        return None
-    try:
-        return read_entry_fd(fd, path, source, max_bytes)
-    finally:
-        os.close(fd)
-
-
 def read_entry_fd(fd: int, path: str, source: str, max_bytes: int | None = None) -> Entry:
-    """The entry open at ``fd`` (named ``path`` in messages) for ``source``. Raises
-    ``CorruptEntry`` for a file that does not check out (or is not a regular file),
-    ``TooLarge`` (having read nothing) for one over ``max_bytes``, ``OSError`` for a
-    failing disk."""
+    """The entry open at ``fd`` (``path`` in messages) for ``source``: ``CorruptEntry`` if
+    it does not check out, ``TooLarge`` (having read nothing) if over ``max_bytes``."""
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         raise CorruptEntry(f"{path}: not a regular file")

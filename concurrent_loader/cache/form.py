@@ -1,23 +1,18 @@
 """What form an entry keeps: the object's bytes as fetched, or a transform of them.
 
-A cache given a transform (``CacheConfig(presize=...)``: any object with ``apply(data, url)
--> bytes`` and ``identity: str``, such as :class:`concurrent_loader.decode.presize.Presize`)
-keeps ``transform.apply(original)`` instead of the original and returns it on a miss too, so
-every read of an object, the first included, gets the same form. Guarantees:
+A cache given a transform (``CacheConfig(presize=...)``: ``apply(data, url) -> bytes`` and
+``identity: str``, such as :class:`concurrent_loader.decode.presize.Presize`) keeps, and
+returns on a miss, ``transform.apply(original)``, so every read gets the same form.
+Guarantees:
 
-- The setting is part of each entry's identity: its source (hashed into the entry's name and
-  checked when it is read, :mod:`.entry`) starts with ``<identity> ``, so an entry made under
-  one setting (or of the original) is never served under another; entries of several
-  settings may share a directory and its budget.
-- ``DIR/forms`` records every setting that read through the directory (``original`` for
-  none), one per line, for ``concurrent-loader cache info``; it is a record, never consulted
-  to serve a read.
-- ``apply`` runs off the event loop (a thread, or the process pool a warm-up gives). What it
-  raises fails that read: a :class:`~concurrent_loader.errors.DecodeError` as it is (it
-  names the object), anything else as a ``DecodeError`` naming the object with it as the
-  cause. Such an object is not cached: it fails again on every read, never dropped silently.
-- A ranged read with a transform set is not served from (nor stored in) the cache: an entry
-  holds the transformed bytes, whose ranges mean nothing; it gets the original's range.
+- an entry's source (hashed into its name and checked when read, :mod:`.entry`) starts with
+  ``<identity> ``, so an entry of one setting (or of the original) is never served under
+  another; settings may share a directory and its budget;
+- ``DIR/forms`` records every setting that read through the directory, for ``cache info``;
+  it is never consulted to serve a read;
+- ``apply`` runs off the event loop; what it raises fails that read as a ``DecodeError``
+  naming the object, and the object is not cached;
+- a ranged read with a transform set bypasses the cache: it gets the original's range.
 """
 
 from __future__ import annotations
@@ -26,29 +21,18 @@ import asyncio
 import concurrent.futures
 import contextlib
 import fcntl
+import multiprocessing
 import os
 from collections.abc import Awaitable, Callable
 from typing import Protocol, runtime_checkable
 
 from ..errors import ConfigError, DecodeError, Reason
 from ..stores.base import Body
-from .layout import Handles, _open_in
+from .layout import Handles, open_in
 
-__all__ = [
-    "FORMS_FILE",
-    "ORIGINAL",
-    "Apply",
-    "Transform",
-    "apply_in_pool",
-    "apply_in_thread",
-    "check_transform",
-    "clear_forms",
-    "form_label",
-    "form_tag",
-    "read_forms",
-    "record_form",
-    "transformed",
-]
+__all__ = ["Apply", "Transform", "apply_in_pool", "apply_in_thread", "check_transform"]
+__all__ += ["clear_forms", "form_label", "form_tag", "process_pool", "read_forms", "record_form"]
+__all__ += ["transformed"]
 
 FORMS_FILE = "forms"
 #: the label of a cache without a transform
@@ -68,48 +52,45 @@ class Transform(Protocol):
     def apply(self, data: bytes | bytearray, url: str | None = None) -> bytes: ...
 
 
-#: how ``apply`` is run: (transform, data, url) -> the transformed bytes, off the loop
+#: how ``apply`` is run off the loop: (transform, data, url) -> the transformed bytes
 Apply = Callable[[Transform, "bytes | bytearray", str], Awaitable[bytes]]
 
 
 def check_transform(transform: object) -> None:
-    """``ConfigError`` unless ``transform`` has ``apply`` and a usable ``identity``."""
-    if not callable(getattr(transform, "apply", None)):
-        raise ConfigError(
-            "cache presize must have apply(data, url) -> bytes and identity "
-            f"(such as concurrent_loader.Presize), got {type(transform).__name__}",
-            cause=Reason.INVALID_ARGUMENT,
-        )
+    """``ConfigError`` unless ``transform`` has ``apply``, a usable ``identity`` (no ``>``,
+    which ends it in an entry's source; printable, one line in ``DIR/forms``) and a hash."""
     identity = getattr(transform, "identity", None)
-    if (
-        not isinstance(identity, str)
-        or not identity
-        or len(identity) > MAX_IDENTITY
-        or not identity.isprintable()
-        or ">" in identity
-        or identity == ORIGINAL
-    ):
-        raise ConfigError(
-            f"cache presize's identity must be a printable name without '>' of 1 to "
-            f"{MAX_IDENTITY} characters, got {identity!r}",
-            cause=Reason.INVALID_ARGUMENT,
+    problem = None
+    if not callable(getattr(transform, "apply", None)):
+        problem = (
+            "cache presize must have apply(data, url) -> bytes and identity (such as "
+            f"concurrent_loader.Presize), got {type(transform).__name__}"
         )
-    try:
-        hash(transform)
-    except TypeError:
-        raise ConfigError(
-            f"cache presize must be hashable (a frozen dataclass), got {type(transform).__name__}",
-            cause=Reason.INVALID_ARGUMENT,
-        ) from None
+    elif not (
+        isinstance(identity, str)
+        and 0 < len(identity) <= MAX_IDENTITY
+        and identity.isprintable()
+        and ">" not in identity
+        and identity != ORIGINAL
+    ):
+        problem = (
+            f"cache presize's identity must be a printable name without '>' of 1 to {MAX_IDENTITY} "
+            f"characters, got {identity!r}"
+        )
+    else:
+        try:
+            hash(transform)
+        except TypeError:
+            problem = "cache presize must be hashable (a frozen dataclass)"
+    if problem is not None:
+        raise ConfigError(problem)
 
 
 def form_label(transform: Transform | None) -> str:
-    """How ``DIR/forms`` and ``cache info`` name the form: the identity, or ``original``."""
     return ORIGINAL if transform is None else transform.identity
 
 
 def form_tag(transform: Transform | None) -> str:
-    """What starts the source of every entry kept in this form ('' for the original)."""
     return "" if transform is None else f"<{transform.identity}> "
 
 
@@ -117,9 +98,18 @@ async def apply_in_thread(transform: Transform, data: bytes | bytearray, url: st
     return await asyncio.to_thread(transform.apply, data, url)
 
 
-def apply_in_pool(pool: concurrent.futures.Executor) -> Apply:
-    """``apply`` run in ``pool`` (a process pool: a warm-up re-encodes on every core)."""
+def process_pool(processes: int | None = None) -> concurrent.futures.ProcessPoolExecutor:
+    """Processes to apply a transform in, one per usable core unless told; spawned, since a
+    fork would copy the fetch threads mid-step."""
+    if processes is None:
+        affinity = getattr(os, "sched_getaffinity", None)
+        processes = len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
+    return concurrent.futures.ProcessPoolExecutor(
+        processes, mp_context=multiprocessing.get_context("spawn")
+    )
 
+
+def apply_in_pool(pool: concurrent.futures.Executor) -> Apply:
     async def run(transform: Transform, data: bytes | bytearray, url: str) -> bytes:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(pool, transform.apply, bytes(data), url)
@@ -128,36 +118,28 @@ def apply_in_pool(pool: concurrent.futures.Executor) -> Apply:
 
 
 async def transformed(transform: Transform, body: Body, url: str, run: Apply) -> Body:
-    """``body`` (a whole object) in ``transform``'s form; see the module docstring for
-    errors."""
+    def failed(why: str) -> DecodeError:
+        message = f"{transform.identity} {why}"
+        return DecodeError(message, url=url, stage="decode", cause=Reason.UNDECODABLE)
+
     try:
         data = await run(transform, body.data, url)
     except DecodeError:
         raise
     except Exception as exc:
-        raise DecodeError(
-            f"{transform.identity} failed: {type(exc).__name__}: {exc}",
-            url=url,
-            stage="decode",
-            cause=Reason.UNDECODABLE,
-        ) from exc
+        raise failed(f"failed: {type(exc).__name__}: {exc}") from exc
     if not isinstance(data, (bytes, bytearray)):
-        raise DecodeError(
-            f"{transform.identity} gave {type(data).__name__}, not bytes",
-            url=url,
-            stage="decode",
-            cause=Reason.UNDECODABLE,
-        )
+        raise failed(f"gave {type(data).__name__}, not bytes")
     # The ETag names the original's bytes, not these: kept with neither.
     return Body(data, body.first_byte_s, None, round_trip=body.round_trip)
 
 
 def record_form(directory: str, label: str) -> None:
-    """Add ``label`` to the cache's record of forms, once (under a lock of the record)."""
+    """Add ``label`` to the cache's record of forms, once (under its lock)."""
     handles = Handles.open(directory, create=False)
     try:
         flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK
-        fd = _open_in(handles.root_fd, FORMS_FILE, flags, directory)
+        fd = open_in(handles.root_fd, FORMS_FILE, flags, directory)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             if label not in _labels(os.pread(fd, 1 << 16, 0)):
@@ -169,9 +151,8 @@ def record_form(directory: str, label: str) -> None:
 
 
 def read_forms(root_fd: int, directory: str) -> list[str]:
-    """The forms recorded in the cache open at ``root_fd`` ([] for none recorded)."""
     try:
-        fd = _open_in(root_fd, FORMS_FILE, os.O_RDONLY | os.O_NONBLOCK, directory)
+        fd = open_in(root_fd, FORMS_FILE, os.O_RDONLY | os.O_NONBLOCK, directory)
     except FileNotFoundError:
         return []
     try:
@@ -181,15 +162,11 @@ def read_forms(root_fd: int, directory: str) -> list[str]:
 
 
 def clear_forms(root_fd: int, directory: str) -> None:
-    """Empty the record (the cache was cleared)."""
     with contextlib.suppress(FileNotFoundError):
-        fd = _open_in(root_fd, FORMS_FILE, os.O_WRONLY | os.O_TRUNC | os.O_NONBLOCK, directory)
+        fd = open_in(root_fd, FORMS_FILE, os.O_WRONLY | os.O_TRUNC | os.O_NONBLOCK, directory)
         os.close(fd)
 
 
 def _labels(raw: bytes) -> list[str]:
-    seen: dict[str, None] = {}
-    for line in raw.decode(errors="replace").splitlines():
-        if line.strip():
-            seen.setdefault(line.strip())
-    return list(seen)
+    lines = (line.strip() for line in raw.decode(errors="replace").splitlines())
+    return list(dict.fromkeys(line for line in lines if line))

@@ -1,12 +1,12 @@
 """What a cache directory is made of, and how it is opened without following a link.
 
 A directory is a cache when it holds ``CACHEDIR.TAG`` (the Cache Directory Tagging
-convention) naming this cache and its format. The marker is made atomically (written aside,
-hard-linked into place) only in a new or empty directory; a non-empty directory without it
-is refused (:class:`CacheRefused`, naming it), so ``cache=`` never takes over a user's
-directory. Everything under it is opened relative to file descriptors with ``O_NOFOLLOW``:
-a link in place of the cache's own files is refused, never followed. Only names of the
-cache's own patterns (:data:`ENTRY_NAME`, :data:`SHARD_NAME`, :data:`TEMP_NAME`) are removed.
+convention) naming this cache and its format, made atomically (written aside, hard-linked
+into place) only in a new or empty directory: a non-empty directory without it is refused
+(:class:`CacheRefused`), so ``cache=`` never takes over a user's directory. Everything
+under it is opened relative to directory descriptors with ``O_NOFOLLOW``, so a link in
+place of the cache's own files is refused, never followed; only names of the cache's own
+patterns are removed.
 """
 
 from __future__ import annotations
@@ -19,20 +19,10 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ..errors import ConfigError, Reason
+from ..errors import ConfigError
 
-__all__ = [
-    "CACHE_ERRORS",
-    "ENTRY_NAME",
-    "MARKER",
-    "SHARD_NAME",
-    "TEMP_NAME",
-    "CacheRefused",
-    "Handles",
-    "has_entry",
-    "open_shard",
-    "scan_entries",
-]
+__all__ = ["CACHE_ERRORS", "SHARD_NAME", "CacheRefused", "Handles", "has_entry", "in_shard"]
+__all__ += ["open_in", "scan_entries", "temp_files", "unlink_entry"]
 
 MARKER = "CACHEDIR.TAG"
 FORMAT = 2
@@ -42,7 +32,7 @@ _MARKER_TEXT = (
     "`concurrent-loader cache clear`\n"
 ).encode()
 _MARKER_PREFIX = b"# concurrent-loader node cache, format "
-#: what an entry, its shard directory and a temporary file are named (all the cache writes)
+# what an entry, its shard directory and a temporary file are named (all the cache writes)
 ENTRY_NAME = re.compile(r"[0-9a-f]{32}")
 SHARD_NAME = re.compile(r"[0-9a-f]{2}")
 TEMP_NAME = re.compile(r"[0-9a-f]{32}\.\d+\.\d+\.\d+")
@@ -56,18 +46,16 @@ class CacheRefused(ConfigError):
     another format, or a link where the cache keeps one of its own files)."""
 
 
-#: what a failing cache raises: its disk's errors, and a refusal (a link where the cache
-#: keeps its own files, the directory made again as something else)
+#: what a failing cache raises: its disk's errors, and a refusal
 CACHE_ERRORS: tuple[type[Exception], ...] = (OSError, CacheRefused)
 
 
 def _refuse(path: str, why: str) -> CacheRefused:
-    return CacheRefused(f"{path} {why}", cause=Reason.INVALID_ARGUMENT)
+    return CacheRefused(f"{path} {why}")
 
 
-def _open_in(dir_fd: int, name: str, flags: int, where: str, mode: int = 0o644) -> int:
-    """``name`` under ``dir_fd``, never through a link (``CacheRefused`` names a link); an
-    ``OSError`` names the file by its whole path."""
+def open_in(dir_fd: int, name: str, flags: int, where: str, mode: int = 0o644) -> int:
+    """``name`` under ``dir_fd``, never through a link; errors name its whole path."""
     try:
         return os.open(name, flags | _NO_FOLLOW, mode, dir_fd=dir_fd)
     except OSError as exc:
@@ -84,23 +72,24 @@ def _is_link(dir_fd: int, name: str) -> bool:
         return False
 
 
-def open_shard(entries_fd: int, name: str, where: str, *, create: bool) -> int | None:
-    """The shard directory of entry ``name`` (None when it does not exist and not
-    ``create``)."""
+@contextlib.contextmanager
+def in_shard(entries_fd: int, name: str, where: str, *, create: bool = False) -> Iterator[int]:
+    """The shard directory of entry ``name``, open; ``FileNotFoundError`` when it does not
+    exist and not ``create``."""
     shard = name[:2]
     if create:
         with contextlib.suppress(FileExistsError):
             os.mkdir(shard, 0o755, dir_fd=entries_fd)
+    shard_fd = open_in(entries_fd, shard, _DIRECTORY, os.path.join(where, "entries"))
     try:
-        return _open_in(entries_fd, shard, _DIRECTORY, os.path.join(where, "entries"))
-    except FileNotFoundError:
-        return None
+        yield shard_fd
+    finally:
+        os.close(shard_fd)
 
 
 @dataclass
 class Handles:
-    """One process's open files of a cache directory: the directory, ``entries/``,
-    ``tmp/``, the ledger and the fill locks, each opened without following a link."""
+    """One process's open files of a cache directory, each opened without following a link."""
 
     root: str
     pid: int
@@ -113,7 +102,7 @@ class Handles:
     @classmethod
     def open(cls, root: str, *, create: bool) -> Handles:
         """Open the cache at ``root``, first marking it when it is new or empty (and
-        ``create``). ``CacheRefused`` when it is not a cache this version may use."""
+        ``create``)."""
         if create:
             os.makedirs(root, exist_ok=True)
         fds: list[int] = []
@@ -128,9 +117,9 @@ class Handles:
             for sub in ("entries", "tmp"):
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(sub, 0o755, dir_fd=fds[0])
-                fds.append(_open_in(fds[0], sub, _DIRECTORY, root))
+                fds.append(open_in(fds[0], sub, _DIRECTORY, root))
             for name in ("ledger", "locks"):
-                fd = _open_in(fds[0], name, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, root)
+                fd = open_in(fds[0], name, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, root)
                 fds.append(fd)
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
                     raise _refuse(os.path.join(root, name), "is not a regular file")
@@ -145,16 +134,11 @@ class Handles:
             os.close(fd)
 
     def replaced(self) -> bool:
-        """Whether the directory or one of its own files at its path is no longer the one
-        held open (removed, or removed and made again)."""
         try:
             if _identity(os.stat(self.root)) != _identity(os.fstat(self.root_fd)):
                 return True
-            for name, fd in (
-                ("entries", self.entries_fd),
-                ("tmp", self.tmp_fd),
-                ("ledger", self.ledger_fd),
-            ):
+            own = {"entries": self.entries_fd, "tmp": self.tmp_fd, "ledger": self.ledger_fd}
+            for name, fd in own.items():
                 held = _identity(os.fstat(fd))
                 if _identity(os.stat(name, dir_fd=self.root_fd, follow_symlinks=False)) != held:
                     return True
@@ -169,9 +153,9 @@ def _identity(st: os.stat_result) -> tuple[int, int]:
 
 def check_marker(root_fd: int, root: str, *, create: bool) -> None:
     """That the directory is a cache of this format, marking it first if it is empty and
-    ``create``; ``CacheRefused`` otherwise."""
+    ``create``."""
     try:
-        fd = _open_in(root_fd, MARKER, os.O_RDONLY | os.O_NONBLOCK, root)
+        fd = open_in(root_fd, MARKER, os.O_RDONLY | os.O_NONBLOCK, root)
     except FileNotFoundError:
         if not create:
             raise _refuse(root, f"is not a cache directory (no {MARKER})") from None
@@ -222,13 +206,11 @@ def _mark(root_fd: int, root: str) -> None:
 
 
 def scan_entries(entries_fd: int, where: str) -> Iterator[tuple[str, int]]:
-    """(name, size) of every entry file: regular files of the entry pattern in shard
-    directories, none reached through a link."""
     with os.scandir(entries_fd) as shards:
         names = [s.name for s in shards if SHARD_NAME.fullmatch(s.name)]
     for shard in names:
         try:
-            shard_fd = _open_in(entries_fd, shard, _DIRECTORY, os.path.join(where, "entries"))
+            shard_fd = open_in(entries_fd, shard, _DIRECTORY, os.path.join(where, "entries"))
         except (FileNotFoundError, CacheRefused):
             continue
         try:
@@ -245,36 +227,24 @@ def scan_entries(entries_fd: int, where: str) -> Iterator[tuple[str, int]]:
 
 
 def unlink_entry(entries_fd: int, name: str, where: str) -> bool:
-    """Remove the entry ``name`` (a link in its place too: never what it points to);
-    whether there was one."""
-    shard_fd = open_shard(entries_fd, name, where, create=False)
-    if shard_fd is None:
-        return False
     try:
-        os.unlink(name, dir_fd=shard_fd)
-        return True
+        with in_shard(entries_fd, name, where) as shard_fd:
+            os.unlink(name, dir_fd=shard_fd)
     except FileNotFoundError:
         return False
-    finally:
-        os.close(shard_fd)
+    return True
 
 
 def has_entry(entries_fd: int, name: str, where: str) -> bool:
-    """Whether there is a file ``name`` where its entry goes (not checked: a hint)."""
-    shard_fd = open_shard(entries_fd, name, where, create=False)
-    if shard_fd is None:
-        return False
     try:
-        os.stat(name, dir_fd=shard_fd, follow_symlinks=False)
-        return True
+        with in_shard(entries_fd, name, where) as shard_fd:
+            os.stat(name, dir_fd=shard_fd, follow_symlinks=False)
     except FileNotFoundError:
         return False
-    finally:
-        os.close(shard_fd)
+    return True
 
 
 def temp_files(tmp_fd: int) -> Iterator[tuple[str, float]]:
-    """(name, mtime) of the cache's temporary files (regular files of its pattern)."""
     with os.scandir(tmp_fd) as found:
         for item in found:
             if TEMP_NAME.fullmatch(item.name):

@@ -1,7 +1,5 @@
-"""What a cached store leaves to finish when it goes: pending writes, its reads for the
-ledger, the directory's files, a runtime lease. Kept apart from the store (and holding no
-reference to it) so it can run when the store is collected, which is how a store on the
-local path ends: the pipeline never closes a blocking store."""
+"""What a cached store leaves to finish when it goes, kept apart from the store so it can
+run when the store is collected: a store on the local path is never closed."""
 
 from __future__ import annotations
 
@@ -17,9 +15,8 @@ __all__ = ["Leftovers"]
 
 
 class Leftovers:
-    """What a store leaves to finish: pending writes, its reads for the ledger, the
-    directory's files, a runtime lease taken on the local path. Called once, from
-    ``close()``, collection or process exit; holds no reference to the store."""
+    """Pending writes, reads for the ledger, the directory's files, a runtime lease; called
+    once, from ``close()``, collection or process exit."""
 
     def __init__(self, directory: CacheDirectory | None) -> None:
         self.writer = concurrent.futures.ThreadPoolExecutor(
@@ -32,7 +29,6 @@ class Leftovers:
         self._done = False
 
     def runtime(self) -> Runtime:
-        """This process's runtime, leased until this is called."""
         with self._lock:
             if self._runtime is None:
                 self._runtime = acquire_runtime()

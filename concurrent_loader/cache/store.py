@@ -1,32 +1,27 @@
 """The cache as a store wrapping a store: :class:`CachedStore`, opened by
 :class:`~.cached.CachedStoreConfig` at the bottom of the fetch client's layers.
 
-``get(key)`` serves the entry (:mod:`.directory`); without an intact one it GETs the object
-from the wrapped store, returns it at once and writes the entry behind (:mod:`.writer`).
-Guarantees:
+``get(key)`` serves an intact entry; otherwise it GETs the object from the wrapped store
+(``inner``, or the fetch client ``connect`` gives), returns it at once and writes the entry
+behind (:mod:`.writer`). Guarantees:
 
-- an entry is served only when the whole of it checks out (:mod:`.entry`); a range of a
-  cached object is served from it, a range of an object not cached is fetched, not cached;
+- an entry is served only when all of it checks out (:mod:`.entry`); a range of a cached
+  object is cut from it, a range of an object not cached is not cached;
 - one GET per object across the node's processes missing it at once: the fill lock's holder
-  fetches, others poll for its entry (1 ms to 50 ms, up to half of ``Timeouts.attempt``),
-  then fetch it themselves if it never comes;
+  fetches, others poll for its entry (1 to 50 ms, up to half of ``Timeouts.attempt``);
 - a failing cache never fails a read: one WARNING per process and store, then reads go to
-  the wrapped store (a failed write only pauses writing);
-- a miss counts once per read, however many GETs of it (a GET and its hedge) complete;
-- with ``cache.presize`` a miss returns, and keeps, the object in that form; a ranged read
-  bypasses the cache (:mod:`.form`);
-- ``close()`` finishes the pending writes and joins the writer.
+  the wrapped store;
+- a miss counts once per read, however many GETs of it (a GET and its hedge) complete.
 
-It wraps ``inner`` (an open store, the remote path) or what ``connect`` gives (this process's
-fetch client). Once the cache holds the whole dataset a store opened then has
-``remote=False``: ``get_blocking`` serves hits on the decode threads without the event loop,
-and sends a miss through :meth:`get` on the runtime's loop.
+On the local path (``remote=False``) ``get_blocking`` serves hits on the decode threads and
+sends a miss through :meth:`get` on the runtime's loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import multiprocessing.util
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -56,6 +51,10 @@ _FIRST_WAIT_S = 0.001
 _LONGEST_WAIT_S = 0.05
 
 
+def _no_lock() -> None:
+    return None
+
+
 #: one read of the wrapped store: ``Store.get``, or a fetch client's ``get_body``
 Read = Callable[[str, ByteRange | None], Awaitable[Body]]
 #: (on the runtime's loop) the read through this process's fetch client for that store
@@ -64,9 +63,7 @@ Connect = Callable[[Runtime], Awaitable[Read]]
 
 class CachedStore:
     """Reads ``names``'s objects through the cache ``cache``, each entry's source named
-    ``prefix`` + its URL; see the module docstring. It wraps ``inner`` (an open store) or
-    what ``connect`` gives; ``capabilities`` are fixed by the config that opens it. Use
-    :meth:`get` on one loop."""
+    ``prefix`` + its URL. Use :meth:`get` on one loop."""
 
     def __init__(
         self,
@@ -104,9 +101,8 @@ class CachedStore:
             self._fail(exc, "opening it")
         self._leftovers = Leftovers(self._dir)
         self._writer = EntryWriter(self._leftovers.writer, self._write_failed)
-        # Run at close, when the store is collected (the pipeline never closes a store on
-        # the local path) or when the process exits: a DataLoader worker keeps its runtime,
-        # so this store, open to the end, and multiprocessing's exit hook still runs this.
+        # Run at close, at collection (a store on the local path is never closed) or at a
+        # worker's exit (multiprocessing's exit hook runs it).
         self._at_exit = multiprocessing.util.Finalize(self, self._leftovers, exitpriority=10)
 
     def url_for(self, key: str) -> str:
@@ -116,7 +112,6 @@ class CachedStore:
         return f"CachedStore({self.names}, {self.cache.directory})"
 
     async def _fetch_inner(self, key: str, byte_range: ByteRange | None) -> Body:
-        """One read of the wrapped store (or through the client ``connect`` gives)."""
         if self._get is None:
             assert self._connect is not None  # given one or the other
             self._get = await self._connect(self._leftovers.runtime())
@@ -126,12 +121,11 @@ class CachedStore:
 
     async def get(self, key: str, byte_range: ByteRange | None = None) -> Body:
         directory = self._dir
-        if directory is None:
+        # With a transform, entries hold another form, whose ranges mean nothing.
+        if directory is None or (byte_range is not None and self.cache.presize is not None):
             return await self._uncached(key, byte_range)
         source = self._prefix + self.url_for(key)
         name = name_for(source)
-        if byte_range is not None and self.cache.presize is not None:
-            return await self._uncached(key, byte_range)  # entries hold another form
         entry, bad = await self._lookup(directory, name, source)
         if entry is not None:
             return await self._serve(entry, key, byte_range)
@@ -157,15 +151,11 @@ class CachedStore:
             self._tally.miss()
         return body
 
-    async def _lookup(
-        self, directory: CacheDirectory, name: str, source: str
+    def _read(
+        self, directory: CacheDirectory, name: str, source: str, max_bytes: int | None = None
     ) -> tuple[Entry | None, bool]:
-        """(the intact entry or None, whether a bad one is in the way)."""
         try:
-            try:
-                return directory.read(name, source, MAX_INLINE_READ_BYTES), False
-            except TooLarge:
-                return await asyncio.to_thread(directory.read, name, source), False
+            return directory.read(name, source, max_bytes), False
         except CorruptEntry as exc:
             log.info("refetching %s: its cache entry is bad (%s)", source, exc)
             return None, True
@@ -173,13 +163,30 @@ class CachedStore:
             self._fail(exc, "reading it")
             return None, False
 
-    async def _serve(self, entry: Entry, key: str, byte_range: ByteRange | None) -> Body:
+    async def _lookup(
+        self, directory: CacheDirectory, name: str, source: str
+    ) -> tuple[Entry | None, bool]:
+        try:
+            return self._read(directory, name, source, MAX_INLINE_READ_BYTES)
+        except TooLarge:
+            return await asyncio.to_thread(self._read, directory, name, source)
+
+    def _hit(self, entry: Entry, byte_range: ByteRange | None) -> bytes | bytearray | None:
+        """The entry's bytes (of ``byte_range``), counted as a hit; None past its end."""
         data: bytes | bytearray = entry.data
         if byte_range is not None:
-            if byte_range.end > len(data):  # the store says what is wrong with the range
-                return await self._uncached(key, byte_range)
+            if byte_range.end > len(data):
+                return None
             data = data[byte_range.start : byte_range.end]
-        self._count_hit(len(data))
+        self._leftovers.hits += 1
+        self._leftovers.bytes_served += len(data)
+        self._tally.hit(len(data))
+        return data
+
+    async def _serve(self, entry: Entry, key: str, byte_range: ByteRange | None) -> Body:
+        data = self._hit(entry, byte_range)
+        if data is None:  # the store says what is wrong with the range
+            return await self._uncached(key, byte_range)
         return Body(data, None, entry.etag, round_trip=False)
 
     # ------------------------------------------------------------------ misses
@@ -191,8 +198,7 @@ class CachedStore:
         try:
             held = self._locking and directory.try_fill_lock(name)
         except CACHE_ERRORS as exc:  # a filesystem without locks: go on, without them
-            self._locking = held = False
-            self._warn(exc, "locking an object", "objects missed together are fetched twice")
+            held = self._no_locks(exc)
         if not held and self._locking:
             entry, held = await self._wait_for_filler(directory, name, source)
             if entry is not None:
@@ -203,15 +209,18 @@ class CachedStore:
             if entry is not None:
                 self._release(directory, name)
                 return await self._serve(entry, key, None)
+        release = functools.partial(self._release, directory, name) if held else _no_lock
         try:
             body = await self._uncached(key, None)
             if self.cache.presize is not None:  # an error: not cached (the lock released)
                 body = await transformed(self.cache.presize, body, self.url_for(key), self.apply)
         except BaseException:
-            if held:
-                self._release(directory, name)
+            release()
             raise
-        self._write_later(directory, name, source, body, held=held, replace=replace)
+        if self._closed:
+            release()
+        else:  # the fill lock goes once the entry is in place
+            self._writer.submit(directory, name, source, body, release, replace=replace)
         return body
 
     async def _wait_for_filler(
@@ -219,9 +228,8 @@ class CachedStore:
     ) -> tuple[Entry | None, bool]:
         """Wait for the process holding the fill lock: (its entry, False) once in place;
         (None, True) when the lock came free without one (we hold it now); (None, False)
-        after ``_max_wait_s``. A cross-process wake-up without a server or a thread per
-        waiter is not to be had portably, so this backs off and looks again; only
-        processes missing the same object at the same time ever wait here."""
+        after ``_max_wait_s``. No portable cross-process wake-up exists without a server,
+        so this backs off and looks again."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._max_wait_s
         delay = _FIRST_WAIT_S
@@ -238,13 +246,16 @@ class CachedStore:
                         return entry, False
                     return None, True
             except CACHE_ERRORS as exc:
-                self._locking = False
-                self._warn(exc, "locking an object", "objects missed together are fetched twice")
-                return None, False
+                return None, self._no_locks(exc)
             if loop.time() >= deadline:
                 log.info("%s: gave up waiting for another process to fetch it", source)
                 return None, False
             delay = min(delay * 2, _LONGEST_WAIT_S)
+
+    def _no_locks(self, exc: Exception) -> bool:
+        self._locking = False
+        self._warn(exc, "locking an object", "objects missed together are fetched twice")
+        return False
 
     def _release(self, directory: CacheDirectory, name: str) -> None:
         try:
@@ -252,31 +263,9 @@ class CachedStore:
         except CACHE_ERRORS as exc:
             self._fail(exc, "unlocking an object")
 
-    def _write_later(
-        self,
-        directory: CacheDirectory,
-        name: str,
-        source: str,
-        body: Body,
-        *,
-        held: bool,
-        replace: bool,
-    ) -> None:
-        """Hand the entry to the writer; the fill lock (if held) goes when it is in place."""
-
-        def release() -> None:
-            if held:
-                self._release(directory, name)
-
-        if self._closed:
-            release()
-            return
-        self._writer.submit(directory, name, source, body, release, replace=replace)
-
     # ------------------------------------------------------------------ failures, counts
 
     def _fail(self, exc: Exception, doing: str) -> None:
-        """The cache failed: no more reads or writes through it in this process."""
         self._dir = None
         self._warn(exc, doing, "reads bypass it")
 
@@ -284,7 +273,6 @@ class CachedStore:
         self._warn(exc, "writing an entry", "writes to it pause (retried after a back-off)")
 
     def _warn(self, exc: Exception, doing: str, consequence: str) -> None:
-        """One warning per store, however many failures follow."""
         if not self._warned:
             self._warned = True
             log.warning(
@@ -297,11 +285,6 @@ class CachedStore:
                 self.url_for(""),
             )
 
-    def _count_hit(self, size: int) -> None:
-        self._leftovers.hits += 1
-        self._leftovers.bytes_served += size
-        self._tally.hit(size)
-
     # ------------------------------------------------------------------ the rest
 
     def list(self) -> AsyncIterator[ObjectInfo]:
@@ -309,7 +292,6 @@ class CachedStore:
         return self.inner.list()
 
     async def flush(self) -> None:
-        """Wait until the entries handed to the writer so far are written (or refused)."""
         with contextlib.suppress(RuntimeError):  # shut down: nothing is pending
             await asyncio.wrap_future(self._leftovers.writer.submit(lambda: None))
 
@@ -326,25 +308,13 @@ class CachedStore:
     # ------------------------------------------------------------------ the local path
 
     def get_blocking(self, key: str, byte_range: ByteRange | None = None) -> bytes | bytearray:
-        """On a decode thread: the entry when there is an intact one; otherwise :meth:`get`
-        on the runtime's loop (the fill lock, the GET, the entry written with its ETag),
-        which waits for the entry to be written."""
+        """On a decode thread: the intact entry, or else :meth:`get` on the runtime's loop,
+        waiting for the entry to be written."""
         directory = self._dir
         if directory is not None and (byte_range is None or self.cache.presize is None):
             source = self._prefix + self.url_for(key)
-            name = name_for(source)
-            try:
-                entry = directory.read(name, source)
-            except CorruptEntry:  # get() says so, and replaces it
-                entry = None
-            except CACHE_ERRORS as exc:
-                self._fail(exc, "reading it")
-                entry = None
-            if entry is not None and (byte_range is None or byte_range.end <= len(entry.data)):
-                data: bytes | bytearray = entry.data
-                if byte_range is not None:
-                    data = data[byte_range.start : byte_range.end]
-                self._count_hit(len(data))
+            entry, _ = self._read(directory, name_for(source), source)
+            if entry is not None and (data := self._hit(entry, byte_range)) is not None:
                 return data
 
         async def miss() -> bytes | bytearray:

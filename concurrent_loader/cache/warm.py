@@ -1,11 +1,8 @@
 """Filling a cache ahead of training: every object of a dataset read once through it.
 
-Misses go through this process's fetch client (its retries, limits and hedges),
-``max_inflight_requests`` at a time; every ``FLUSH_EVERY`` objects it waits for the writer,
-so a slow disk slows the warm-up instead of leaving objects out. An object that fails to
-read fails the warm-up with its error. A cache with a transform (``presize=``) re-encodes
-in a pool of ``processes`` processes (default: one per core), so a warm-up uses every core;
-an object the transform refuses fails the warm-up with its ``DecodeError``.
+Misses go through this process's fetch client, ``max_inflight_requests`` at a time; every
+``FLUSH_EVERY`` objects it waits for the writer, so a slow disk slows the warm-up instead of
+leaving objects out. An object that fails to read fails the warm-up with its error.
 """
 
 from __future__ import annotations
@@ -13,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import multiprocessing
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -22,7 +17,7 @@ from ..config import FetchConfig
 from ..metrics.stats import cache_tally
 from ..runtime import acquire_runtime
 from .cached import CachedStoreConfig
-from .form import apply_in_pool
+from .form import apply_in_pool, process_pool
 
 __all__ = ["FLUSH_EVERY", "WarmReport", "warm_cache"]
 
@@ -31,8 +26,7 @@ FLUSH_EVERY = 256
 
 @dataclass(frozen=True)
 class WarmReport:
-    """What a warm-up read: objects, bytes (in the cache's form), and how many were in the
-    cache already."""
+    """What a warm-up read: objects, bytes (in the cache's form), and those cached already."""
 
     objects: int
     bytes: int
@@ -48,17 +42,12 @@ def warm_cache(
 ) -> WarmReport:
     """Read every key of ``store`` through its cache; ``on_object`` is called after each.
     With ``store.cache.presize``, objects are put in that form by ``processes`` processes
-    (default: ``os.cpu_count()``)."""
+    (default: one per core)."""
     fetch = config or FetchConfig()
     with contextlib.ExitStack() as stack:
         pool = None
         if store.cache.presize is not None and keys:
-            workers = min(processes or os.cpu_count() or 1, len(keys))
-            # spawn: the runtime's loop thread is running here, and a fork would copy it.
-            context = multiprocessing.get_context("spawn")
-            pool = stack.enter_context(
-                concurrent.futures.ProcessPoolExecutor(workers, mp_context=context)
-            )
+            pool = stack.enter_context(process_pool(processes))
         runtime = acquire_runtime()
         try:
             return runtime.run(_warm(store, keys, fetch, on_object, pool))

@@ -1,13 +1,9 @@
 """Writing entries behind reads: one thread per store, bounded, paused after a failure.
 
-A miss's bytes go back to the caller at once; the entry is written on the writer thread
-(:meth:`~.directory.CacheDirectory.put`) and the object's fill lock released once it is in
-place or given up. Guarantees:
-
-- at most ``MAX_PENDING_BYTES`` wait for the writer; beyond that an object is not cached;
-- a failed write pauses writing for ``RETRY_FIRST_S``, doubling per failure in a row up to
-  ``RETRY_MAX_S`` (in time, not counts); a retry first reopens a directory removed or made
-  again; the first success ends the pause.
+The object's fill lock is released once its entry is in place or given up. At most
+``MAX_PENDING_BYTES`` wait for the writer (beyond that an object is not cached); a failed
+write pauses writing for ``RETRY_FIRST_S``, doubling per failure in a row up to
+``RETRY_MAX_S``; a retry first reopens a directory removed or made again.
 """
 
 from __future__ import annotations
@@ -27,11 +23,8 @@ __all__ = ["MAX_PENDING_BYTES", "RETRY_FIRST_S", "RETRY_MAX_S", "EntryWriter"]
 
 log = logging.getLogger(__name__)
 
-#: bytes of fetched objects waiting for the writer, at most, per store: a larger object is
-#: not cached
+#: bytes of fetched objects waiting for the writer, at most, per store
 MAX_PENDING_BYTES = 32 * 1024 * 1024
-#: the pause of writes after a first failure, and the longest (each failure in a row
-#: doubles it)
 RETRY_FIRST_S = 1.0
 RETRY_MAX_S = 60.0
 
@@ -53,11 +46,9 @@ class EntryWriter:
         self._resume_at = 0.0
 
     def writing(self) -> bool:
-        """Whether entries are written now (not paused by a recent failure)."""
         return time.monotonic() >= self._resume_at
 
     def failed(self, exc: Exception) -> None:
-        """A write (or what it needed) failed: pause writing."""
         with self._lock:
             self._pause_s = min(max(RETRY_FIRST_S, 2 * self._pause_s), RETRY_MAX_S)
             self._resume_at = time.monotonic() + self._pause_s
@@ -73,8 +64,7 @@ class EntryWriter:
         *,
         replace: bool,
     ) -> None:
-        """Write ``body`` as the entry ``name`` behind the caller; ``release`` (the fill
-        lock, if held) is called once it is in place or given up."""
+        """Write ``body`` as the entry ``name``; ``release`` once it is in place or given up."""
         data = body.data
         size = len(data)
         try:
@@ -90,8 +80,7 @@ class EntryWriter:
         if skip:
             release()
             return
-        # Checked now, before the caller holds the buffer: a later change to it fails the
-        # entry's check instead of being cached.
+        # Before the caller holds the buffer: a later change to it fails the entry's check.
         crc = data_checksum(data)
         try:
             self._executor.submit(
@@ -113,7 +102,6 @@ class EntryWriter:
         release: Callable[[], None],
         replace: bool,
     ) -> None:
-        """On the writer thread."""
         try:
             if self.writing():
                 if self._pause_s:  # the first write after a failure

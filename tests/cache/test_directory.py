@@ -14,7 +14,9 @@ import pytest
 
 from concurrent_loader.cache import CacheConfig, clear_cache, describe_cache
 from concurrent_loader.cache.directory import STALE_TEMP_S, CacheDirectory, Ledger, name_for
-from concurrent_loader.cache.entry import data_checksum, footer, read_entry
+from concurrent_loader.cache.entry import data_checksum, footer
+
+from ._entries import read_entry
 
 
 def _put(directory: CacheDirectory, source: str, data: bytes, *, replace: bool = False) -> bool:

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from concurrent_loader.cache.entry import CorruptEntry, data_checksum, footer, read_entry
+from concurrent_loader.cache.entry import CorruptEntry, data_checksum, footer
+
+from ._entries import read_entry
 
 SOURCE = "http://127.0.0.1:9000 s3://bucket/images/a.jpg"
 

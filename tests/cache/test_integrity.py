@@ -17,8 +17,9 @@ from concurrent_loader import FetchConfig, HedgeConfig, ObjectDataset
 from concurrent_loader.cache import CachedStoreConfig
 from concurrent_loader.cache.cached import source_prefix
 from concurrent_loader.cache.directory import name_for
-from concurrent_loader.cache.entry import read_entry
 from concurrent_loader.stores import S3Config
+
+from ._entries import read_entry
 
 NO_HEDGES = FetchConfig(hedge=HedgeConfig(enabled=False))
 COUNT = 8

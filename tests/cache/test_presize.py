@@ -22,12 +22,13 @@ from PIL import Image
 from concurrent_loader import ConcurrentDataLoader, ObjectDataset
 from concurrent_loader.cache import CacheConfig, CachedStoreConfig, describe_cache
 from concurrent_loader.cache.directory import entry_path, name_for
-from concurrent_loader.cache.entry import read_entry
 from concurrent_loader.cli import main
 from concurrent_loader.dataset import ImageFolder
 from concurrent_loader.decode.presize import Presize, is_raw, read_raw
 from concurrent_loader.errors import ConfigError, DecodeError
 from concurrent_loader.stores import ByteRange, MemoryConfig, S3Config
+
+from ._entries import read_entry
 
 SMALL = Presize(24)
 D = TypeVar("D", bound=ObjectDataset)
