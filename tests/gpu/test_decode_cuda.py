@@ -66,6 +66,23 @@ def test_a_batch_decoded_on_the_gpu_is_close_to_the_cpu_fused_decode(size):
         assert diff < 4
 
 
+def test_resize_size_on_the_gpu_is_close_to_the_cpu_fused_decode():
+    # Originals (resized to 256 on the GPU) and images stored at short side 256 (cropped).
+    datas = [photo(500, 375, 1), photo(375, 500, 2), photo(341, 256, 3), photo(256, 384, 4)]
+    images = [
+        EncodedImage(d, (224, 224), f"s3://b/{i}.jpg", "cuda", resize_size=256)
+        for i, d in enumerate(datas)
+    ]
+    device = torch.device("cuda", torch.cuda.current_device())
+    out = EncodedBatchDecoder(device)(images)
+    assert out.device == device and out.shape == (4, 3, 224, 224)
+    for got, data in zip(out.cpu(), datas, strict=True):
+        fused = ImageDecoder(224, resize_size=256)(data)
+        diff = (got.int() - fused.int()).abs().float().mean()
+        print(f"resize_size=256: mean abs diff to the CPU fused decode {diff:.2f} levels")
+        assert diff < 4
+
+
 def test_png_and_a_corrupt_jpeg_in_a_gpu_batch():
     device = torch.device("cuda", torch.cuda.current_device())
     png = io.BytesIO()
