@@ -1,16 +1,10 @@
 """``ShardDataset``: a map-style dataset over WebDataset tar shards, random access by index.
 
-Sample ``i`` enumerates samples shard by shard in shard order (shard 0's samples first, in
-tar order); :attr:`ShardDataset.shard_lengths` (samples per shard) and
-:attr:`ShardDataset.shards` (their keys) state that order, so a sampler can draw indices
-shard by shard. Because it is map-style, everything ``ConcurrentDataLoader`` promises holds
-unchanged: batch ``i`` is the sampler's batch ``i``, DDP sharding, exact resume, the skip
-policy. Its :attr:`~ShardDataset.source` (:class:`~.source.ShardSource`)
-reads a sample as one byte range of its shard, one GET each unless read-ahead
-(``readahead``) serves it from a span of the shard already read.
-
-Like :class:`~concurrent_loader.ObjectDataset`, it holds configuration and nothing open,
-so it pickles to ``spawn`` workers; ``ds[i]`` and ``__getitems__`` work without our loader.
+Samples are numbered shard by shard, in tar order (:attr:`ShardDataset.shards`,
+:attr:`ShardDataset.shard_lengths`), so a sampler can draw them shard by shard; being
+map-style, everything ``ConcurrentDataLoader`` promises holds unchanged. Like
+:class:`~concurrent_loader.ObjectDataset`, it holds configuration and nothing open, so it
+pickles to ``spawn`` workers; ``ds[i]`` and ``__getitems__`` work without our loader.
 """
 
 from __future__ import annotations
@@ -46,14 +40,12 @@ class ShardDataset(ObjectDataset):
     dict itself (``{"__key__", "__url__", extension: bytes}``, as ``webdataset``'s).
 
     Each shard's index is read from ``<shard>.idx`` (written by ``concurrent-loader
-    pack``), or built once by scanning the shard with ranged GETs. Each sample is one
-    ranged GET of its shard; ``readahead`` (for reading in shard order, with
-    :class:`~concurrent_loader.ShardOrderSampler`, or in random order with room for the
-    shards) reads a remote shard in aligned spans that each process keeps a few of, so the
-    samples that follow in a span cost no GET (see :mod:`concurrent_loader.stores.readahead`).
-    ``root`` is as for :class:`~concurrent_loader.ObjectDataset`: a URL, a local directory,
-    or a store config carrying its backend's options (``S3Config.from_url(url, ...)``).
-    ``cache=`` is refused: shards are read in byte ranges, which the node cache does not keep.
+    pack``), or built once by scanning the shard. Each sample is one ranged GET of its
+    shard; ``readahead`` reads a remote shard in aligned spans that each process keeps a
+    few of, so the samples that follow in a span cost no GET (for shard order, with
+    :class:`~concurrent_loader.ShardOrderSampler`; see :mod:`concurrent_loader.stores.readahead`).
+    ``root`` is as for :class:`~concurrent_loader.ObjectDataset`. ``cache=`` is refused: the
+    node cache keeps whole objects, not the byte ranges shards are read in.
     """
 
     source: ShardSource  # type: ignore[assignment]  # a different source, same protocol
@@ -71,12 +63,9 @@ class ShardDataset(ObjectDataset):
     ) -> None:
         if cache is not None:
             raise ConfigError(
-                "ShardDataset does not read through the node cache (cache=): the cache keeps "
-                "whole objects, and a shard is read in byte ranges, which it does not keep. "
-                "To read each remote shard once in large pieces, use readahead=Readahead(); "
-                "to keep shards on local disk, copy them there and give that directory as "
-                "the root",
-                cause=Reason.INVALID_ARGUMENT,
+                "ShardDataset does not read through the node cache (cache=), which keeps whole "
+                "objects, not byte ranges: use readahead=Readahead(), or copy the shards to "
+                "local disk and give that directory as the root"
             )
         self.store: StoreConfig = store_config_for(root).resolved()
         self.fetch_config = fetch_config or FetchConfig()
@@ -102,7 +91,7 @@ class ShardDataset(ObjectDataset):
         else:
             keys = list(shards)
             if not keys:
-                raise ConfigError("shards is empty", cause=Reason.INVALID_ARGUMENT)
+                raise ConfigError("shards is empty")
             for key in keys:
                 if listed and key not in listed:
                     raise ObjectNotFound(

@@ -66,9 +66,6 @@ class ShardIndex:
         kept = tuple(m for m in members if is_sample_member(m.name))
         return cls(size, kept, presize, dict(original_sizes or {}))
 
-    def original_size(self, name: str) -> tuple[int, int] | None:
-        return self.original_sizes.get(name)
-
     def to_json(self) -> bytes:
         members = [[m.name, m.header_offset, m.offset, m.size] for m in self.members]
         document: dict[str, object] = {

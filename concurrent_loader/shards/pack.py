@@ -2,40 +2,23 @@
 
 ``SRC`` is a prefix (``s3://bucket/prefix``) or a local directory; ``DEST`` a local
 directory or an ``s3://`` prefix. Store options (``endpoint_url``, ``region``, ``profile``,
-``anonymous``...; on the command line ``--endpoint-url``...) apply to whichever side is
-remote, to both when both are; given with neither on S3 they are refused. Shards are
-``shard-000000.tar``, ``shard-000001.tar``..., each with its index
-``shard-000000.tar.idx`` (:mod:`.index`).
+``anonymous``) apply to whichever side is on S3, to both when both are. Shards are
+``shard-000000.tar``, ``shard-000001.tar``..., each with its index ``.tar.idx``
+(:mod:`.index`). Guarantees:
 
-Guarantees:
-
-- what is written reads back as the promised samples with both readers,
-  :class:`~concurrent_loader.ShardDataset` and the ``webdataset`` library, and
-  :attr:`PackResult.samples` is how many they read; ``DEST`` holds the new pack and nothing
-  a reader would mix in with it (an earlier pack is refused, or with ``overwrite``
-  removed). The rules, the sources refused or skipped and the refusals of ``DEST`` are in
-  :mod:`.packplan`; every refusal is a ``ConfigError`` raised before anything is written;
-- deterministic: the same input gives the same bytes. Samples are in key order; every tar
-  header has mtime 0, uid/gid 0, no user or group name, mode 0444; the tar is written in
-  the POSIX pax format (a pax header only for a name that ustar cannot hold);
+- what is written reads back as the promised samples with both ``ShardDataset`` and
+  ``webdataset`` (:attr:`PackResult.samples` is how many), and ``DEST`` holds nothing a
+  reader would mix in with them; the rules and refusals are in :mod:`.packplan`;
+- deterministic: samples in key order; every tar header has mtime 0, uid/gid 0, no user or
+  group name, mode 0444, in the POSIX pax format;
 - a sample's members are adjacent and never split across shards; a shard closes before a
-  sample that would take it past ``shard_size`` (a single sample larger than that gets a
-  shard of its own);
-- with ``image_folder=True`` (``SRC/<class>/<image>``, chosen as
-  :class:`~concurrent_loader.ImageFolder` chooses), each image ``c/x.jpg`` is sample
-  ``c/x`` with members ``c/x.jpg`` and ``c/x.cls`` (the class index as decimal text; classes
-  are the sorted folder names). Dots in an image's file name before its extension become
-  ``_`` in its sample key, since both readers split at the first dot;
-- with ``presize`` (``--resize S [--format jpeg|raw] [--quality Q]``, image folders only),
-  each image is stored pre-sized (:class:`~concurrent_loader.decode.presize.Presize`:
-  shorter side ``S``, never upscaled, upright, RGB) as member ``c/x.jpg`` (a JPEG, whatever
-  the source's format) or ``c/x.raw`` (the raw uint8 form); labels and keys are as without
-  it. The index records the setting and each image's original ``(width, height)``
-  (:mod:`.index`). Images are re-encoded by ``processes`` processes (default: one per
-  core; ``1``: this one) while the next objects are fetched; an image that cannot be
-  decoded ends the pack with a ``DecodeError`` naming it;
-- a shard and its index are each published whole (:meth:`.packplan.Destination.publish`),
-  so a reader never sees half of one.
+  sample that would take it past ``shard_size`` (a larger sample gets a shard of its own);
+- with ``image_folder=True`` (``SRC/<class>/<image>``), image ``c/x.jpg`` is sample ``c/x``
+  with members ``c/x.jpg`` and ``c/x.cls`` (the class index as text; :mod:`.packplan`);
+- with ``presize`` (image folders only), each image is stored pre-sized as ``c/x.jpg`` or
+  ``c/x.raw``, re-encoded by ``processes`` processes while the next objects are fetched; an
+  image that cannot be decoded ends the pack with a ``DecodeError``;
+- a shard and its index are each published whole, so a reader never sees half of one.
 """
 
 from __future__ import annotations
@@ -43,7 +26,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import io
-import multiprocessing
 import os
 import re
 import sys
@@ -54,10 +36,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from ..config import FetchConfig
+from ..cache.form import process_pool
+from ..config import FetchConfig, check_count
 from ..dataset import ObjectDataset
 from ..decode.presize import FORMATS, Presize
-from ..errors import ConfigError, Reason
+from ..errors import ConfigError
 from ..listing import list_store, progress
 from ..stores import S3Config, StoreConfig, store_config_for
 from .index import INDEX_SUFFIX, ShardIndex
@@ -79,8 +62,7 @@ def parse_size(text: str) -> int:
     unit = match.group(2).upper() if match else ""
     if match is None or unit not in _UNITS or float(match.group(1)) * _UNITS[unit] < 1:
         raise ConfigError(
-            f"bad size {text!r}: expected a positive number of bytes like 256MB or 64MiB",
-            cause=Reason.INVALID_ARGUMENT,
+            f"bad size {text!r}: expected a positive number of bytes like 256MB or 64MiB"
         )
     return int(float(match.group(1)) * _UNITS[unit])
 
@@ -112,23 +94,18 @@ def pack(
     **store_options: Any,
 ) -> PackResult:
     """Pack the objects under ``src`` into shards under ``dest`` (see the module)."""
-    if shard_size < 1:
-        raise ConfigError(
-            f"shard_size must be >= 1, got {shard_size}", cause=Reason.INVALID_ARGUMENT
-        )
+    check_count("shard_size", shard_size)
     if presize is not None and not image_folder:
         raise ConfigError(
             "pre-sizing (--resize) needs --image-folder: only an image folder's samples are "
-            "known to hold one image each",
-            cause=Reason.INVALID_ARGUMENT,
+            "known to hold one image each"
         )
-    if processes is not None and processes < 1:
-        raise ConfigError(f"processes must be >= 1, got {processes}", cause=Reason.INVALID_ARGUMENT)
+    if processes is not None:
+        check_count("processes", processes)
     given = sorted(name for name, value in store_options.items() if value not in (None, False))
     if given and not (on_s3(src) or on_s3(dest)):
         raise ConfigError(
-            f"{', '.join(given)} apply to an s3:// SRC or DEST; neither {src!r} nor {dest!r} is",
-            cause=Reason.INVALID_ARGUMENT,
+            f"{', '.join(given)} apply to an s3:// SRC or DEST; neither {src!r} nor {dest!r} is"
         )
     fetch_config = fetch_config or FetchConfig()
     store = (
@@ -142,7 +119,7 @@ def pack(
         plan = plan_image_folder(store, listed, extension) if image_folder else None
         plan = plan or plan_objects(store, listed)
         reader = ObjectDataset(store, keys=[info.key for info in listed], fetch_config=fetch_config)
-        pool = _pool(processes) if presize is not None and processes != 1 else None
+        pool = process_pool(processes) if presize is not None and processes != 1 else None
         try:
             destination.begin(stale)  # the first write: every check has passed
             position = {info.key: i for i, info in enumerate(listed)}
@@ -164,33 +141,18 @@ def pack(
 
 @dataclass(frozen=True)
 class _Ready:
-    """A sample to write: its entries, their bytes, and its images' original sizes."""
-
     sample: Sample
     bodies: list[bytes]
     original_sizes: dict[str, tuple[int, int]]
 
 
 class _Ahead:
-    """An iterator with its next item in :attr:`head` (None at its end)."""
-
     def __init__(self, items: Iterator[_Ready]) -> None:
         self._items = items
         self.head: _Ready | None = next(items, None)
 
     def advance(self) -> None:
         self.head = next(self._items, None)
-
-
-def _pool(processes: int | None) -> concurrent.futures.ProcessPoolExecutor:
-    """Processes that re-encode images: spawned (a fork would copy fetch threads mid-step),
-    one per core this process may use unless told."""
-    if processes is None:
-        affinity = getattr(os, "sched_getaffinity", None)
-        processes = len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
-    return concurrent.futures.ProcessPoolExecutor(
-        max_workers=processes, mp_context=multiprocessing.get_context("spawn")
-    )
 
 
 def _ready(
@@ -202,8 +164,8 @@ def _ready(
     pool: concurrent.futures.ProcessPoolExecutor | None,
 ) -> Iterator[_Ready]:
     """Each sample with its bytes, in order, fetched about ``_FETCH_CHUNK`` objects at a
-    time; with ``presize``, a chunk's fetched images are re-encoded (in ``pool``, while the
-    next chunk is fetched; without one, here)."""
+    time; with ``presize``, a chunk's images are re-encoded (in ``pool`` while the next
+    chunk is fetched, or here)."""
     chunks: list[list[Sample]] = [[]]
     for sample in samples:
         if sum(len(s) for s in chunks[-1]) + len(sample) > _FETCH_CHUNK and chunks[-1]:
@@ -259,9 +221,8 @@ def _write(
     presize: Presize | None,
     on_sample: Callable[[], None] | None,
 ) -> int:
-    """Write shard ``name`` from the samples ``ready`` holds, closing it before a sample
-    that would take it past ``shard_size`` (a larger sample alone); then its index, to
-    ``destination``. The shard's size in bytes."""
+    """Write shard ``name`` and its index from the samples ``ready`` holds, up to
+    ``shard_size``; the shard's size in bytes."""
     members: list[Member] = []
     original_sizes: dict[str, tuple[int, int]] = {}
 
@@ -293,7 +254,6 @@ def _write(
 
 
 def _publish(destination: Destination, name: str, write: Callable[[IO[bytes]], Any]) -> int:
-    """``write`` a temporary file, then publish it whole as ``name``; its size in bytes."""
     fd, tmp = tempfile.mkstemp(prefix=".packing-", dir=destination.scratch)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -311,7 +271,6 @@ def _publish(destination: Destination, name: str, write: Callable[[IO[bytes]], A
 
 
 def add_pack_arguments(parser: argparse.ArgumentParser) -> None:
-    """``DEST`` and the options of ``pack`` (after the common ``SRC`` and store options)."""
     parser.epilog = (
         "--endpoint-url, --region, --profile and --anonymous apply to whichever of SRC and "
         "DEST is on S3, to both when both are. Objects that no reader makes part of a "
@@ -332,7 +291,6 @@ def add_pack_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--resize",
         type=int,
-        default=None,
         metavar="SHORT_SIDE",
         help="with --image-folder: store each image pre-sized to this shorter side (never "
         "upscaled, aspect kept) as c/x.jpg, or c/x.raw with --format raw",
@@ -340,17 +298,13 @@ def add_pack_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--format",
         choices=FORMATS,
-        default=None,
         help="with --resize: a re-encoded JPEG (default) or raw uint8 pixels (no decode "
         "when read, several times the bytes)",
     )
-    parser.add_argument(
-        "--quality", type=int, default=None, help="with --resize: the JPEG quality (default 90)"
-    )
+    parser.add_argument("--quality", type=int, help="with --resize: the JPEG quality (default 90)")
     parser.add_argument(
         "--processes",
         type=int,
-        default=None,
         help="with --resize: processes that re-encode (default: one per core)",
     )
     parser.add_argument(
@@ -367,8 +321,7 @@ def run_pack(args: argparse.Namespace) -> PackResult:
     given = {"format": args.format, "quality": args.quality}
     if args.resize is None and (args.processes is not None or any(given.values())):
         raise ConfigError(
-            "--format, --quality and --processes apply to --resize, which is not given",
-            cause=Reason.INVALID_ARGUMENT,
+            "--format, --quality and --processes apply to --resize, which is not given"
         )
     options = {k: v for k, v in given.items() if v is not None}
     presize = Presize(args.resize, **options) if args.resize is not None else None

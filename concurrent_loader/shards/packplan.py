@@ -1,34 +1,22 @@
 """What ``concurrent-loader pack`` writes, and where, both checked before anything is written.
 
-The samples (:class:`PackPlan`). A member name splits into sample key and extension as both
-readers (:class:`~concurrent_loader.ShardDataset` and ``webdataset``) split it
-(:func:`~concurrent_loader.shards.tar.split_name`, ``webdataset.base_plus_ext``): at the
-first dot of its last path component, the extension lower-cased. A plan guarantees:
-
-- every member is a sample member for both readers and splits into exactly the sample key
-  and extension the plan gives it;
-- no sample has two members with one extension (``a.JPG`` and ``a.jpg``; in an image
-  folder ``x.jpg`` and ``x.png``, or ``a.b.jpg`` and ``a_b.jpg``), which both readers
-  refuse, and no member's extension is a field of webdataset's sample (``__key__``...);
-- samples are in key order with their members adjacent, so each key is one sample;
-- objects that no reader makes part of a sample (a dotfile, a name without an extension,
-  a webdataset metadata name such as ``__meta__/x.json``) are left out, listed in
-  :attr:`PackPlan.skipped` and not counted.
+The samples (:class:`PackPlan`): member names split into sample key and extension as both
+readers (:class:`~concurrent_loader.ShardDataset` and ``webdataset``) split them, at the
+first dot of the last path component. A plan guarantees that every member is read back as
+the sample and extension it gives it; that no sample has two members with one extension
+(``a.JPG`` and ``a.jpg``; in an image folder ``x.jpg`` and ``x.png``) or a member named as
+a field of webdataset's sample (``__key__``...); that samples are in key order with their
+members adjacent; and that objects no reader makes part of a sample (a dotfile, no
+extension, a metadata name such as ``__meta__/x.json``) are left out and listed in
+:attr:`PackPlan.skipped`.
 
 The destination (:class:`Destination`, a local directory or an ``s3://`` prefix):
-``ShardDataset(DEST)`` reads every ``*.tar`` key under its root, so :meth:`Destination.check`
-makes sure it will read the new pack and nothing else:
-
-- ``DEST`` is not ``SRC`` nor inside it (a second pack would pack the first one's shards);
-- ``DEST`` holds no earlier pack (the packer's own files at its top level,
-  ``shard-NNNNNN.tar`` and ``shard-NNNNNN.tar.idx``) unless ``overwrite`` is given; with
-  it, exactly those files are removed before the first new shard is written, so no stale
-  shard is read with the new ones (a pack that then fails leaves ``DEST`` incomplete);
-- ``DEST`` holds no other ``*.tar`` anywhere under it, which the packer does not remove.
-
-A file is published whole: written to a temporary file, then renamed into place (local)
-or uploaded with one PUT (S3). Whatever breaks a rule is refused with a
-:class:`~concurrent_loader.ConfigError` naming its objects, before anything is written.
+``ShardDataset(DEST)`` reads every ``*.tar`` under its root, so ``DEST`` must not be ``SRC``
+nor inside it, must hold no earlier pack (``shard-NNNNNN.tar`` and ``.tar.idx`` at its top
+level) unless ``overwrite`` is given (then exactly those files are removed before the first
+new shard), and no other ``*.tar`` anywhere. A file is published whole: renamed into place
+(local) or uploaded with one PUT (S3). Whatever breaks a rule is a
+:class:`~concurrent_loader.ConfigError` naming its objects, raised before anything is written.
 """
 
 from __future__ import annotations
@@ -36,7 +24,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,19 +35,10 @@ from ..listing import list_store
 from ..stores import LocalConfig, ObjectInfo, S3Config, StoreConfig
 from ..stores.s3.errors import error_for_exception
 from .index import INDEX_SUFFIX
-from .tar import BLOCK, is_sample_member, padded, split_name
+from .tar import is_sample_member, split_name
 
-__all__ = [
-    "Destination",
-    "PackEntry",
-    "PackPlan",
-    "Sample",
-    "first_few",
-    "on_s3",
-    "plan_image_folder",
-    "plan_objects",
-    "split_shards",
-]
+__all__ = ["Destination", "PackEntry", "PackPlan", "Sample", "first_few", "on_s3"]
+__all__ += ["plan_image_folder", "plan_objects"]
 
 _SAMPLE_FIELDS = ("__key__", "__url__", "__local_path__")  # what webdataset adds to a sample
 _LISTED = 10  # colliding groups or skipped objects named in a message
@@ -129,22 +108,6 @@ def plan_image_folder(
     return _checked(store, by_key, [])
 
 
-def split_shards(samples: list[Sample], shard_size: int) -> Iterator[list[Sample]]:
-    """Samples in shards: a shard closes before a sample that would take it past
-    ``shard_size`` bytes of tar (a single larger sample gets a shard of its own)."""
-    shard: list[Sample] = []
-    used = 0
-    for sample in samples:
-        size = sum(BLOCK + padded(entry.size) for entry in sample)
-        if shard and used + size > shard_size:
-            yield shard
-            shard, used = [], 0
-        shard.append(sample)
-        used += size
-    if shard:
-        yield shard
-
-
 def _checked(store: StoreConfig, by_key: dict[str, Sample], skipped: list[str]) -> PackPlan:
     misread: list[str] = []
     collisions: dict[tuple[str, ...], tuple[str, str]] = {}
@@ -164,7 +127,6 @@ def _checked(store: StoreConfig, by_key: dict[str, Sample], skipped: list[str]) 
             "objects that the readers would not read back as the sample the packer makes of "
             f"them: {first_few(misread)}; rename them",
             url=store.url_for(""),
-            cause=Reason.INVALID_ARGUMENT,
         )
     if collisions:
         groups = [
@@ -178,7 +140,6 @@ def _checked(store: StoreConfig, by_key: dict[str, Sample], skipped: list[str]) 
             "'__local_path__' are fields of the sample; in an image folder each image is a "
             f"sample with a 'cls' member): {first_few(groups)}; rename or remove them",
             url=store.url_for(""),
-            cause=Reason.INVALID_ARGUMENT,
         )
     samples = [by_key[key] for key in sorted(by_key)]
     if not samples:
@@ -192,13 +153,11 @@ def _checked(store: StoreConfig, by_key: dict[str, Sample], skipped: list[str]) 
 
 
 def first_few(items: Sequence[str]) -> str:
-    """The first few of ``items``, and how many more there are."""
     shown = "; ".join(items[:_LISTED])
     return shown if len(items) <= _LISTED else f"{shown}; and {len(items) - _LISTED} more"
 
 
 def on_s3(url: str) -> bool:
-    """Whether ``url`` names an S3 prefix (the side that store options apply to)."""
     return url[:5].lower() == "s3://"
 
 
@@ -228,18 +187,11 @@ class Destination:
             )
             self.scratch = tempfile.mkdtemp(prefix="concurrent-loader-pack-")
         elif "://" in dest:
-            raise ConfigError(
-                f"DEST must be a local directory or s3://bucket/prefix, got {dest!r}",
-                cause=Reason.INVALID_ARGUMENT,
-            )
+            raise ConfigError(f"DEST must be a local directory or s3://bucket/prefix, got {dest!r}")
         else:
             self.scratch = str(Path(dest).expanduser().resolve())
             if os.path.exists(self.scratch) and not os.path.isdir(self.scratch):
-                raise ConfigError(
-                    "DEST exists and is not a directory",
-                    url=self.scratch,
-                    cause=Reason.INVALID_ARGUMENT,
-                )
+                raise ConfigError("DEST exists and is not a directory", url=self.scratch)
 
     def __str__(self) -> str:
         return str(self.s3) if self.s3 is not None else self.scratch + os.sep
@@ -261,23 +213,26 @@ class Destination:
                 and self.s3.prefix.startswith(source.prefix)
             )
         if inside:
-            raise self._refused(
+            raise ConfigError(
                 f"DEST is inside SRC {source}: its shards would be packed as samples of the "
-                "next pack of SRC; choose a DEST outside it"
+                "next pack of SRC; choose a DEST outside it",
+                url=str(self),
             )
         listed = self._listed()
         ours = [key for key in listed if _PACK_FILE.fullmatch(key)]
         foreign = [k for k in listed if k.endswith(".tar") and not _PACK_FILE.fullmatch(k)]
         if foreign:
-            raise self._refused(
+            raise ConfigError(
                 f"DEST holds {len(foreign)} tar files the packer did not write "
                 f"({first_few(foreign)}): ShardDataset reads every *.tar under its root, so "
-                "they would be read as part of the pack; choose another DEST or remove them"
+                "they would be read as part of the pack; choose another DEST or remove them",
+                url=str(self),
             )
         if ours and not overwrite:
-            raise self._refused(
+            raise ConfigError(
                 f"DEST already holds a pack ({len(ours)} files: {first_few(ours)}): pass "
-                "--overwrite (overwrite=True) to replace it, or choose another DEST"
+                "--overwrite (overwrite=True) to replace it, or choose another DEST",
+                url=str(self),
             )
         return ours
 
@@ -312,9 +267,6 @@ class Destination:
             if exc.cause is Reason.EMPTY_PREFIX:
                 return []
             raise
-
-    def _refused(self, message: str) -> ConfigError:
-        return ConfigError(message, url=str(self), cause=Reason.INVALID_ARGUMENT)
 
     def _call(self, operation: str, name: str, **kwargs: Any) -> None:
         from botocore.exceptions import BotoCoreError, ClientError

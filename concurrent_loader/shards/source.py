@@ -1,19 +1,18 @@
 """Samples of tar shards: sample ``i`` is one ranged read of its shard, checked header by header.
 
-Index ``i`` runs over the samples shard by shard, in tar order (``shard_lengths[s]`` in
-shard ``s``). A sample's span runs from where the previous sample ends through the next
-sample's first headers (:meth:`ShardSource._span`), so a shard's spans cover it.
-:meth:`ShardSource.decode` refuses (``ShardError`` naming shard, member and offset) a span
-that is not exactly the members the index lists (``IndexMismatch``) or holds a member of
-the sample the index leaves out (``MissingMember``); a sample past the shard's listed size
-is refused before any GET (``TruncatedShard``), an index for a smaller shard when the
-source is made. When the samples before it read without error, a sample is exactly the one
-``webdataset`` reads there; a hostile index can only make samples fail. Samples are dicts
-as ``webdataset`` makes them (``__key__``, ``__url__``, extension: bytes).
+Index ``i`` runs over the samples shard by shard, in tar order. A sample's span runs from
+where the previous sample ends through the next sample's first headers
+(:meth:`ShardSource._span`), so a shard's spans cover it. A span that is not exactly the
+members the index lists is ``IndexMismatch``, a member of the sample the index leaves out
+``MissingMember``, a sample past the shard's listed size ``TruncatedShard`` (before any
+GET); each names shard, member and offset. When the samples before it read without
+error, a sample is exactly the one ``webdataset`` reads there (``__key__``, ``__url__``,
+extension: bytes); a hostile index can only make samples fail.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,14 +24,7 @@ from ..keys import KeyTable
 from ..sources.base import Read
 from ..stores.base import ByteRange, StoreConfig
 from .index import ShardIndex
-from .tar import (
-    Member,
-    TarWalk,
-    group_samples,
-    is_sample_member,
-    padded,
-    split_name,
-)
+from .tar import Member, TarWalk, group_samples, is_sample_member, padded, split_name
 
 __all__ = ["ShardSource"]
 
@@ -74,29 +66,22 @@ class ShardSource:
                     cause=Reason.INDEX_MISMATCH,
                 )
         keys: list[str] = []
-        names: list[str] = []
-        header_offsets: list[int] = []
-        offsets: list[int] = []
-        sizes: list[int] = []
+        members: list[Member] = []
         first_member: list[int] = []
         for key, index in zip(shards, indexes, strict=True):
             samples = group_samples(list(index.members), store.url_for(key))
             self.shard_lengths.append(len(samples))
             for sample_key, parts in samples:
                 keys.append(sample_key)
-                first_member.append(len(names))
-                for _, member in parts:
-                    names.append(member.name)
-                    header_offsets.append(member.header_offset)
-                    offsets.append(member.offset)
-                    sizes.append(member.size)
-        first_member.append(len(names))
+                first_member.append(len(members))
+                members.extend(member for _, member in parts)
+        first_member.append(len(members))
         # Compact and fork-friendly, as an ObjectDataset's keys (one blob, no str objects).
         self.sample_keys: Sequence[str] = KeyTable(keys)
-        self._names = KeyTable(names)
-        self._header_offsets = np.asarray(header_offsets, dtype=np.int64)
-        self._offsets = np.asarray(offsets, dtype=np.int64)
-        self._sizes = np.asarray(sizes, dtype=np.int64)
+        self._names = KeyTable([m.name for m in members])
+        numbers = [(m.header_offset, m.offset, m.size) for m in members]
+        columns = np.array(numbers, dtype=np.int64).reshape(-1, 3).T.copy()
+        self._header_offsets, self._offsets, self._sizes = columns
         self._first_member = np.asarray(first_member, dtype=np.int64)
         self._shard_starts = np.cumsum([0, *self.shard_lengths], dtype=np.int64)
 
@@ -109,18 +94,13 @@ class ShardSource:
     def _members(self, index: int) -> range:
         return range(int(self._first_member[index]), int(self._first_member[index + 1]))
 
-    def _limit(self, shard: int) -> int:
-        """Where shard ``shard`` ends: its listed size, else its size in the index."""
-        listed = self.listed_sizes[shard]
-        return self._index_sizes[shard] if listed is None else listed
-
     def _last_of_shard(self, index: int) -> bool:
         return index + 1 == int(self._shard_starts[self.shard_of(index) + 1])
 
     def _span(self, index: int) -> ByteRange:
-        """What is read of sample ``index``: from where the previous sample's last member ends
-        (the shard's start) through the headers of the next sample's first member (the shard's
-        end, for its last sample), so walking it sees every member the sample could be missing."""
+        """What is read of sample ``index``: from the previous sample's end (the shard's start)
+        through the next sample's first headers (the shard's end), so walking it sees every
+        member the sample could be missing."""
         shard = self.shard_of(index)
         if index == int(self._shard_starts[shard]):
             start = 0
@@ -132,9 +112,6 @@ class ShardSource:
         return ByteRange(start, int(self._offsets[self._members(index + 1)[0]]))
 
     def sample_ranges(self, shard: int) -> tuple[np.ndarray, np.ndarray]:
-        """The byte ranges :meth:`reads` asks of shard ``shard``, one per sample in tar order:
-        (starts, ends), both ascending (neighbours overlap by the next sample's first
-        headers and any members between the two samples, see :meth:`_span`)."""
         first = int(self._shard_starts[shard])
         spans = [self._span(i) for i in range(first, first + self.shard_lengths[shard])]
         starts = np.fromiter((s.start for s in spans), dtype=np.int64, count=len(spans))
@@ -152,24 +129,31 @@ class ShardSource:
             f"{int(self._header_offsets[j])}"
         )
 
+    def _error(
+        self, index: int, message: str, cause: Reason, j: int | None = None, stage: str = "decode"
+    ) -> ShardError:
+        message = f"{self.where(index, j)}: {message}"
+        return ShardError(message, url=self.url_for(index), stage=stage, cause=cause)
+
     # ------------------------------------------------------------------ SampleSource
 
     def reads(self, index: int) -> Sequence[Read]:
         span = self._span(index)
         shard = self.shard_of(index)
-        limit = self._limit(shard)
+        listed = self.listed_sizes[shard]
+        limit = self._index_sizes[shard] if listed is None else listed
         if span.end > limit:
             member = next(
                 (j for j in self._members(index) if self._offsets[j] + self._sizes[j] > limit),
                 self._members(index)[0],
             )
-            raise ShardError(
-                f"{self.where(index, member)} ({int(self._sizes[member])} bytes) ends past the "
-                f"shard's end ({limit} bytes; the sample and the headers after it end at "
-                f"{span.end}): the shard is truncated",
-                url=self.url_for(index),
+            raise self._error(
+                index,
+                f"its {int(self._sizes[member])} bytes end past the shard's end ({limit} bytes; "
+                f"the sample and the headers after it end at {span.end}): the shard is truncated",
+                Reason.TRUNCATED_SHARD,
+                member,
                 stage="fetch",
-                cause=Reason.TRUNCATED_SHARD,
             )
         return (Read(self.shards[shard], span, span.length),)
 
@@ -196,21 +180,16 @@ class ShardSource:
         span = self._span(index)
         url = self.url_for(index)
         if len(body) != span.length:
-            raise ShardError(
-                f"{self.where(index)}: got {len(body)} of the sample's {span.length} bytes",
-                url=url,
-                stage="decode",
-                cause=Reason.TRUNCATED_SHARD,
-            )
+            message = f"got {len(body)} of the sample's {span.length} bytes"
+            raise self._error(index, message, Reason.TRUNCATED_SHARD)
         view = memoryview(body)
         members = self._members(index)
         last = self._last_of_shard(index)
 
         def read(offset: int, length: int) -> memoryview:
             if offset + length > span.end and not last:
-                # The span ends at the data of the next sample's first member, which the
-                # index places there: headers running past it show the index wrong, not
-                # the shard cut (that only the last sample's span, to the end, can show).
+                # The span ends where the index puts the next sample's first data: headers
+                # running past it show the index wrong, not the shard cut.
                 raise ShardError(
                     f"the shard's headers run past offset {span.end} (bytes {offset} to "
                     f"{offset + length}), where the index puts the data of "
@@ -237,29 +216,19 @@ class ShardSource:
         return sample
 
     def _indexed(self, j: int) -> Member:
-        return Member(
-            self._names[j],
-            int(self._header_offsets[j]),
-            int(self._offsets[j]),
-            int(self._sizes[j]),
-        )
+        numbers = (self._header_offsets[j], self._offsets[j], self._sizes[j])
+        return Member(self._names[j], *map(int, numbers))
 
     def _check(self, index: int, found: list[Member], walk: TarWalk) -> None:
-        """The sample members walked in the span are exactly those the index lists, at its
-        offsets, then the next sample's first member (or the archive's end); a member the index
-        leaves out that webdataset would group into this sample is ``MissingMember``. With the
-        walks before it, this proves the sample is the one webdataset reads."""
-        url = self.url_for(index)
+        """The sample members walked in the span are exactly those the index lists, then the
+        next sample's first member (or the archive's end); a member the index leaves out
+        that webdataset would group into this sample is ``MissingMember``."""
         last = self._last_of_shard(index)
         members = list(self._members(index))
         if not last:
             members.append(self._members(index + 1)[0])
         expected = [self._indexed(j) for j in members]
-
-        def error(message: str, cause: Reason, j: int | None = None) -> ShardError:
-            return ShardError(
-                f"{self.where(index, j)}: {message}", url=url, stage="decode", cause=cause
-            )
+        error = functools.partial(self._error, index)
 
         key = self.sample_keys[index]
         first = index == int(self._shard_starts[self.shard_of(index)])
@@ -319,7 +288,6 @@ class ShardSource:
         return self._about(index, exc) if isinstance(exc, LoaderError) else exc
 
     def _about(self, index: int, exc: LoaderError) -> LoaderError:
-        """``exc`` again, of the same type, naming the shard, the sample's member and offset."""
         named = type(exc)(
             f"{self.where(index)}: {exc.message}" if exc.message else self.where(index),
             url=self.url_for(index),

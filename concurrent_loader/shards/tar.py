@@ -83,22 +83,13 @@ def is_sample_member(name: str) -> bool:
 
 
 def _bad(what: str, offset: int, url: str) -> ShardError:
-    return ShardError(
-        f"no tar header at offset {offset} ({what}): not a tar, or the index does not "
-        "match the shard",
-        url=url,
-        stage="decode",
-        cause=Reason.NOT_A_TAR,
-    )
+    message = f"no tar header at offset {offset} ({what}): not a tar, or the index is wrong"
+    return ShardError(message, url=url, stage="decode", cause=Reason.NOT_A_TAR)
 
 
 def _truncated(what: str, offset: int, url: str) -> ShardError:
-    return ShardError(
-        f"the shard ends inside the {what} at offset {offset}",
-        url=url,
-        stage="fetch",
-        cause=Reason.TRUNCATED_SHARD,
-    )
+    message = f"the shard ends inside the {what} at offset {offset}"
+    return ShardError(message, url=url, stage="fetch", cause=Reason.TRUNCATED_SHARD)
 
 
 def _nts(field: bytes) -> bytes:
@@ -107,7 +98,6 @@ def _nts(field: bytes) -> bytes:
 
 
 def _number(field: bytes) -> int | None:
-    """A number field as ``tarfile.nti`` reads it (octal, or GNU base-256); None if refused."""
     if field[0] in (0o200, 0o377):
         value = int.from_bytes(field[1:], "big")
         return value - 256 ** (len(field) - 1) if field[0] == 0o377 else value
@@ -195,7 +185,6 @@ class TarWalk:
                 yield member
 
     def _next(self) -> tuple[Member, bool] | None:
-        """The next member and whether it is a regular file; None at the archive's end."""
         start = self.offset
         name: str | None = None
         size: int | None = None
@@ -265,14 +254,11 @@ def scan_members(
         return memoryview(window_data)[:length]
 
     if size == 0:
-        raise ShardError(
-            "the object is empty, not a tar", url=url, stage="decode", cause=Reason.NOT_A_TAR
-        )
+        raise _bad("the object is empty", 0, url)
     return list(TarWalk(cached, 0, size, url))
 
 
 def group_samples(members: list[Member], url: str) -> list[tuple[str, list[tuple[str, Member]]]]:
-    """Samples of a shard, in tar order: ``(key, [(extension, member), ...])``."""
     samples: list[tuple[str, list[tuple[str, Member]]]] = []
     taken: set[str] = set()
     for member in members:

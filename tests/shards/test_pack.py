@@ -115,7 +115,7 @@ def test_the_pack_command_reports_a_bad_size_in_one_line(tmp_path, capsys, packe
     assert code == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
-        "concurrent-loader: error: InvalidArgument - bad size '12XB': expected a "
+        "concurrent-loader: error: bad size '12XB': expected a "
         "positive number of bytes like 256MB or 64MiB"
     ]
     assert not (tmp_path / "out").exists()

@@ -123,8 +123,8 @@ def test_the_index_records_the_setting_and_each_original_size(packs):
             for n, (_, up) in IMAGES.items()
         }
         assert dict(index.original_sizes) == expected
-        assert index.original_size("dog/rot." + extension) == (130, 60)
-        assert index.original_size("dog/rot.cls") is None
+        assert index.original_sizes.get("dog/rot." + extension) == (130, 60)
+        assert index.original_sizes.get("dog/rot.cls") is None
     [plain] = sorted(packs["plain"].glob("*.idx"))
     document = json.loads(plain.read_bytes())
     assert "presize" not in document and "original_sizes" not in document
@@ -214,7 +214,7 @@ def test_an_index_reads_with_or_without_original_sizes():
     index = ShardIndex.from_json(
         _index(presize="presize-v1:raw:8", original_sizes={"a.jpg": [10, 20]}), "x.idx"
     )
-    assert index.original_size("a.jpg") == (10, 20) and index.presize == "presize-v1:raw:8"
+    assert index.original_sizes.get("a.jpg") == (10, 20) and index.presize == "presize-v1:raw:8"
     assert ShardIndex.from_json(index.to_json(), "x.idx") == index
 
 
