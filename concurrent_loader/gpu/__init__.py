@@ -1,10 +1,5 @@
-"""The GPU stage: batches copied to the device while the model computes, and stall metrics.
-
-:class:`CUDAPrefetcher` (:mod:`.prefetch`) stages, copies and normalises batches ahead of the
-loop (on the host without CUDA); :class:`EncodedBatchDecoder` (:mod:`.decode`) decodes a
-``decode_on`` dataset's batches for it; :class:`StallMeter` and :func:`measure_stalls`
-(:mod:`.stall`) measure how long the loop waits for data.
-"""
+"""The GPU stage: batches copied (and decoded, normalised) on the device while the model
+computes (:class:`CUDAPrefetcher`), and how long the loop waits for data (:mod:`.stall`)."""
 
 from .decode import EncodedBatchDecoder, resize_crop
 from .normalize import DEFAULT_IMAGE_KEYS, ImageTransform

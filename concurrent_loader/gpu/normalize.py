@@ -1,14 +1,11 @@
 """The image conversion done on the device after the copy: uint8 -> float, normalise, layout.
 
-Images cross the bus as uint8 (a quarter of float32's bytes). Guarantees:
-
-* only the image leaf is touched: a ``uint8`` tensor at one of ``keys`` at the batch's top
-  level (a bare tensor batch is the image), of 3 or 4 dimensions and, with ``mean``,
-  ``len(mean)`` channels; every other leaf is left as it is;
-* with ``mean`` and ``std`` (0-1 units) it becomes ``(x / 255 - mean) / std`` in ``dtype``,
-  computed in float32 (float64 for float64) and rounded once; without them it is unchanged;
-* with ``channels_last`` a 4-dimensional image comes out in ``torch.channels_last``
-  (in the same pass); a 3-dimensional one stays contiguous.
+Images cross the bus as uint8 (a quarter of float32's bytes). Only the image leaf is
+touched: a ``uint8`` tensor of 3 or 4 dimensions (with ``mean``, ``len(mean)`` channels) at
+one of ``keys`` at the batch's top level, or a bare tensor batch. With ``mean`` and ``std``
+(0-1 units) it becomes ``(x / 255 - mean) / std`` in ``dtype``, computed in float32 (float64
+for float64) and rounded once; with ``channels_last`` a 4-dimensional image comes out in
+``torch.channels_last`` in the same pass.
 """
 
 from __future__ import annotations
@@ -64,9 +61,7 @@ class ImageTransform:
         """Build from user-facing arguments: ``normalize_key`` is one key, several, or None."""
         if normalize_key is None:
             keys: tuple[Hashable, ...] = ()
-        elif isinstance(normalize_key, (str, bytes, int)):
-            keys = (normalize_key,)
-        elif isinstance(normalize_key, Sequence):
+        elif isinstance(normalize_key, Sequence) and not isinstance(normalize_key, (str, bytes)):
             keys = tuple(normalize_key)
         else:
             keys = (normalize_key,)
@@ -90,7 +85,6 @@ class ImageTransform:
         return self.mean is None or leaf.shape[-3] == len(self.mean)
 
     def on(self, device: torch.device) -> DeviceImageTransform:
-        """This transform with its constants placed on ``device``, ready to apply there."""
         return DeviceImageTransform(self, device)
 
 
@@ -100,12 +94,9 @@ def _contains(keys: tuple[Hashable, ...], key: Hashable) -> bool:
 
 
 class DeviceImageTransform:
-    """An :class:`ImageTransform` bound to a device: holds the per-channel scale and shift.
-
-    ``(x / 255 - mean) / std`` is computed as ``x * scale + shift`` with
-    ``scale = 1 / (255 * std)`` and ``shift = -mean / std``, two in-place passes over the
-    converted tensor, which keep its memory format.
-    """
+    """An :class:`ImageTransform` bound to a device: ``(x / 255 - mean) / std`` computed as
+    ``x * scale + shift`` in place (keeping the memory format), ``scale = 1 / (255 * std)``,
+    ``shift = -mean / std``."""
 
     def __init__(self, spec: ImageTransform, device: torch.device) -> None:
         self.spec = spec
@@ -120,7 +111,6 @@ class DeviceImageTransform:
             self._affine = (scale.to(device), shift.to(device))
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
-        """``image`` (already on the device) converted as the spec says."""
         layout = (
             torch.channels_last
             if self.spec.channels_last and image.ndim == 4

@@ -1,20 +1,15 @@
 """Prefetching batches onto the GPU while the model computes: :class:`CUDAPrefetcher`.
 
-Each pass starts one producer thread that pulls batches from the source and stages them
-(:mod:`.transfer`). Guarantees of one pass (a :class:`PrefetchIterator`):
+Each pass (a :class:`PrefetchIterator`, with its own thread, stream and ring) has one
+producer thread that pulls batches from the source and stages them (:mod:`.transfer`):
 
-* bounded: ``pulled - handed_over <= depth`` at all times (a semaphore holds
-  ``permits + (pulled - handed_over) == depth``), so at most ``depth`` batches sit in device
-  memory besides the loop's own, and the pinned ring has ``depth + 1`` slots;
+* bounded: ``permits + (pulled - handed_over) == depth``, so at most ``depth`` batches sit
+  in device memory besides the loop's own, and the pinned ring has ``depth + 1`` slots;
 * batches come out in source order; an exception of the source (or of a move) reaches the
   consumer after every earlier batch, with a note naming the batch, and ends the pass;
-* nothing polls, and the producer always queues an end marker (``finally``), so the
-  consumer is never left waiting;
+* nothing polls, and the producer always queues an end marker, so the consumer never hangs;
 * ending early (``break``, ``close()``, leaving ``with``, garbage collection) stops and
-  joins the producer (after a ``next()`` already under way), closes the source iterator if
-  it can be closed, drops it and frees the ring.
-
-Passes are independent: each has its own thread, stream and ring.
+  joins the producer, closes the source iterator if it can, and frees the ring.
 """
 
 from __future__ import annotations
@@ -30,6 +25,7 @@ from typing import Any, Generic, TypeVar
 import torch
 
 from ..closing import Closing
+from ..config import check_count
 from ..errors import ConfigError
 from .normalize import DEFAULT_IMAGE_KEYS, ImageTransform
 from .ring import PinnedRing
@@ -41,7 +37,7 @@ log = logging.getLogger(__name__)
 
 S = TypeVar("S")
 
-#: How long closing waits for the producer to finish a ``next()`` call on the source.
+#: how long closing waits for the producer to finish a ``next()`` call on the source
 JOIN_TIMEOUT_S = 60.0
 
 
@@ -58,8 +54,6 @@ _END = _End()
 
 
 class _Run(Generic[S]):
-    """The producer thread of one pass and the queue it fills; see the module docstring."""
-
     def __init__(self, source: Iterable[Any], transfer: Transfer[S], depth: int) -> None:
         self._items: queue.SimpleQueue[S | _Failure | _End] = queue.SimpleQueue()
         self._permits = threading.Semaphore(depth)
@@ -104,12 +98,10 @@ class _Run(Generic[S]):
                 self._items.put(_END)
 
     def _next_permit(self) -> bool:
-        """Block until the producer may pull one more batch; false once stopped."""
         self._permits.acquire()
         return not self._stop.is_set()
 
     def get(self) -> S | _Failure | _End:
-        """The next item, blocking until the producer has one (or has ended)."""
         return self._items.get()
 
     def handed_over(self) -> None:
@@ -117,17 +109,12 @@ class _Run(Generic[S]):
         self._permits.release()
 
     def close(self) -> bool:
-        """Stop the producer, wait for it, and drop what it queued. Idempotent.
-
-        Returns whether the producer has ended (it may not have if it is stuck in the
-        source's ``next()``, or if this is called on the producer thread itself).
-        """
+        """Stop the producer, wait for it, and drop what it queued; whether it has ended (not
+        when stuck in the source's ``next()``, or called on the producer thread)."""
         self._stop.set()
         # One extra permit wakes a producer blocked on the semaphore; it then sees the stop.
         self._permits.release()
-        if threading.current_thread() is self._thread:
-            # Reached from garbage collection on the producer thread itself: it cannot join
-            # itself, and it stops at its next check of the stop flag.
+        if threading.current_thread() is self._thread:  # collected on the producer thread
             return False
         self._thread.join(JOIN_TIMEOUT_S)
         if self._thread.is_alive():
@@ -137,11 +124,8 @@ class _Run(Generic[S]):
                 JOIN_TIMEOUT_S,
             )
             return False
-        while True:
-            try:
-                self._items.get_nowait()
-            except queue.Empty:
-                break
+        while not self._items.empty():  # the producer has ended: nothing more comes
+            self._items.get_nowait()
         # The drain may have taken the end marker a consumer on another thread waits for.
         self._items.put(_END)
         return True
@@ -171,8 +155,7 @@ class PrefetchIterator(Closing, Generic[S]):
         self._transfer = transfer
         self._run: _Run[S] = _Run(source, transfer, depth)
         self._done = False
-        # Runs close() when the iterator is dropped (e.g. after ``break``) without holding
-        # a reference to it, and at interpreter exit.
+        # close() when the iterator is dropped (after ``break``), and at interpreter exit
         self._finalizer = weakref.finalize(self, _shutdown, self._run, transfer)
 
     def __iter__(self) -> PrefetchIterator[S]:
@@ -195,12 +178,11 @@ class PrefetchIterator(Closing, Generic[S]):
 
     @property
     def device(self) -> torch.device:
-        """The device batches are delivered on."""
         return self._transfer.device
 
     @property
     def pinned_bytes(self) -> int:
-        """Pinned host memory this pass holds for staging (0 once closed)."""
+        """Pinned host memory this pass holds for staging."""
         return self._transfer.pinned_bytes
 
     @property
@@ -247,8 +229,8 @@ class CUDAPrefetcher(Closing):
             Only a ``uint8`` tensor of 3 or 4 dimensions with ``len(mean)`` channels at
             dimension ``-3`` is converted there; see :mod:`concurrent_loader.gpu.normalize`.
 
-    Iterating starts a pass (:class:`PrefetchIterator`); ``close()`` or leaving a ``with``
-    block ends every pass still open. ``len()`` is the source's.
+    Iterating starts a pass; ``close()`` or leaving a ``with`` block ends every pass still
+    open. ``len()`` is the source's.
     """
 
     def __init__(
@@ -264,8 +246,7 @@ class CUDAPrefetcher(Closing):
         normalize_key: Hashable | Sequence[Hashable] | None = DEFAULT_IMAGE_KEYS,
         strict: bool = False,
     ) -> None:
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-            raise ConfigError(f"depth must be an int >= 1, got {depth!r}")
+        check_count("depth", depth)
         self.source = source
         self.depth = depth
         self.transform = ImageTransform.build(
@@ -308,7 +289,7 @@ class CUDAPrefetcher(Closing):
         return sum(iterator.pinned_bytes for iterator in list(self._open))
 
     def close(self) -> None:
-        """End every pass still open (see :meth:`PrefetchIterator.close`)."""
+        """End every pass still open."""
         for iterator in list(self._open):
             iterator.close()
 

@@ -1,16 +1,11 @@
 """A small ring of reusable pinned host buffers that batches are staged in before their copy.
 
-Guarantees:
-
 * a slot is handed out again only after the fence of the copy that last read it completed
-  (a wait on one event, never a device-wide synchronise); what the slot keeps alive
-  (:meth:`RingSlot.keep`) is released at that point, not earlier;
+  (one event, never a device-wide synchronise); what it keeps alive is released then;
 * the ``i``-th tensor staged in a slot gets its ``i``-th buffer, reallocated only when too
-  small, so batches of stable shape allocate nothing after one pass around the ring;
-* ``pinned_bytes <= slots * sum_i(max bytes of the i-th staged tensor)``.
+  small, so batches of stable shape allocate nothing after one pass around the ring.
 
-One thread uses the ring (the producer); ``pinned_bytes`` and ``allocations`` may be read
-from any thread.
+One thread (the producer) uses the ring; its counters may be read from any thread.
 """
 
 from __future__ import annotations
@@ -20,7 +15,7 @@ from typing import Protocol
 
 import torch
 
-from ..errors import ConfigError
+from ..config import check_count
 
 __all__ = ["Fence", "PinnedRing", "RingSlot"]
 
@@ -28,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 class Fence(Protocol):
-    """Something that can be waited on for the completion of earlier device work."""
+    """Waited on for the completion of earlier device work (a CUDA event)."""
 
     def synchronize(self) -> None: ...
 
@@ -52,7 +47,6 @@ class RingSlot:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by this slot's buffers."""
         return sum(b.numel() for b in self._buffers)
 
     def staging(self, like: torch.Tensor) -> torch.Tensor:
@@ -70,7 +64,6 @@ class RingSlot:
         return raw.view(like.dtype).view(like.shape)
 
     def keep(self, obj: object) -> None:
-        """Keep ``obj`` alive until this slot's fence has completed."""
         self._keep_alive.append(obj)
 
     def release(self, fence: Fence) -> None:
@@ -85,15 +78,11 @@ class RingSlot:
 
 
 class PinnedRing:
-    """``slots`` reusable staging slots, handed out round robin.
-
-    ``pin=False`` gives plain host memory, for devices without pinned memory and for
-    testing the bookkeeping on machines without CUDA.
-    """
+    """``slots`` reusable staging slots, handed out round robin; ``pin=False`` gives plain
+    host memory (tests of the bookkeeping without CUDA)."""
 
     def __init__(self, slots: int, *, pin: bool = True) -> None:
-        if slots < 1:
-            raise ConfigError(f"a ring needs at least 1 slot, got {slots}")
+        check_count("slots", slots)
         self.pin = pin
         self._slots = [RingSlot(self) for _ in range(slots)]
         self._next_slot = 0
@@ -104,7 +93,7 @@ class PinnedRing:
 
     @property
     def pinned_bytes(self) -> int:
-        """Bytes of host memory the ring holds now (pinned when ``pin`` is true)."""
+        """Bytes of host memory the ring holds now."""
         return sum(slot.nbytes for slot in self._slots)
 
     @property
@@ -113,7 +102,6 @@ class PinnedRing:
         return self._allocations
 
     def acquire(self) -> RingSlot:
-        """The next slot, once the copy that last read it has completed."""
         slot = self._slots[self._next_slot]
         self._next_slot = (self._next_slot + 1) % len(self._slots)
         slot._reclaim()

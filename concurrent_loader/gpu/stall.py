@@ -1,18 +1,16 @@
 """Measuring data stalls: how much of a training loop's time is spent waiting for batches.
 
-:class:`StallMeter` splits each step of the iterable it wraps into *wait* (``next()``
-returning the batch) and *compute* (until the next ``next()``); on CUDA it synchronises the
-device at step boundaries only, so queued kernels count as compute. :func:`measure_stalls`
-also replays one batch from memory (the differential method of DS-Analyzer) and reports the
+:class:`StallMeter` splits each step into *wait* (``next()``) and *compute* (until the next
+``next()``), synchronising a CUDA device at step boundaries only, so queued kernels count as
+compute; a recorded step's ``wait_s + compute_s`` is the wall time between two requests,
+and a step cut short by ``break`` or an exception is not recorded. :func:`measure_stalls`
+also replays one batch from memory (DS-Analyzer's differential method) and reports the
 loader-fed rate as a fraction of that loading-free rate.
-
-Guarantees: a recorded step's ``wait_s + compute_s`` is the wall time between the loop's
-two requests; a step cut short by ``break`` or an exception is not recorded; the first
-``warmup_steps`` steps are left out of the report.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import time
@@ -22,6 +20,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from ..config import check_count
 from ..errors import ConfigError
 from ..metrics import StallLedger
 from .tree import first_tensor
@@ -89,10 +88,8 @@ class StallComparison:
 
     @property
     def differential_stall(self) -> float:
-        """Share of the loader-fed run's time lost to data: ``1 - rate_ratio``.
-
-        Noise can make it slightly negative when loading costs nothing.
-        """
+        """Share of the loader-fed run's time lost to data (``1 - rate_ratio``; noise can
+        make it slightly negative)."""
         return 1.0 - self.rate_ratio
 
     def __str__(self) -> str:
@@ -108,11 +105,11 @@ class StallMeter:
     """Times the steps of a loop over :meth:`iterate`; read the result with :meth:`report`.
 
     Args:
-        device: the device the steps compute on; on CUDA it is synchronised at step
-            boundaries. ``None`` or a CPU device never synchronises.
+        device: the device the steps compute on (a CUDA one is synchronised at step
+            boundaries).
         warmup_steps: leading steps timed but not reported (worker start-up, autotuning).
-        samples_per_batch: counts the samples in a batch; by default the length of the
-            first dimension of the batch's first tensor.
+        samples_per_batch: counts the samples in a batch; by default the first dimension
+            of the batch's first tensor.
         clock: seconds, monotonic.
     """
 
@@ -124,8 +121,7 @@ class StallMeter:
         samples_per_batch: Callable[[Any], int] | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        if warmup_steps < 0:
-            raise ConfigError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        check_count("warmup_steps", warmup_steps, 0)
         self.warmup_steps = warmup_steps
         self._synchronize = _synchronizer(device)
         self._samples_per_batch = samples_per_batch or _default_samples
@@ -137,11 +133,8 @@ class StallMeter:
         self._ledger.reset()
 
     def iterate(self, batches: Iterable[T], *, max_steps: int | None = None) -> Iterator[T]:
-        """Yield from ``batches`` (at most ``max_steps``), timing each step.
-
-        An iterator made here from an iterable is closed when the loop ends (if it has
-        ``close()``); an iterator passed in is left open for its owner.
-        """
+        """Yield from ``batches`` (at most ``max_steps``), timing each step; an iterator made
+        here is closed when the loop ends, one passed in is left open."""
         iterator = iter(batches)
         owned = iterator is not batches
         try:
@@ -198,14 +191,9 @@ def measure_stalls(
     samples_per_batch: Callable[[Any], int] | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> StallComparison:
-    """Run ``train_step`` fed by ``batches``, then fed from memory; compare the two.
-
-    ``warmup_steps + steps`` steps are run from ``batches`` (fewer if it runs out), then as
-    many on its first batch replayed by :func:`repeat_batch`; each run leaves its first
-    ``warmup_steps`` out of its report.
-    """
-    if steps < 1:
-        raise ConfigError(f"steps must be >= 1, got {steps}")
+    """Run ``train_step`` for ``warmup_steps + steps`` steps fed by ``batches``, then as many
+    on its first batch replayed from memory; compare the two (warm-up left out of each)."""
+    check_count("steps", steps)
     total = warmup_steps + steps
 
     def meter() -> StallMeter:
@@ -233,20 +221,10 @@ def measure_stalls(
 
 
 def _synchronizer(device: str | torch.device | None) -> Callable[[], None]:
-    if device is None:
-        return _no_sync
-    resolved = torch.device(device)
+    resolved = torch.device(device if device is not None else "cpu")
     if resolved.type != "cuda" or not torch.cuda.is_available():
-        return _no_sync
-
-    def synchronize() -> None:
-        torch.cuda.synchronize(resolved)
-
-    return synchronize
-
-
-def _no_sync() -> None:
-    return None
+        return lambda: None
+    return functools.partial(torch.cuda.synchronize, resolved)
 
 
 def _default_samples(batch: Any) -> int:

@@ -1,17 +1,13 @@
-"""Moving one batch to the device: the work the prefetcher's producer thread does per batch.
-
-:meth:`stage` starts the move on the producer thread (on CUDA: pinned staging, the copy and
-the image conversion on a stream of its own); :meth:`hand_over` makes the batch safe on the
-consumer's thread. Guarantees of :class:`CUDATransfer`:
+"""Moving one batch to the device: ``stage`` on the producer thread, ``hand_over`` on the
+consumer's. Guarantees of :class:`CUDATransfer`:
 
 * copies and conversions run ``non_blocking`` on their own stream; the consumer's stream
   waits on an event recorded after them: the device is never synchronised whole;
 * a pinned buffer is not rewritten before its copy completed (:class:`.ring.PinnedRing`); an
   already pinned, contiguous tensor is copied directly and kept alive until then;
-* every device tensor it allocates is ``record_stream``-ed for the consumer's stream, so
-  the allocator does not reuse its memory while the consumer's kernels may read it;
-* leaves that are not CPU tensors (the image leaf included) pass through untouched; sparse
-  CPU tensors are moved on the consumer's thread and stream;
+* every device tensor it allocates is ``record_stream``-ed for the consumer's stream;
+* leaves that are not CPU tensors pass through untouched; sparse CPU tensors are moved on
+  the consumer's thread and stream;
 * a top-level list of :class:`~concurrent_loader.decode.EncodedImage` is decoded first
   (:mod:`.decode`), then normalised like any image leaf.
 """
@@ -36,43 +32,30 @@ S = TypeVar("S")
 
 
 class Transfer(Protocol[S]):
-    """The per-batch work of one pass of the prefetcher, split across its two threads."""
+    """The per-batch work of one pass: the producer enters :meth:`context` for its life and
+    calls :meth:`stage`; the consumer calls :meth:`hand_over` for a batch safe on its
+    stream; :meth:`close` runs after the producer has ended."""
 
     device: torch.device
 
-    def context(self) -> contextlib.AbstractContextManager[None]:
-        """Entered by the producer thread for its whole life (device, stream, grad mode)."""
-        ...
+    def context(self) -> contextlib.AbstractContextManager[None]: ...
 
-    def stage(self, batch: Any) -> S:
-        """Start moving ``batch``; runs on the producer thread."""
-        ...
+    def stage(self, batch: Any) -> S: ...
 
-    def hand_over(self, staged: S) -> Any:
-        """The moved batch, safe to use on the calling (consumer) thread's stream."""
-        ...
+    def hand_over(self, staged: S) -> Any: ...
 
     @property
-    def pinned_bytes(self) -> int:
-        """Pinned host memory held for staging."""
-        ...
+    def pinned_bytes(self) -> int: ...
 
     @property
-    def pinned_allocations(self) -> int:
-        """Staging buffers pinned so far; stops growing once batch shapes are stable."""
-        ...
+    def pinned_allocations(self) -> int: ...
 
-    def close(self) -> None:
-        """Release what the transfer holds; called after the producer thread has ended."""
-        ...
+    def close(self) -> None: ...
 
 
 class HostTransfer:
-    """Moves with a plain ``Tensor.to`` and converts images on the producer thread.
-
-    Used for the CPU (where the move is a no-op and the conversion is the work that
-    overlaps loading) and for devices other than CUDA.
-    """
+    """Moves with a plain ``Tensor.to`` and converts images on the producer thread: for the
+    CPU (where the conversion is the work that overlaps loading) and devices other than CUDA."""
 
     pinned_bytes = 0
     pinned_allocations = 0
@@ -109,8 +92,6 @@ class HostTransfer:
 
 @dataclass
 class _InFlight:
-    """A batch whose copy and conversion have been issued on the copy stream."""
-
     batch: Any
     ready: torch.cuda.Event
     owned: list[torch.Tensor] = field(default_factory=list)

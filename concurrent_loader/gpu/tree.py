@@ -1,20 +1,17 @@
-"""Walking the nested containers a batch is made of.
+"""Walking the nested containers (tuples, named or not, lists, mappings) a batch is made of.
 
-:func:`map_batch` rebuilds a batch (any nesting of tuples, named or not, lists and
-mappings) with the same container types, each leaf replaced by ``fn(path, leaf)``. A
-leaf's path is the tuple of positions and keys leading to it (``()`` for a bare leaf);
-leaves are visited depth first in container order; ``str``, ``bytes`` and objects of any
-other type are leaves.
+A leaf's path is the tuple of positions and keys leading to it (``()`` for a bare leaf);
+leaves are visited depth first in container order; anything else is a leaf.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 import torch
 
-__all__ = ["Path", "first_tensor", "iter_leaves", "map_batch"]
+__all__ = ["Path", "first_tensor", "map_batch"]
 
 Path = tuple[Hashable, ...]
 
@@ -42,28 +39,18 @@ def _map(node: Any, path: Path, fn: Callable[[Path, Any], Any]) -> Any:
 
 
 def _rebuild(node: Any, contents: Any, fallback: Callable[[Any], Any]) -> Any:
-    # A subclass whose constructor takes other arguments cannot be rebuilt from its
-    # contents; the plain container keeps the data, which matters more than the type.
+    # A subclass whose constructor takes other arguments: the data matters more than the type.
     try:
         return type(node)(contents)
     except TypeError:
         return fallback(contents)
 
 
-def iter_leaves(batch: Any, path: Path = ()) -> Iterator[tuple[Path, Any]]:
-    """``(path, leaf)`` for every leaf of ``batch``, in the order :func:`map_batch` visits."""
-    if isinstance(batch, torch.Tensor):
-        yield path, batch
-    elif isinstance(batch, (tuple, list)):
-        for i, item in enumerate(batch):
-            yield from iter_leaves(item, (*path, i))
-    elif isinstance(batch, Mapping):
-        for key, value in batch.items():
-            yield from iter_leaves(value, (*path, key))
-    else:
-        yield path, batch
-
-
 def first_tensor(batch: Any) -> torch.Tensor | None:
-    """The first tensor leaf of ``batch`` in visiting order, or ``None`` if it has none."""
-    return next((leaf for _, leaf in iter_leaves(batch) if isinstance(leaf, torch.Tensor)), None)
+    """The first tensor leaf in visiting order, or None."""
+    if isinstance(batch, torch.Tensor):
+        return batch
+    if not isinstance(batch, (tuple, list, Mapping)):
+        return None
+    items = batch.values() if isinstance(batch, Mapping) else batch
+    return next((t for t in map(first_tensor, items) if t is not None), None)
