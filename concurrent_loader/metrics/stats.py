@@ -124,8 +124,7 @@ class StageStats:
             self._v[0] += 1
             self._v[1] += size
 
-    def on_response(self, seconds: float, size: int, first_byte_s: float | None) -> None:
-        self.add_fetch(seconds, size, first_byte_s)
+    on_response = add_fetch  # as the fetch client's observer
 
     def on_retry(self, error: FetchError) -> None:
         self.add("retries")
