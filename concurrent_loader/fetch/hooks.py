@@ -35,20 +35,10 @@ class FetchObserver(Protocol):
 
 
 class _NoObserver:
-    def on_response(self, seconds: float, size: int, first_byte_s: float | None) -> None:
+    def _ignore(self, *args: object) -> None:
         pass
 
-    def on_retry(self, error: FetchError) -> None:
-        pass
-
-    def on_throttle(self) -> None:
-        pass
-
-    def on_hedge(self) -> None:
-        pass
-
-    def on_hedge_won(self) -> None:
-        pass
+    on_response = on_retry = on_throttle = on_hedge = on_hedge_won = _ignore
 
 
 NO_OBSERVER: FetchObserver = _NoObserver()

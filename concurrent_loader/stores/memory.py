@@ -94,36 +94,38 @@ class MemoryStore:
             )
         return bytes(data)
 
-    async def get(self, key: str, byte_range: ByteRange | None = None) -> Body:
+    def _delay(self, key: str) -> float | None:
+        """The script's answer to this GET of ``key``: raised if an error, None to stall,
+        else the seconds to wait."""
         stats = self.config.stats
         attempt = stats.gets[key]
         stats.gets[key] += 1
+        action = self.config.script(key, attempt) if self.config.script else None
+        if action is STALL:
+            return None
+        if isinstance(action, BaseException):
+            raise action
+        return self.config.latency_s + (action if isinstance(action, (int, float)) else 0)
+
+    async def get(self, key: str, byte_range: ByteRange | None = None) -> Body:
+        stats = self.config.stats
         stats.in_flight += 1
         stats.max_in_flight = max(stats.max_in_flight, stats.in_flight)
         try:
-            action = self.config.script(key, attempt) if self.config.script else None
-            if action is STALL:
+            delay = self._delay(key)
+            if delay is None:
                 await asyncio.Event().wait()
-            if isinstance(action, BaseException):
-                raise action
-            delay = self.config.latency_s + (action if isinstance(action, (int, float)) else 0)
-            if delay:
+            elif delay:
                 await asyncio.sleep(delay)
             return Body(self._read(key, byte_range), delay)
         finally:
             stats.in_flight -= 1
 
     def get_blocking(self, key: str, byte_range: ByteRange | None = None) -> bytes:
-        stats = self.config.stats
-        attempt = stats.gets[key]
-        stats.gets[key] += 1
-        action = self.config.script(key, attempt) if self.config.script else None
-        if action is STALL:
+        delay = self._delay(key)
+        if delay is None:
             threading.Event().wait()
-        if isinstance(action, BaseException):
-            raise action
-        delay = self.config.latency_s + (action if isinstance(action, (int, float)) else 0)
-        if delay:
+        elif delay:
             time.sleep(delay)
         return self._read(key, byte_range)
 

@@ -62,11 +62,11 @@ def framing_error(url: str, exc: FramingError) -> FetchError:
     return malformed(url, str(exc))
 
 
-def certificate_refused(exc: BaseException, url: str) -> CertificateRefused:
+def certificate_refused(exc: BaseException, url: str, stage: str = "fetch") -> CertificateRefused:
     return CertificateRefused(
         f"{exc}; pass ca_bundle= (or set AWS_CA_BUNDLE) to trust a private CA",
         url=url,
-        stage="fetch",
+        stage=stage,
         cause=Reason.CERTIFICATE_REFUSED,
     )
 

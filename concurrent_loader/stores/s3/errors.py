@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 import ssl
 
@@ -13,7 +12,6 @@ from ...errors import (
     AccessDenied,
     BadRequest,
     BucketNotFound,
-    CertificateRefused,
     ConnectionFailed,
     FetchError,
     FetchTimeout,
@@ -21,6 +19,7 @@ from ...errors import (
     Reason,
     Throttled,
 )
+from ...transport.errors import certificate_refused
 from ..shared import error_class_for_status, error_for_status
 
 __all__ = ["error_for_code", "error_for_exception", "error_for_response", "refused_certificate"]
@@ -78,7 +77,7 @@ def error_for_exception(exc: BaseException, url: str, *, stage: str = "list") ->
         error = exc.response.get("Error", {})
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
         return error_for_code(error.get("Code"), status or 400, url, stage=stage)
-    if isinstance(exc, (ConnectTimeoutError, ReadTimeoutError, TimeoutError, asyncio.TimeoutError)):
+    if isinstance(exc, (ConnectTimeoutError, ReadTimeoutError, TimeoutError)):
         return FetchTimeout(str(exc), url=url, stage=stage, cause=Reason.TIMED_OUT)
     if isinstance(exc, NoCredentialsError):
         return AccessDenied(
@@ -88,14 +87,8 @@ def error_for_exception(exc: BaseException, url: str, *, stage: str = "list") ->
             stage=stage,
             cause=Reason.NO_CREDENTIALS,
         )
-    # botocore's SSLError wraps the ssl module's; a refused certificate is not transient.
-    if isinstance(exc, SSLError) and refused_certificate(exc):
-        return CertificateRefused(
-            f"{exc}; pass ca_bundle= (or set AWS_CA_BUNDLE) to trust a private CA",
-            url=url,
-            stage=stage,
-            cause=Reason.CERTIFICATE_REFUSED,
-        )
+    if isinstance(exc, SSLError) and refused_certificate(exc):  # not transient
+        return certificate_refused(exc, url, stage)
     if isinstance(exc, ConnectionClosedError):
         return ConnectionFailed(str(exc), url=url, stage=stage, cause=Reason.CONNECTION_CLOSED)
     if isinstance(exc, (EndpointConnectionError, ConnectionError, OSError)):
