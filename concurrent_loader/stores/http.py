@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from urllib.parse import quote, urlsplit
 
 from ..config import FetchConfig
-from ..errors import ConfigError, Reason
+from ..errors import ConfigError
 from ..transport import Origin, Transport, make_transport
 from .base import Body, ByteRange, Capabilities, ObjectInfo
 from .checksum import covers_whole_object, http_checksum
@@ -48,11 +48,10 @@ class HttpConfig:
     ) -> HttpConfig:
         parts = urlsplit(url)
         if not parts.netloc:
-            raise ConfigError(f"malformed URL {url!r}: no host", cause=Reason.INVALID_ARGUMENT)
+            raise ConfigError(f"malformed URL {url!r}: no host")
         if parts.username or parts.password:
             raise ConfigError(
-                "credentials in a URL are not supported: use the AWS credential chain",
-                cause=Reason.INVALID_ARGUMENT,
+                "credentials in a URL are not supported: use the AWS credential chain"
             )
         base = parts.path or "/"
         if not base.endswith("/"):
@@ -119,7 +118,6 @@ class HttpStore:
         raise ConfigError(
             f"{self.config} is plain HTTP(S), which cannot be listed: pass keys= or a manifest",
             url=self.url_for(""),
-            cause=Reason.INVALID_ARGUMENT,
         )
         yield  # pragma: no cover - makes this an async generator
 

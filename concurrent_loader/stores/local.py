@@ -37,7 +37,7 @@ class LocalConfig:
         if not resolved.endswith(os.sep):
             resolved += os.sep
         if not os.path.isdir(resolved):
-            raise ConfigError(f"no such directory: {resolved}", cause=Reason.INVALID_ARGUMENT)
+            raise ConfigError(f"no such directory: {resolved}")
         return cls(resolved)
 
     def resolved(self) -> LocalConfig:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from ..errors import ConfigError, Reason
+from ..errors import ConfigError
 from .base import StoreConfig
 from .http import HttpConfig
 from .local import LocalConfig
@@ -36,19 +36,17 @@ def store_config_for(root: str | os.PathLike[str] | StoreConfig) -> StoreConfig:
         if hasattr(root, "open") and hasattr(root, "url_for"):
             return root
         raise ConfigError(
-            f"root must be a str, a path or a store config, got {type(root).__name__}",
-            cause=Reason.INVALID_ARGUMENT,
+            f"root must be a str, a path or a store config, got {type(root).__name__}"
         )
     text = os.fspath(root)
     if not text:
-        raise ConfigError("root is empty", cause=Reason.INVALID_ARGUMENT)
+        raise ConfigError("root is empty")
     if "://" not in text:
         return LocalConfig.from_path(text)
     scheme = text.split("://", 1)[0].lower()
     if scheme not in BACKENDS:
         raise ConfigError(
             f"unknown scheme {scheme!r} in {text!r}: expected one of "
-            f"{', '.join(s + '://' for s in BACKENDS)} or a local path",
-            cause=Reason.INVALID_ARGUMENT,
+            f"{', '.join(s + '://' for s in BACKENDS)} or a local path"
         )
     return BACKENDS[scheme](text)

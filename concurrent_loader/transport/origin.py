@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from concurrent_loader.errors import ConfigError, Reason
+from concurrent_loader.errors import ConfigError
 
 __all__ = ["Origin"]
 
@@ -15,7 +15,7 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 def _invalid(message: str) -> ConfigError:
-    return ConfigError(message, cause=Reason.INVALID_ARGUMENT)
+    return ConfigError(message)
 
 
 @dataclass(frozen=True, slots=True)

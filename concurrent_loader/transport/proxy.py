@@ -39,7 +39,7 @@ class Proxy:
         """The proxy of ``url`` (``http://[user:password@]host[:port]``); a URL without a
         scheme (``proxy:3128``, as ``HTTP_PROXY`` is sometimes written) is taken as http."""
         if not isinstance(url, str) or not url.strip():
-            raise ConfigError(f"invalid proxy URL {url!r}", cause=Reason.INVALID_ARGUMENT)
+            raise ConfigError(f"invalid proxy URL {url!r}")
         text = url.strip()
         if "://" not in text:
             text = "http://" + text
@@ -47,8 +47,7 @@ class Proxy:
         if parts.scheme != "http":
             raise ConfigError(
                 f"proxy scheme {parts.scheme!r} is not supported: use an http:// proxy "
-                "(HTTPS origins are tunnelled through it with CONNECT)",
-                cause=Reason.INVALID_ARGUMENT,
+                "(HTTPS origins are tunnelled through it with CONNECT)"
             )
         authorization = None
         if parts.username is not None:
@@ -57,9 +56,9 @@ class Proxy:
         try:
             port = parts.port or 80
         except ValueError as exc:
-            raise ConfigError("invalid proxy port", cause=Reason.INVALID_ARGUMENT) from exc
+            raise ConfigError("invalid proxy port") from exc
         if not parts.hostname:
-            raise ConfigError("proxy URL has no host", cause=Reason.INVALID_ARGUMENT)
+            raise ConfigError("proxy URL has no host")
         return cls(Origin("http", parts.hostname, port), authorization)
 
     def headers(self) -> list[tuple[str, str]]:

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from concurrent_loader.errors import ConfigError, Reason
+from concurrent_loader.errors import ConfigError
 
 __all__ = ["build_request", "host_header_refused", "range_value"]
 
 
 def _invalid(message: str) -> ConfigError:
-    return ConfigError(message, cause=Reason.INVALID_ARGUMENT)
+    return ConfigError(message)
 
 
 def host_header_refused() -> ConfigError:

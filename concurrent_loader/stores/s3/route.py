@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from ...errors import ConfigError, Reason
+from ...errors import ConfigError
 from ...transport import Origin
 
 __all__ = ["S3Route", "resolve_route"]
@@ -77,9 +77,7 @@ def resolve_route(
             ),
         )
     except (BotoCoreError, ValueError) as exc:
-        raise ConfigError(
-            f"cannot configure S3: {exc}", url=url, cause=Reason.INVALID_ARGUMENT
-        ) from exc
+        raise ConfigError(f"cannot configure S3: {exc}", url=url) from exc
 
     def capture(request: Any, **_: Any) -> None:
         raise _Captured(request.url)
@@ -91,7 +89,7 @@ def resolve_route(
     except _Captured as captured:
         request_url = captured.url
     except (BotoCoreError, ValueError) as exc:  # e.g. an invalid bucket name
-        raise ConfigError(str(exc), url=url, cause=Reason.INVALID_ARGUMENT) from exc
+        raise ConfigError(str(exc), url=url) from exc
     finally:
         client.close()
 

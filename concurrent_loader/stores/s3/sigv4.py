@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
-from concurrent_loader.errors import ConfigError, Reason
+from concurrent_loader.errors import ConfigError
 
 __all__ = ["CHECKSUM_MODE_HEADER", "EMPTY_SHA256", "Credentials", "SigV4Signer", "encode_s3_path"]
 
@@ -56,7 +56,7 @@ def encode_s3_path(bucket: str | None, key: str) -> str:
     if bucket is None:
         return "/" + encoded_key
     if not bucket or "/" in bucket:
-        raise ConfigError(f"invalid bucket name {bucket!r}", cause=Reason.INVALID_ARGUMENT)
+        raise ConfigError(f"invalid bucket name {bucket!r}")
     return f"/{quote(bucket, safe='-_.~')}/{encoded_key}"
 
 
@@ -117,7 +117,7 @@ class SigV4Signer:
 
     def __init__(self, region: str, service: str = "s3", *, checksum_mode: bool = False) -> None:
         if not region or not service:
-            raise ConfigError("region and service must be non-empty", cause=Reason.INVALID_ARGUMENT)
+            raise ConfigError("region and service must be non-empty")
         self.region = region
         self.service = service
         self.checksum_mode = checksum_mode

@@ -82,16 +82,10 @@ class S3Config:
         appear in the ``repr``. A URL that is not ``s3://`` is a ``ConfigError``."""
         parts = urlsplit(url)
         if parts.scheme.lower() != "s3":
-            raise ConfigError(
-                f"S3 options apply to an s3://bucket/prefix root, not {url!r}",
-                cause=Reason.INVALID_ARGUMENT,
-            )
+            raise ConfigError(f"S3 options apply to an s3://bucket/prefix root, not {url!r}")
         bucket = parts.netloc
         if not bucket or "@" in bucket or ":" in bucket:
-            raise ConfigError(
-                f"malformed S3 URL {url!r}: expected s3://bucket/prefix",
-                cause=Reason.INVALID_ARGUMENT,
-            )
+            raise ConfigError(f"malformed S3 URL {url!r}: expected s3://bucket/prefix")
         prefix = parts.path.lstrip("/")
         if prefix and not prefix.endswith("/"):
             prefix += "/"
@@ -101,7 +95,6 @@ class S3Config:
                 raise ConfigError(
                     f"malformed endpoint_url {endpoint_url!r}: expected http(s)://host[:port]",
                     url=f"s3://{bucket}/{prefix}",
-                    cause=Reason.INVALID_ARGUMENT,
                 )
         credentials = CredentialSource(
             profile=profile,
@@ -112,13 +105,10 @@ class S3Config:
         )
         if addressing_style not in (None, "path", "virtual", "auto"):
             raise ConfigError(
-                f"addressing_style must be 'path', 'virtual' or 'auto', got {addressing_style!r}",
-                cause=Reason.INVALID_ARGUMENT,
+                f"addressing_style must be 'path', 'virtual' or 'auto', got {addressing_style!r}"
             )
         if ca_bundle is not None and not os.path.isfile(ca_bundle):
-            raise ConfigError(
-                f"ca_bundle {ca_bundle!r} is not a file", cause=Reason.INVALID_ARGUMENT
-            )
+            raise ConfigError(f"ca_bundle {ca_bundle!r} is not a file")
         return cls(
             bucket,
             prefix,
