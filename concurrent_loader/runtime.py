@@ -301,8 +301,6 @@ def _close_at_exit() -> None:
 
 
 os.register_at_fork(
-    before=_before_fork,
-    after_in_parent=_after_fork_in_parent,
-    after_in_child=_after_fork_in_child,
+    before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child
 )
 atexit.register(_close_at_exit)

@@ -26,13 +26,7 @@ import anycrc
 
 from ..errors import IntegrityError, Reason
 
-__all__ = [
-    "ALGORITHMS",
-    "Checksum",
-    "covers_whole_object",
-    "http_checksum",
-    "s3_checksum",
-]
+__all__ = ["ALGORITHMS", "Checksum", "covers_whole_object", "http_checksum", "s3_checksum"]
 
 
 def _crc(model: str, width: int) -> Callable[[bytes | bytearray | memoryview], bytes]:

@@ -40,11 +40,7 @@ class HttpConfig:
 
     @classmethod
     def from_url(
-        cls,
-        url: str,
-        *,
-        ca_bundle: str | None = None,
-        verify_checksums: bool = True,
+        cls, url: str, *, ca_bundle: str | None = None, verify_checksums: bool = True
     ) -> HttpConfig:
         parts = urlsplit(url)
         if not parts.netloc:

@@ -216,11 +216,7 @@ class ReadaheadStore:
         return body.data, True
 
     def _arrive(
-        self,
-        span_id: tuple[str, int],
-        length: int,
-        expected: int | None,
-        task: asyncio.Task[Body],
+        self, span_id: tuple[str, int], length: int, expected: int | None, task: asyncio.Task[Body]
     ) -> None:
         del self._fetching[span_id]
         self._fetching_bytes -= length

@@ -125,11 +125,7 @@ class Connection(ResponseReader):
     # -- requests ---------------------------------------------------------------------
 
     def start(
-        self,
-        request: bytes,
-        url: str,
-        max_bytes: int | None,
-        byte_range: tuple[int, int] | None,
+        self, request: bytes, url: str, max_bytes: int | None, byte_range: tuple[int, int] | None
     ) -> asyncio.Future[Response]:
         """Send ``request`` and return the future of its response."""
         loop = self.loop
