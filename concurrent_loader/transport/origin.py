@@ -14,18 +14,11 @@ __all__ = ["Origin"]
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
-def _invalid(message: str) -> ConfigError:
-    return ConfigError(message)
-
-
 @dataclass(frozen=True, slots=True)
 class Origin:
-    """An HTTP(S) origin. ``host`` is a name or an IP literal, IPv6 without brackets.
-
-    Validated on construction (``ConfigError`` with ``Reason.INVALID_ARGUMENT``); brackets
-    around an IPv6 ``host`` are accepted and removed. ``tls`` and ``host_header`` are
-    computed once here, since the transport reads them on every request.
-    """
+    """An HTTP(S) origin, validated (``ConfigError``). ``host`` is a name or an IP literal,
+    IPv6 without brackets (given with them, they are removed). ``tls`` and ``host_header``
+    are computed once, since the transport reads them on every request."""
 
     scheme: str
     host: str
@@ -38,21 +31,21 @@ class Origin:
     def __post_init__(self) -> None:
         default_port = _DEFAULT_PORTS.get(self.scheme)
         if default_port is None:
-            raise _invalid(f"unsupported scheme {self.scheme!r}: expected 'http' or 'https'")
+            raise ConfigError(f"unsupported scheme {self.scheme!r}: expected 'http' or 'https'")
         if not isinstance(self.host, str) or not self.host.strip("[]"):
-            raise _invalid(f"empty or invalid host {self.host!r}")
+            raise ConfigError(f"empty or invalid host {self.host!r}")
         port = self.port
         if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-            raise _invalid(f"port must be an int in 1..65535, got {port!r}")
+            raise ConfigError(f"port must be an int in 1..65535, got {port!r}")
         host = self.host.strip("[]")
         if any(c in host for c in "/?#@ \t\r\n") or ("[" in host or "]" in host):
-            raise _invalid(f"invalid host {self.host!r}")
+            raise ConfigError(f"invalid host {self.host!r}")
         if ":" not in host:
             try:
                 host.encode("idna")
             except UnicodeError as exc:
                 # The resolver would raise this bare UnicodeError on every GET instead.
-                raise _invalid(f"invalid host name {self.host!r}: {exc}") from exc
+                raise ConfigError(f"invalid host name {self.host!r}: {exc}") from exc
         name = f"[{host}]" if ":" in host else host
         object.__setattr__(self, "host", host)
         object.__setattr__(self, "tls", self.scheme == "https")
@@ -60,28 +53,25 @@ class Origin:
 
     @classmethod
     def from_url(cls, url: str) -> Origin:
-        """The origin of an ``http://`` or ``https://`` URL; its path and query are ignored.
-
-        A URL with credentials in it (``user:pass@``) is refused rather than silently
-        stripped: they would never be sent.
-        """
+        """The origin of an ``http(s)://`` URL (path and query ignored); one with credentials
+        is refused rather than stripped: they would never be sent."""
         if not isinstance(url, str):
-            raise _invalid(f"URL must be a str, got {type(url).__name__}")
+            raise ConfigError(f"URL must be a str, got {type(url).__name__}")
         try:
             parts = urlsplit(url)
             port = parts.port  # raises ValueError for a non-numeric or out-of-range port
         except ValueError as exc:
-            raise _invalid(f"malformed URL {url!r}: {exc}") from exc
+            raise ConfigError(f"malformed URL {url!r}: {exc}") from exc
         if parts.scheme not in _DEFAULT_PORTS:
-            raise _invalid(f"malformed URL {url!r}: expected http:// or https://")
+            raise ConfigError(f"malformed URL {url!r}: expected http:// or https://")
         if parts.username is not None or parts.password is not None:
             # Not echoed: the message would carry the credentials into logs.
-            raise _invalid("credentials in a URL are not supported: use the credential chain")
+            raise ConfigError("credentials in a URL are not supported: use the credential chain")
         if not parts.hostname:
-            raise _invalid(f"malformed URL {url!r}: no host")
+            raise ConfigError(f"malformed URL {url!r}: no host")
         if port is None:
             port = _DEFAULT_PORTS[parts.scheme]
         try:
             return cls(parts.scheme, parts.hostname, port)
         except ConfigError as exc:
-            raise _invalid(f"malformed URL {url!r}: {exc.message}") from exc
+            raise ConfigError(f"malformed URL {url!r}: {exc.message}") from exc

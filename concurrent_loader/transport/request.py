@@ -10,16 +10,7 @@ from collections.abc import Sequence
 
 from concurrent_loader.errors import ConfigError
 
-__all__ = ["build_request", "host_header_refused", "range_value"]
-
-
-def _invalid(message: str) -> ConfigError:
-    return ConfigError(message)
-
-
-def host_header_refused() -> ConfigError:
-    """The error for a caller's own ``Host`` header, the same for every transport."""
-    return _invalid("pass no Host header: the transport sends the origin's own")
+__all__ = ["build_request", "range_value"]
 
 
 def range_value(byte_range: tuple[int, int]) -> str:
@@ -32,7 +23,9 @@ def range_value(byte_range: tuple[int, int]) -> str:
         or not isinstance(end, int)
         or not 0 <= start < end
     ):
-        raise _invalid(f"byte_range must be (start, end) with 0 <= start < end, got {byte_range!r}")
+        raise ConfigError(
+            f"byte_range must be (start, end) with 0 <= start < end, got {byte_range!r}"
+        )
     return f"bytes={start}-{end - 1}"
 
 
@@ -50,7 +43,7 @@ def build_request(
     parts = ["GET ", absolute_prefix, target, " HTTP/1.1\r\nHost: ", host_header, "\r\n"]
     for name, value in headers:
         if len(name) == 4 and name.lower() == "host":
-            raise host_header_refused()
+            raise ConfigError("pass no Host header: the transport sends the origin's own")
         parts += (name, ": ", value, "\r\n")
     lines = len(headers) + 3  # the request line, Host, the blank line
     if byte_range is not None:
@@ -66,8 +59,8 @@ def build_request(
         or " " in target
         or not target.startswith("/")
     ):
-        raise _invalid(f"invalid request target or header value for {target[:100]!r}")
+        raise ConfigError(f"invalid request target or header value for {target[:100]!r}")
     try:
         return text.encode("ascii")
     except UnicodeEncodeError as exc:
-        raise _invalid("request target and headers must be ASCII (URI-encode the path)") from exc
+        raise ConfigError("request target and headers must be ASCII (URI-encode the path)") from exc
