@@ -15,13 +15,10 @@ __all__ = ["AdaptiveLimit", "ByteBudget"]
 
 
 class AdaptiveLimit:
-    """At most ``limit`` attempts in flight, ``limit`` being what a
-    :class:`~.tuning.LimitController` decides from every GET's outcome, within
-    ``[minimum, maximum]``; up to ``hedges`` hedged GETs go beyond it, and never wait
-    (:meth:`try_acquire_hedge`). Invariant: ``in_flight <= max(limit, in_flight at the last
-    cut)`` (a lowered limit admits no one until holders drop below it) and
-    ``hedges_in_flight <= hedges``, so at most ``maximum + hedges`` GETs are in flight
-    (``FetchConfig.max_connections``). Loop-bound: use from one event loop."""
+    """At most ``limit`` attempts in flight (what a :class:`~.tuning.LimitController`
+    decides); up to ``hedges`` hedged GETs go beyond it and never wait. Invariant:
+    ``in_flight <= max(limit, in_flight at the last cut)`` and ``hedges_in_flight <=
+    hedges``, so at most ``maximum + hedges`` GETs are in flight. Use from one loop."""
 
     def __init__(
         self,
@@ -79,7 +76,6 @@ class AdaptiveLimit:
             raise
 
     def try_acquire_hedge(self) -> bool:
-        """Take one of the ``hedges`` slots beyond the limit if one is free; never waits."""
         if self.hedges_in_flight < self.hedges:
             self.hedges_in_flight += 1
             return True
@@ -93,8 +89,7 @@ class AdaptiveLimit:
         return self.controller.on_send()
 
     def done(self, mark: int, *, latency: float | None, throttled: bool = False) -> None:
-        """The GET sent with ``mark`` ended (see :meth:`LimitController.on_done`); the limit
-        may change, and waiters are admitted if it grew."""
+        """The GET sent with ``mark`` ended (:meth:`LimitController.on_done`)."""
         self.controller.on_done(mark, latency=latency, throttled=throttled)
         if latency is not None and self._success is not None:
             success, self._success = self._success, None
@@ -103,8 +98,7 @@ class AdaptiveLimit:
         self._admit()
 
     async def wait_for_success(self, seconds: float) -> None:
-        """Wait ``seconds``, or less if a GET succeeds first (the store accepts requests
-        again). Cancelling it cancels only this wait."""
+        """Wait ``seconds``, or less if a GET succeeds first."""
         loop = asyncio.get_running_loop()
         if self._success is None or self._success.get_loop() is not loop:
             self._success = loop.create_future()

@@ -1,7 +1,5 @@
-"""Where each process gets its fetch client: cached on the process's runtime, made there.
-
-Clients (and so connections and resolved credentials) are created inside the process and
-event loop that use them, on first use after a worker starts, whatever the start method.
+"""Where each process gets its fetch client: made on first use inside the process and event
+loop that use it (whatever the start method) and cached on the process's runtime.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """An in-memory store with scripted latency and failures, for tests of the loader's own logic.
 
-A real :class:`~concurrent_loader.stores.base.Store` behind the same fetch client and
-pipeline as S3. ``script(key, attempt)`` (``attempt`` from 0 per key) decides each GET:
-None answers normally, a number of seconds answers that much later, an exception is
-raised, :data:`STALL` never answers (until cancelled). Every open store of one config shares
-its :class:`MemoryStats` (same process).
+``script(key, attempt)`` (``attempt`` from 0 per key) decides each GET: None answers, a
+number of seconds answers that much later, an exception is raised, :data:`STALL` never
+answers. The open stores of one config share its :class:`MemoryStats`.
 """
 
 from __future__ import annotations

@@ -1,18 +1,16 @@
 """Read-ahead: small ranges of large objects read as larger aligned spans kept in memory.
 
 :class:`ReadaheadStore` (a store around a store) answers a range from its aligned span of
-:attr:`Readahead.span_bytes` (cut at the object's end), GET once and kept. Guarantees:
+:attr:`Readahead.span_bytes`, GET once and kept. Guarantees:
 
 - a range's bytes are exactly a ranged GET's (across a span boundary, from both spans);
-- one GET per span at a time; a caller cancelled meanwhile (a lost hedge) does not cancel it;
-- spans kept and in flight hold at most :attr:`Readahead.max_bytes`. A span is dropped once
-  every range the caller declared in it (``ranges``) was read, or as stale once
-  ``max_bytes`` of other ranges were read; without ``ranges``, the least recently read goes
-  first. A range whose span finds no room is read as it is (never spans fetched again and
-  again);
+- one GET per span at a time; a cancelled caller (a lost hedge) does not cancel it;
+- spans kept and in flight hold at most :attr:`Readahead.max_bytes`: a span goes once every
+  range declared in it (``ranges``) was read, or as stale once ``max_bytes`` of other
+  ranges were; undeclared ones least recently read first. A range whose span finds no room
+  is read as it is;
 - whole-object reads, ranges longer than a span and objects of unknown size pass through;
-- a failed span GET is not kept: every waiter gets the error, the next read GETs it again;
-- a range served from a kept span has ``round_trip=False`` (no latency sample).
+- a failed span GET is not kept; a range served from a kept span has ``round_trip=False``.
 
 Its memory is per process and outside ``max_inflight_bytes``.
 """
@@ -60,11 +58,9 @@ class Readahead:
 
 @dataclass(frozen=True, eq=False)
 class ReadaheadConfig:
-    """``inner`` read through spans (:class:`Readahead`). ``sizes``: the objects' sizes (an
-    object not in it is read as it is). ``ranges``: for an object, the (starts, ends) of
-    the ranges that will be read of it, each ascending, so that a span is dropped once
-    they are all read. Compared and hashed by identity: each process keeps one fetch
-    client per config object."""
+    """``inner`` read through spans. ``sizes``: the objects' sizes (others are read as they
+    are). ``ranges``: per object, the ascending (starts, ends) of the ranges to be read.
+    Compared by identity: a process keeps one fetch client per config object."""
 
     inner: StoreConfig
     sizes: Mapping[str, int]
@@ -115,8 +111,7 @@ class ReadaheadStore:
         self._kept_bytes = 0
         self._fetching: dict[tuple[str, int], asyncio.Task[Body]] = {}
         self._fetching_bytes = 0
-        #: bytes of the ranges asked for so far (through spans or not): staleness is
-        #: measured on it, so it moves on even while every range goes as it is
+        #: bytes of the ranges asked for so far: the clock staleness is measured on
         self._clock = 0
 
     def url_for(self, key: str) -> str:

@@ -1,15 +1,9 @@
-"""The transport: a bounded pool of keep-alive HTTP/1.1 connections.
-
-Beyond the transport contract (:mod:`concurrent_loader.transport`):
-
-* ``max_connections`` bounds connections open or opening over all origins; waiters are
-  woken FIFO, never by polling, and a newcomer never overtakes a queued caller;
-* an idle connection of another origin is closed to make room for a waiting caller;
-* a request that fails before any response byte on a *reused* connection is retried once
-  on a fresh one; nothing else is retried;
-* through a ``proxy`` (:mod:`.proxy`), idle connections are still kept per origin.
-
-A pool belongs to the event loop it is first used on.
+"""The transport: a bounded pool of keep-alive HTTP/1.1 connections, bound to the event loop
+it is first used on. Beyond the transport contract (:mod:`concurrent_loader.transport`):
+``max_connections`` bounds connections open or opening over all origins (a newcomer never
+overtakes a queued caller); an idle connection of another origin is closed to make room; a
+request that fails before any response byte on a *reused* connection is retried once on a
+fresh one, and nothing else is retried.
 """
 
 from __future__ import annotations
@@ -108,8 +102,7 @@ class ConnectionPool:
         # A tuple, not the Origin: hashing a dataclass runs Python code.
         key = (origin.host, origin.port, origin.tls)
 
-        # With callers queued for a slot, a newcomer queues too (FIFO) rather than take the
-        # idle connection that was just released for the caller at the head.
+        # With callers queued, a newcomer queues too (FIFO).
         conn = None if self._waiters else self._pop_idle(key)
         if conn is None:
             conn = await self._acquire(key, url)
@@ -120,9 +113,8 @@ class ConnectionPool:
             except ConnectionFailed:
                 if conn.served == 0 or conn.started or self._closed:
                     raise
-                # A kept-alive connection the server closed while it sat idle: the request
-                # never reached it, and GET is idempotent, so one attempt on a fresh
-                # connection (served == 0, so never retried again) is safe.
+                # Closed while idle: the GET never reached the server; a fresh connection
+                # (served == 0) is never retried again.
                 conn = await self._acquire(key, url, allow_idle=False)
             except BaseException:
                 if conn.waiter is waiter:

@@ -1,12 +1,8 @@
-"""A forward proxy between the transport and every origin (``HTTP_PROXY``, ``HTTPS_PROXY``,
-botocore's ``proxies``); only ``http://`` proxies (others: ``ConfigError``).
-
-* ``http://`` origins are asked in absolute form on a keep-alive connection to the proxy;
-  ``https://`` origins through a ``CONNECT`` tunnel, TLS with the origin inside it;
-* the proxy's credentials are sent as ``Proxy-Authorization: Basic`` and appear in no
-  repr, log line or error;
-* a refused tunnel fails the GET with ``ConnectionFailed`` (retried), or ``AccessDenied``
-  for ``407`` (not retried), naming the proxy's status line.
+"""An ``http://`` forward proxy between the transport and every origin (``HTTP_PROXY``,
+``HTTPS_PROXY``, botocore's ``proxies``). ``http://`` origins are asked in absolute form,
+``https://`` ones through a ``CONNECT`` tunnel with TLS inside. Its credentials go as
+``Proxy-Authorization: Basic`` and appear in no repr, log or error. A refused tunnel is
+``ConnectionFailed`` (retried), or ``AccessDenied`` for ``407``, naming the status line.
 """
 
 from __future__ import annotations
@@ -73,10 +69,7 @@ class Proxy:
         return ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
 
     async def open_tunnel(self, origin: Origin, url: str) -> socket.socket:
-        """A socket connected to ``origin`` through the proxy, ready for TLS.
-
-        The caller bounds the time this takes (the connect timeout).
-        """
+        """A socket connected to ``origin`` through the proxy, ready for TLS."""
         loop = asyncio.get_running_loop()
         sock = await connect_socket(self.origin.host, self.origin.port)
         try:

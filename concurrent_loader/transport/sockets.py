@@ -1,10 +1,6 @@
-"""What the transports ask of a socket: a connection opened address by address, and whether
-bytes no request asked for wait in it.
-
-* :func:`connect_socket` awaits every future it starts, so a cancelled caller leaves no
-  unretrieved exception behind (uvloop's ``create_connection`` does).
-* :class:`SocketProbe` tells whether the kernel holds bytes the loop has not read; a
-  connection about to be reused must have none.
+"""What the transports ask of a socket: :func:`connect_socket` awaits every future it starts
+(a cancelled caller leaves no unretrieved exception, as uvloop's ``create_connection``
+would), and :class:`SocketProbe` tells whether unread bytes wait in it before reuse.
 """
 
 from __future__ import annotations
@@ -17,10 +13,8 @@ __all__ = ["SocketProbe", "connect_socket", "socket_fd"]
 
 
 async def connect_socket(host: str, port: int) -> socket.socket:
-    """A non-blocking TCP socket connected to ``host:port`` (its addresses tried in order).
-
-    Raises the ``OSError`` of the lookup (``socket.gaierror``) or of the last address tried.
-    """
+    """A non-blocking TCP socket connected to ``host:port`` (its addresses tried in order);
+    the ``OSError`` of the lookup or of the last address tried."""
     loop = asyncio.get_running_loop()
     try:
         infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -57,11 +51,8 @@ def socket_fd(transport: asyncio.BaseTransport) -> int:
 
 
 class SocketProbe:
-    """Asks one connected socket, without reading from it, whether anything waits in it
-    that the event loop has not read yet: bytes, or the socket's end (the peer closed it,
-    or it failed). One ``poll`` with a zero timeout, about 1 µs: asking for the count of
-    bytes queued (``FIONREAD``) takes the socket's lock and costs twice that.
-    """
+    """Whether bytes or the socket's end wait unread in a connected socket: one ``poll``
+    with a zero timeout, about 1 µs (``FIONREAD`` takes the socket's lock: twice that)."""
 
     __slots__ = ("_poll",)
 

@@ -1,12 +1,10 @@
 """AWS credentials: resolved once in the main process through botocore's chain, never printed.
 
-:class:`CredentialSource` travels to workers: the profile, ``anonymous``, explicit keys and a
-:class:`CredentialSnapshot` of what botocore's chain gave the main process; its ``repr``
-hides them. A worker signs with the snapshot and builds no botocore session (no
-``SSLContext``) until the snapshot nears expiry (botocore's advisory window): then its own
-chain refreshes it, re-read at most once a second. The snapshot reaches a worker by fork or
-in the process start; any other pickle leaves it out, and the unpickling process resolves
-its own.
+:class:`CredentialSource` travels to workers with a :class:`CredentialSnapshot` of what the
+chain gave the main process (hidden from ``repr``). A worker signs with it and builds no
+botocore session until it nears expiry; then its own chain refreshes, re-read at most once
+a second. Only a worker's start (or a fork) carries the snapshot; any other pickle leaves it
+out.
 """
 
 from __future__ import annotations
@@ -24,12 +22,10 @@ from .sigv4 import Credentials
 
 __all__ = ["CredentialCache", "CredentialSnapshot", "CredentialSource", "redact_botocore_logs"]
 
-#: seconds before expiry when a snapshot is no longer used: botocore's advisory refresh
-#: window, so a worker's own chain refreshes before botocore itself would insist
+#: seconds before expiry when a snapshot is no longer used (botocore's advisory window)
 REFRESH_BEFORE_EXPIRY_S = 15 * 60
 
-# botocore logs the canonical request and the request headers at DEBUG, session token
-# included. The secret key is never logged; the token is, so it is redacted on the way.
+# botocore logs request headers at DEBUG, session token included: it is redacted.
 _TOKEN = re.compile(r"(?i)(x-amz-security-token['\"]?\s*[:=]\s*b?['\"]?)([^'\"\s,}]+)")
 _BOTOCORE_LOGGERS = ("botocore.auth", "botocore.endpoint", "aiobotocore.endpoint")
 
@@ -73,8 +69,6 @@ class CredentialSnapshot:
         return self.expires_at - REFRESH_BEFORE_EXPIRY_S
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # Only a worker process being started receives the keys; a user's pickle of the
-        # dataset (to disk, say) leaves them out, and whoever loads it resolves their own.
         from multiprocessing.context import get_spawning_popen
 
         if get_spawning_popen() is None:
@@ -113,12 +107,8 @@ class CredentialSource:
         return not (self.anonymous or self.explicit or self.snapshot is not None)
 
     def resolved(self, session: Any = None) -> CredentialSource:
-        """This source with a snapshot of what botocore's chain gives this process now.
-
-        Unchanged when there is nothing to resolve (anonymous, explicit keys), when the
-        chain finds nothing (the process that signs reports it, as before) or when
-        refreshable credentials do not say when they expire.
-        """
+        """This source with a snapshot of what botocore's chain gives now; unchanged when
+        there is nothing to resolve, nothing found, or no expiry known."""
         if not self.needs_resolving:
             return self
         from botocore.credentials import RefreshableCredentials

@@ -1,11 +1,9 @@
 """Where GETs for a bucket go: resolved once, by botocore's own machinery, never re-derived.
 
-:func:`resolve_route` builds a botocore S3 client as the control plane (listing) does (same
-session, options, addressing style) and captures a prepared ``GetObject`` before it is sent:
-its URL gives the origin and the path in front of the key, so listing and GETs cannot
-disagree. Proxies and the trust store follow botocore too (``ca_bundle``, the profile's or
-``AWS_CA_BUNDLE``, ``REQUESTS_CA_BUNDLE``, the system's). The route holds no credential; its
-repr hides a proxy's user and password.
+:func:`resolve_route` builds a botocore S3 client as listing does and captures a prepared
+``GetObject`` before it is sent: its URL gives the origin and the path in front of the key.
+Proxies and the trust store follow botocore too. The route holds no credential; its repr
+hides a proxy's user and password.
 """
 
 from __future__ import annotations
