@@ -1,7 +1,8 @@
 """The worker processes of an inner DataLoader, as the main process sees them.
 
-The inner DataLoader's ``multiprocessing_context`` notes (weakly) each process it makes, so a
-worker the OS killed is named with its pid and signal even after torch reaped it.
+The inner DataLoader's ``multiprocessing_context`` (:class:`WorkerProcesses`) notes each
+process it makes, so a worker the OS killed is named with its pid and signal even after torch
+reaped it.
 :class:`Workers` holds each epoch's inner DataLoader and turns torch's ``RuntimeError`` into
 a ``WorkerError`` naming the workers that died.
 """
@@ -46,12 +47,31 @@ class Death(NamedTuple):
         return f"worker {self.worker} (pid {self.pid}) {how}"
 
 
-class WorkerProcesses:
-    def __init__(self) -> None:
+class WorkerProcesses(BaseContext):
+    """A multiprocessing context that is ``base`` (default: torch's) for all torch asks of it,
+    noting the processes it makes (weakly): worker ``w`` is the ``w``-th."""
+
+    def __init__(self, base: BaseContext | None = None) -> None:
+        # every concrete context has ``Process``; typeshed's base has none
+        self._base: Any = base or torch.multiprocessing.get_context()
         self._started: list[weakref.ref[BaseProcess]] = []
 
-    def context(self, base: BaseContext) -> BaseContext:
-        return _Noting(base, self._started)
+    def Process(self, *args: Any, **kwargs: Any) -> BaseProcess:
+        process: BaseProcess = self._base.Process(*args, **kwargs)
+        self._started.append(weakref.ref(process))
+        return process
+
+    def Queue(self, maxsize: int = 0) -> Any:
+        return self._base.Queue(maxsize)
+
+    def Event(self) -> Any:
+        return self._base.Event()
+
+    def get_context(self, method: Any = None) -> Any:
+        return self._base.get_context(method)
+
+    def get_start_method(self, allow_none: Any = False) -> Any:
+        return self._base.get_start_method(allow_none)
 
     def dead(self) -> list[Death]:
         deaths = []
@@ -73,31 +93,6 @@ def worker_error(deaths: list[Death]) -> WorkerError:
         stage="worker",
         cause=Reason.WORKER_DIED,
     )
-
-
-class _Noting(BaseContext):
-    """``base`` for all torch asks of it, noting the processes it makes."""
-
-    def __init__(self, base: BaseContext, started: list[weakref.ref[BaseProcess]]) -> None:
-        self._base: Any = base  # every concrete context has ``Process``; typeshed's base has none
-        self._started = started
-
-    def Process(self, *args: Any, **kwargs: Any) -> BaseProcess:
-        process: BaseProcess = self._base.Process(*args, **kwargs)
-        self._started.append(weakref.ref(process))
-        return process
-
-    def Queue(self, maxsize: int = 0) -> Any:
-        return self._base.Queue(maxsize)
-
-    def Event(self) -> Any:
-        return self._base.Event()
-
-    def get_context(self, method: Any = None) -> Any:
-        return self._base.get_context(method)
-
-    def get_start_method(self, allow_none: Any = False) -> Any:
-        return self._base.get_start_method(allow_none)
 
 
 def drop_tracebacks(exc: BaseException | None) -> None:
@@ -150,7 +145,7 @@ class Workers:
                 except ConfigError:  # larger than the first epoch: not fetched ahead
                     planned.next_plan.write([], may_grow=False)
             return inner
-        self.processes = WorkerProcesses()
+        self.processes = WorkerProcesses(outer.multiprocessing_context)
         workers = outer.num_workers
         claims: Lock | None = None
         if workers > 0 and not outer.in_order:
@@ -164,7 +159,6 @@ class Workers:
         planned = Planned(
             self._dataset, plan, collate, self._options, self._stats, claims, next_plan
         )
-        context = outer.multiprocessing_context or torch.multiprocessing.get_context()
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="This DataLoader will create")
             inner = DataLoader(
@@ -175,7 +169,7 @@ class Workers:
                 pin_memory=outer.pin_memory,
                 timeout=outer.timeout,
                 worker_init_fn=outer.worker_init_fn,
-                multiprocessing_context=self.processes.context(context) if workers else None,
+                multiprocessing_context=self.processes if workers else None,
                 generator=self.generator,
                 prefetch_factor=outer.prefetch_factor,
                 persistent_workers=outer.persistent_workers,

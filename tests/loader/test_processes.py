@@ -30,8 +30,7 @@ def _ends() -> None:
 
 @fork_warning
 def test_the_dead_are_named_with_their_signal_or_code_and_reaped():
-    workers = WorkerProcesses()
-    context = workers.context(multiprocessing.get_context("fork"))
+    workers = context = WorkerProcesses(multiprocessing.get_context("fork"))
     assert context.get_start_method() == "fork"
     processes = [context.Process(target=target) for target in (_killed, _exits_with_3, _ends)]
     for process in processes:
@@ -56,8 +55,7 @@ def test_the_dead_are_named_with_their_signal_or_code_and_reaped():
 
 
 def test_a_process_is_not_kept_alive_by_its_note():
-    workers = WorkerProcesses()
-    context = workers.context(multiprocessing.get_context("spawn"))
+    workers = context = WorkerProcesses(multiprocessing.get_context("spawn"))
     process = weakref.ref(context.Process(target=_ends))
     assert process() is None
     assert workers.dead() == []
