@@ -10,12 +10,10 @@ costs a coroutine frame per wake-up, so there are few)::
     Store         one GET: bytes or a FetchError naming the object
 
 Guarantees: ``FetchClient.get`` returns or raises within ``RetryConfig.max_total_seconds``
-of the object's first send (not of its wait for a slot), whatever the server does (stalls,
-trickles, never answers). An attempt past its deadline is cancelled (the transport closes
-the connection) and raises :class:`~concurrent_loader.errors.FetchTimeout` naming the
-object: ``Reason.ATTEMPT_TIMEOUT`` (retried) or ``Reason.DEADLINE_EXCEEDED`` (final). A
-retried object is fetched whole again, never stitched from a partial body; a checksum
-mismatch (``IntegrityError`` from the store) is retried like an incomplete body.
+of the object's first send, whatever the server does. An attempt past its deadline is
+cancelled (its connection closed) and raises ``FetchTimeout`` naming the object
+(``ATTEMPT_TIMEOUT``, retried, or ``DEADLINE_EXCEEDED``, final). A retried object is fetched
+whole again; a checksum mismatch (``IntegrityError``) is retried like an incomplete body.
 """
 
 from __future__ import annotations

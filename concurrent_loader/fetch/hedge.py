@@ -7,20 +7,13 @@ the throttle accounting), so an attempt is one object to the layers above. Guara
 - a GET is hedged only once :class:`HedgeDelay` has passed since its send; the delay is a
   high percentile of recent latencies, a cancelled loser counting the time it ran;
 - a hedge needs a :class:`HedgeBudget` token, a store that did not throttle most GETs of
-  the last round, and a free hedge slot (never queued, none of the limit's slots), so GETs
-  in flight stay within ``limit + max_hedges_in_flight``; without them the GET is looked
-  at again one delay later;
+  the last round, and a free hedge slot (never queued), so GETs in flight stay within
+  ``limit + max_hedges_in_flight``; else the GET is looked at again one delay later;
 - hedges are paced, one per ``delay / PACE`` at most, oldest GET first;
-- at most two GETs of an object in flight: a second hedge replaces the first GET. The
-  first GET with bytes wins; the others are cancelled and awaited, so their slots are free
-  when the attempt returns. An error a retry cannot mend ends the attempt at once, and so
-  does a transient error of the youngest GET; one of an older GET waits for the younger;
-- only a hedge actually sent gets a task: the first GET runs in its caller's task
-  (``Task.uncancel`` tells this layer's cancellation from the caller's). One timer per
-  layer watches every attempt in flight.
-
-The observer hears ``on_throttle`` per throttled GET, ``on_hedge`` per hedge sent and
-``on_hedge_won`` when one wins.
+- at most two GETs of an object in flight (a second hedge replaces the first GET); the
+  first with bytes wins, the others are cancelled and awaited. An error a retry cannot
+  mend, or a transient one of the youngest GET, ends the attempt at once;
+- only a hedge actually sent gets a task; one timer per layer watches every attempt.
 """
 
 from __future__ import annotations
@@ -140,9 +133,8 @@ class HedgeLayer:
         self.budget = HedgeBudget(config.budget)
         self.sent = 0
         self.won = 0
-        # Attempts in flight by ``key`` (oldest first, ended ones left in place until they
-        # reach the head); one timer wakes :meth:`_look` when the head comes due and its
-        # turn has come (not before ``_next_turn``).
+        # Attempts in flight by ``key``, oldest first (ended ones dropped at the head); the
+        # timer wakes :meth:`_look` when the head is due and its turn (``_next_turn``) came.
         self._watched: deque[_Attempt] = deque()
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -7,12 +7,11 @@ runs at one connection's speed. :func:`read_in_parts` keeps ``parts_in_flight`` 
   in byte order;
 - a part that fails for good fails the read at once: the others are cancelled and
   awaited, and the error keeps its type and names the object and the part's bytes;
-- a whole object is read to its listed size, and a one-byte GET just past it checks that
-  it has not grown (if so, it is read again with one plain GET);
-- the parts are of one version: differing ETags fail the read with ``IntegrityError``
-  (``OBJECT_CHANGED``); a whole-object checksum carried by the parts
-  (:attr:`~concurrent_loader.stores.base.Body.object_checksum`) is checked once assembled,
-  on a thread. Either is read again, up to ``RetryConfig.max_attempts`` reads, then raised.
+- a whole object is read to its listed size; a one-byte GET past it checks that it has not
+  grown (if so, it is read again with one GET);
+- the parts are of one version (else ``IntegrityError``, ``OBJECT_CHANGED``), and a
+  whole-object checksum they carry is checked once assembled, on a thread; either failure
+  reads it again, up to ``RetryConfig.max_attempts`` reads.
 
 The caller reserves :meth:`PartsConfig.reservation` in the byte budget before calling.
 """

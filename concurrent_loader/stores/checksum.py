@@ -4,14 +4,10 @@
 :meth:`Checksum.check` raises :class:`~concurrent_loader.errors.IntegrityError` (retried) on
 a mismatch. What is checked:
 
-* S3 (``x-amz-checksum-mode: ENABLED``): ``x-amz-checksum-crc64nvme``, ``-crc32c``,
-  ``-crc32``, ``-sha1``, ``-sha256``, not a ``COMPOSITE`` one. Opt-in: a single-part ETag as
-  the MD5 (not so for SSE-KMS or SSE-C objects).
-* HTTP(S): GCS's ``x-goog-hash`` and ``Content-MD5``; neither when GCS decoded a stored
-  ``gzip`` object.
-* Ranges: S3's ``x-amz-checksum-*`` on a range is that part's, checked against it; a
-  whole-object checksum sent with a part (``x-goog-hash``, an S3 ETag as MD5) is checked
-  once the parts are assembled (:mod:`concurrent_loader.fetch.parts`).
+* S3: ``x-amz-checksum-*`` (crc64nvme, crc32c, crc32, sha1, sha256; not ``COMPOSITE``), on
+  a range that part's; opt-in, a single-part ETag as the MD5.
+* HTTP(S): GCS's ``x-goog-hash`` and ``Content-MD5`` (not when GCS decoded a gzip object).
+* A whole-object checksum sent with a part is checked once the parts are assembled.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from pathlib import Path
 from ..config import FetchConfig
 from ..errors import AccessDenied, ConfigError, FetchError, ObjectNotFound, ObjectTooLarge, Reason
 from .base import Body, ByteRange, Capabilities, ObjectInfo
+from .shared import fetch_error
 
 __all__ = ["LocalConfig", "LocalStore"]
 
@@ -72,37 +73,25 @@ class LocalStore:
                 size = os.fstat(f.fileno()).st_size
                 wanted = byte_range.length if byte_range else size
                 if wanted > self._max_bytes:
-                    raise ObjectTooLarge(
-                        f"{wanted} bytes > max_object_bytes={self._max_bytes}",
-                        url=path,
-                        stage="fetch",
-                        cause=Reason.OBJECT_TOO_LARGE,
-                    )
+                    message = f"{wanted} bytes > max_object_bytes={self._max_bytes}"
+                    raise fetch_error(ObjectTooLarge, message, path)
                 if byte_range is None:
                     return f.read()
                 data = os.pread(f.fileno(), byte_range.length, byte_range.start)
                 if len(data) != byte_range.length:
-                    raise FetchError(
-                        f"range {byte_range.start}-{byte_range.end} is past the end ({size} B)",
-                        url=path,
-                        stage="fetch",
-                        cause=Reason.BAD_REQUEST,
+                    message = (
+                        f"range {byte_range.start}-{byte_range.end} is past the end ({size} B)"
                     )
+                    raise fetch_error(FetchError, message, path, Reason.BAD_REQUEST)
                 return data
         except FileNotFoundError as exc:
-            raise ObjectNotFound(
-                "no such file", url=path, stage="fetch", cause=Reason.NOT_FOUND
-            ) from exc
+            raise fetch_error(ObjectNotFound, "no such file", path) from exc
         except IsADirectoryError as exc:
-            raise ObjectNotFound(
-                "is a directory", url=path, stage="fetch", cause=Reason.NOT_FOUND
-            ) from exc
+            raise fetch_error(ObjectNotFound, "is a directory", path) from exc
         except PermissionError as exc:
-            raise AccessDenied(
-                str(exc), url=path, stage="fetch", cause=Reason.ACCESS_DENIED
-            ) from exc
+            raise fetch_error(AccessDenied, str(exc), path) from exc
         except OSError as exc:
-            raise FetchError(str(exc), url=path, stage="fetch", cause=Reason.UNKNOWN) from exc
+            raise fetch_error(FetchError, str(exc), path, Reason.UNKNOWN) from exc
 
     async def get(self, key: str, byte_range: ByteRange | None = None) -> Body:
         loop = asyncio.get_running_loop()

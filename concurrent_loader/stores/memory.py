@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import FetchConfig
-from ..errors import ObjectNotFound, ObjectTooLarge, Reason
+from ..errors import ObjectNotFound, ObjectTooLarge
 from .base import Body, ByteRange, Capabilities, ObjectInfo
+from .shared import fetch_error
 
 __all__ = ["STALL", "MemoryConfig", "MemoryStats", "MemoryStore"]
 
@@ -78,18 +79,12 @@ class MemoryStore:
         try:
             data = self.config.objects[key]
         except KeyError:
-            raise ObjectNotFound(
-                "no such object", url=url, stage="fetch", cause=Reason.NOT_FOUND
-            ) from None
+            raise fetch_error(ObjectNotFound, "no such object", url) from None
         if byte_range is not None:
             data = data[byte_range.start : byte_range.end]
         if len(data) > self._max_bytes:
-            raise ObjectTooLarge(
-                f"{len(data)} bytes > max_object_bytes={self._max_bytes}",
-                url=url,
-                stage="fetch",
-                cause=Reason.OBJECT_TOO_LARGE,
-            )
+            message = f"{len(data)} bytes > max_object_bytes={self._max_bytes}"
+            raise fetch_error(ObjectTooLarge, message, url)
         return bytes(data)
 
     def _delay(self, key: str) -> float | None:

@@ -6,6 +6,7 @@ non-2xx status becomes a :mod:`concurrent_loader.errors` class (S3's codes refin
 from __future__ import annotations
 
 import ssl
+from typing import TypeVar
 
 from ..config import FetchConfig
 from ..errors import (
@@ -14,12 +15,15 @@ from ..errors import (
     BucketNotFound,
     FetchError,
     ObjectNotFound,
+    ObjectTooLarge,
     Reason,
     ServerError,
     Throttled,
 )
 
-__all__ = ["error_class_for_status", "error_for_status", "ssl_context_for"]
+__all__ = ["error_class_for_status", "error_for_status", "fetch_error", "ssl_context_for"]
+
+E = TypeVar("E", bound=FetchError)
 
 
 def error_class_for_status(status: int) -> type[FetchError]:
@@ -48,8 +52,14 @@ def error_for_status(
     return cls(message, url=url, stage=stage, cause=REASONS[cls], status=status, code=code)
 
 
+def fetch_error(cls: type[E], message: str, url: str, cause: Reason | None = None) -> E:
+    """``cls`` naming the object ``url`` at the fetch stage, with its class's usual cause."""
+    return cls(message, url=url, stage="fetch", cause=cause or REASONS[cls])
+
+
 REASONS: dict[type[FetchError], Reason] = {
     ObjectNotFound: Reason.NOT_FOUND,
+    ObjectTooLarge: Reason.OBJECT_TOO_LARGE,
     BucketNotFound: Reason.BUCKET_NOT_FOUND,
     AccessDenied: Reason.ACCESS_DENIED,
     BadRequest: Reason.BAD_REQUEST,

@@ -1,11 +1,9 @@
-"""HTTP clients for the GET of every object: HTTP only, nothing about any store.
+"""HTTP clients for the GET of every object: HTTP only, nothing about any store. A transport
+sends ``GET target`` to an :class:`Origin` and returns the :class:`Response` read to the
+end. Every transport guarantees:
 
-A transport sends ``GET target`` to an :class:`Origin` and returns the :class:`Response`
-read to the end; signing, addressing and what a status means belong to the fetch client
-(:mod:`concurrent_loader.fetch`). Every transport guarantees:
-
-* it writes ``Host`` itself, from :attr:`Origin.host_header` (the value a signer signs); a
-  caller's ``Host``, or a target or header value that could break framing, is a ``ConfigError``;
+* it writes ``Host`` itself (:attr:`Origin.host_header`, what a signer signs); a caller's
+  ``Host``, or a target or header value that could break framing, is a ``ConfigError``;
 * at most ``max_connections`` connections at once; waiters are woken FIFO, never polled;
 * a connection is reused only after its response was read to the end, the server did not
   ask to close it, and no byte arrived past that response up to the next request's write;
@@ -34,7 +32,7 @@ from concurrent_loader.config import Timeouts
 from .origin import Origin
 from .pool import ConnectionPool
 from .proxy import Proxy
-from .response import Response
+from .reader import Response
 
 __all__ = ["ConnectionPool", "Origin", "Proxy", "Response", "Transport", "make_transport"]
 

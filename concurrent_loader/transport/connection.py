@@ -24,9 +24,9 @@ from .reader import (
     NO_BODY,
     NO_VIEW,
     UNTIL_CLOSE,
+    Response,
     ResponseReader,
 )
-from .response import Response
 from .sockets import SocketProbe, socket_fd
 
 __all__ = ["Connection", "ConnectionOwner", "Key"]

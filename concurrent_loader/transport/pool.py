@@ -21,8 +21,8 @@ from .connection import Connection, Key
 from .errors import connect_error
 from .origin import Origin
 from .proxy import Proxy
+from .reader import Response
 from .request import build_request
-from .response import Response
 from .sockets import connect_socket
 
 __all__ = ["ConnectionPool"]

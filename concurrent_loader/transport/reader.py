@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+from dataclasses import dataclass
 
 from .errors import framing_error, too_large
 from .parser import (
@@ -21,7 +22,21 @@ from .parser import (
     parse_head,
 )
 
-__all__ = ["ResponseReader"]
+__all__ = ["Response", "ResponseReader"]
+
+
+@dataclass(slots=True)
+class Response:
+    """One HTTP response, read to the end. ``headers`` names are lower-case; repeated
+    headers are joined with ``", "``. The caller owns ``body`` (the transport keeps no
+    reference to it, so a ``bytearray`` body may be resized in place)."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytearray | bytes
+    #: seconds from the request's send to the first byte of the response, when measured
+    first_byte_s: float | None = None
+
 
 # Big enough for any S3 response head plus the first slice of the body; the rest of a
 # Content-Length body goes straight into its final buffer.
