@@ -36,8 +36,7 @@ class Connections:
             self._all_lost.set_result(None)
 
     async def close(self, timeout: float) -> None:
-        """Wait up to ``timeout`` for the connections being closed to be lost, then abort
-        them; abort at once those nobody is closing."""
+        """Abort what nobody closes; wait up to ``timeout`` for the rest, then abort them."""
         for watch in list(self._open):
             if not watch.transport.is_closing():
                 watch.transport.abort()
@@ -107,8 +106,7 @@ def _watch(protocol: asyncio.BaseProtocol, connections: Connections) -> _Watch:
 
 
 class WatchingLoop(asyncio.AbstractEventLoop):
-    """An event loop whose ``connections`` are every connection made on it and not lost
-    yet (a base of asyncio's loop or uvloop's)."""
+    """An event loop that knows its ``connections`` (asyncio's or uvloop's)."""
 
     def __init__(self) -> None:
         super().__init__()

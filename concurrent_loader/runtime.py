@@ -132,8 +132,7 @@ class Runtime:
     async def resource(
         self, key: Hashable, factory: Callable[[], Awaitable[AsyncCloseable]]
     ) -> Any:
-        """The loop-bound object cached under ``key``, made by ``factory`` on first use (on
-        the loop; concurrent callers of one key get the same object)."""
+        """The loop-bound object cached under ``key``, made by ``factory`` on first use."""
         found = self._resources.get(key)
         if found is None:
             found = await factory()

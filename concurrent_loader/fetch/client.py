@@ -129,8 +129,7 @@ class AttemptLayer:
 
     @staticmethod
     def _uncancel(attempt: _Running) -> bool:
-        """Undo this layer's cancellation of the attempt's task, once: whether it was the
-        only one (the caller did not cancel too), as ``asyncio.timeout`` decides."""
+        """Undo this layer's cancel, once: whether it was the only one (as asyncio.timeout)."""
         if not attempt.expired:
             return False
         attempt.expired = False

@@ -31,8 +31,7 @@ class Getter(Protocol):
 def running_task(
     loop: asyncio.AbstractEventLoop | None,
 ) -> tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]:
-    """The running loop and task, without a system call when ``loop`` is the running one
-    (``asyncio.get_running_loop`` calls ``getpid`` on Python 3.11; a layer keeps its loop)."""
+    """The running loop and task; no ``getpid`` (``get_running_loop``'s) when ``loop`` runs."""
     task = asyncio.current_task(loop) if loop is not None else None
     if task is None:
         loop = asyncio.get_running_loop()

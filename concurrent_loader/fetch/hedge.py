@@ -277,8 +277,7 @@ class HedgeLayer:
             self._timer = loop.call_at(attempt.key + self.delay.seconds, self._look)
 
     def _look(self) -> None:
-        """Hedge each due attempt at the head whose turn has come (else look again one
-        delay later); set the timer for the next."""
+        """Hedge each due attempt whose turn has come; set the timer for the next."""
         self._timer = None
         loop = self._loop
         assert loop is not None

@@ -53,8 +53,7 @@ class AdaptiveLimit:
 
     @property
     def storming(self) -> bool:
-        """Whether the store throttled most GETs of the last round (hedging would only add
-        to its load)."""
+        """Whether the store throttled most GETs of the last round (then no hedging)."""
         return self.controller.last_throttled_fraction >= 0.5
 
     async def acquire(self) -> None:

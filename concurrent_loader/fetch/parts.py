@@ -58,8 +58,7 @@ class PartsConfig:
         return self.enabled and size is not None and size > self.part_size
 
     def reservation(self, size: int) -> int:
-        """The bytes a read of ``size`` in parts holds at most: its buffer, plus the parts in
-        flight until each is copied into it."""
+        """The most bytes a read of ``size`` in parts holds: its buffer and parts in flight."""
         parts = -(-size // self.part_size)
         return size + min(self.parts_in_flight, parts) * self.part_size
 
@@ -123,8 +122,7 @@ async def read_in_parts(
 async def _check_assembled(
     buffer: bytearray, said: list[_Said], url: str, whole_object: bool
 ) -> None:
-    """``IntegrityError`` unless the parts are of one version of the object and, when they
-    make up the whole object, it has the checksum they carried."""
+    """``IntegrityError`` unless the parts are of one version, with the checksum carried."""
     etags = {etag for etag, _ in said if etag is not None}
     if len(etags) > 1:
         raise IntegrityError(
@@ -149,8 +147,7 @@ async def _read_once(
     observer: FetchObserver,
     said: list[_Said],
 ) -> bytearray:
-    """One read in parts; what the store said of each part is added to ``said`` (none
-    when the object grew and was read again with one GET, which its store checked)."""
+    """One read in parts; what the store said of each part is added to ``said``."""
     span = byte_range if byte_range is not None else ByteRange(0, size)
     parts = split(span, config.part_size)
     buffer = bytearray(span.length)
@@ -195,8 +192,7 @@ async def _read_once(
 
 
 async def _grew_past(client: FetchClient, key: str, size: int, observer: FetchObserver) -> bool:
-    """Whether the object holds a byte at offset ``size``: S3 answers 416 when it does not
-    (a store that slices answers nothing)."""
+    """Whether the object holds a byte at offset ``size`` (S3 answers 416 when not)."""
     try:
         data = await client.get(key, ByteRange(size, size + 1), observer=observer)
     except FetchError as exc:

@@ -43,8 +43,7 @@ SLACK_S = 0.005
 
 
 class LimitController:
-    """The limit on GETs in flight: feed it :meth:`on_send` when a GET is sent (returns its
-    mark) and :meth:`on_done` when it ends."""
+    """The limit on GETs in flight, fed :meth:`on_send` and :meth:`on_done` for each GET."""
 
     def __init__(
         self,
@@ -94,8 +93,7 @@ class LimitController:
         self._limit_bound = True
 
     def on_done(self, mark: int, *, latency: float | None, throttled: bool = False) -> None:
-        """The GET sent with ``mark`` ended: in ``latency`` seconds when it succeeded,
-        throttled when the store asked for fewer requests, neither when it failed."""
+        """The GET sent with ``mark`` succeeded (``latency``), was throttled, or failed."""
         if throttled:
             self.throttles += 1
             if self._cooldown:

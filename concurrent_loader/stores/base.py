@@ -112,8 +112,7 @@ class StoreConfig(Protocol):
     def url_for(self, key: str) -> str: ...
 
     def resolved(self) -> StoreConfig:
-        """This config with what can be resolved once (an S3 route) resolved, in the main
-        process when a dataset is made, so workers need not."""
+        """This config with what can be resolved once (an S3 route) resolved, for workers."""
         ...
 
     def open(self, fetch: FetchConfig) -> Store:

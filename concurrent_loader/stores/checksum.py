@@ -140,8 +140,7 @@ def http_checksum(headers: Mapping[str, str], *, whole: bool) -> Checksum | None
 
 
 def _transcoded(headers: Mapping[str, str]) -> bool:
-    """Whether GCS decompressed a stored gzip object on its way, so its hashes are not the
-    body's."""
+    """Whether GCS decompressed a stored gzip object, so its hashes are not the body's."""
     stored = headers.get("x-goog-stored-content-encoding", "identity").strip().lower()
     sent = headers.get("content-encoding", "identity").strip().lower()
     return stored != "identity" and stored != sent

@@ -88,8 +88,7 @@ class MemoryStore:
         return bytes(data)
 
     def _delay(self, key: str) -> float | None:
-        """The script's answer to this GET of ``key``: raised if an error, None to stall,
-        else the seconds to wait."""
+        """The script's answer: raised if an error, None to stall, else seconds to wait."""
         stats = self.config.stats
         attempt = stats.gets[key]
         stats.gets[key] += 1

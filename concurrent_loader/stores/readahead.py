@@ -97,8 +97,7 @@ class _Span:
 
 
 class ReadaheadStore:
-    """Reads ``inner`` (the open store of ``config.inner``) through spans; see the module
-    docstring. Use it on one loop."""
+    """Reads ``inner`` (``config.inner`` opened) through spans, on one loop."""
 
     def __init__(self, config: ReadaheadConfig, inner: Store) -> None:
         self.config = config
@@ -150,8 +149,7 @@ class ReadaheadStore:
     # ------------------------------------------------------------------ room
 
     def _room_for(self, key: str, n: int, size: int) -> bool:
-        """Whether span ``n`` is kept, on its way, or can be fetched now (making room by
-        dropping stale spans, then spans of objects without ``ranges``)."""
+        """Whether span ``n`` is kept, on its way, or fits now (stale spans dropped first)."""
         span_id = (key, n)
         if span_id in self._kept or span_id in self._fetching:
             return True

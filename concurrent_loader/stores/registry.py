@@ -30,8 +30,7 @@ BACKENDS: dict[str, Callable[[str], StoreConfig]] = {
 
 
 def store_config_for(root: str | os.PathLike[str] | StoreConfig) -> StoreConfig:
-    """The store config for ``root``: a URL (``s3://``, ``http(s)://``, ``file://``) or a
-    local path, with its backend's defaults, or a store config already (returned as is)."""
+    """The store config (with its backend's defaults) for a URL or path, or ``root`` itself."""
     if not isinstance(root, (str, os.PathLike)):
         if hasattr(root, "open") and hasattr(root, "url_for"):
             return root

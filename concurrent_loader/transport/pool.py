@@ -192,8 +192,7 @@ class ConnectionPool:
                 return
 
     async def _acquire(self, key: Key, url: str, *, allow_idle: bool = True) -> Connection:
-        """An idle connection to ``key`` if allowed, else a new one once a slot is free
-        (FIFO: a newcomer does not overtake queued callers)."""
+        """An idle connection to ``key`` if allowed, else a new one once a slot is free."""
         woken = False
         loop = asyncio.get_running_loop()
         while True:
@@ -256,8 +255,7 @@ class ConnectionPool:
         url: str,
         loop: asyncio.AbstractEventLoop,
     ) -> None:
-        """Connect ``conn`` directly or through the proxy (a CONNECT tunnel for https). The
-        socket is connected first, so a cancelled connect leaves no future behind."""
+        """Connect ``conn``, directly or through the proxy (a CONNECT tunnel for https)."""
         proxy = self._proxy
         if proxy is None:
             sock = await connect_socket(host, port)

@@ -13,8 +13,7 @@ __all__ = ["SocketProbe", "connect_socket", "socket_fd"]
 
 
 async def connect_socket(host: str, port: int) -> socket.socket:
-    """A non-blocking TCP socket connected to ``host:port`` (its addresses tried in order);
-    the ``OSError`` of the lookup or of the last address tried."""
+    """A non-blocking TCP socket connected to ``host:port``, its addresses tried in order."""
     loop = asyncio.get_running_loop()
     try:
         infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...errors import AccessDenied, Reason
+from .errors import no_credentials
 from .sigv4 import Credentials
 
 __all__ = ["CredentialCache", "CredentialSnapshot", "CredentialSource", "redact_botocore_logs"]
@@ -43,8 +43,7 @@ _redactor = _RedactSessionTokens()
 
 
 def redact_botocore_logs() -> None:
-    """Keep session tokens out of botocore's DEBUG logs (idempotent, costs nothing unless
-    those loggers are enabled for DEBUG)."""
+    """Keep session tokens out of botocore's DEBUG logs (idempotent)."""
     for name in _BOTOCORE_LOGGERS:
         logger = logging.getLogger(name)
         if _redactor not in logger.filters:
@@ -181,13 +180,7 @@ class CredentialCache:
             self._session = None  # used once: the chain below is what this cache keeps
             self._botocore = session.get_credentials()
             if self._botocore is None:
-                raise AccessDenied(
-                    "no AWS credentials found (env vars, profile, instance role); pass "
-                    "anonymous=True to read a public bucket",
-                    url=self._url,
-                    stage="fetch",
-                    cause=Reason.NO_CREDENTIALS,
-                )
+                raise no_credentials(self._url)
         frozen = self._botocore.get_frozen_credentials()
         self._checked = time.monotonic()
         return Credentials(frozen.access_key, frozen.secret_key, frozen.token)

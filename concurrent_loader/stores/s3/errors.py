@@ -80,13 +80,7 @@ def error_for_exception(exc: BaseException, url: str, *, stage: str = "list") ->
     if isinstance(exc, (ConnectTimeoutError, ReadTimeoutError, TimeoutError)):
         return FetchTimeout(str(exc), url=url, stage=stage, cause=Reason.TIMED_OUT)
     if isinstance(exc, NoCredentialsError):
-        return AccessDenied(
-            "no AWS credentials found (env vars, profile, instance role); pass "
-            "anonymous=True for a public bucket",
-            url=url,
-            stage=stage,
-            cause=Reason.NO_CREDENTIALS,
-        )
+        return no_credentials(url, stage)
     if isinstance(exc, SSLError) and refused_certificate(exc):  # not transient
         return certificate_refused(exc, url, stage)
     if isinstance(exc, ConnectionClosedError):
@@ -101,6 +95,16 @@ def error_for_exception(exc: BaseException, url: str, *, stage: str = "list") ->
     except ImportError:  # pragma: no cover - aiohttp comes with aiobotocore
         pass
     return FetchError(repr(exc), url=url, stage=stage, cause=Reason.UNKNOWN)
+
+
+def no_credentials(url: str, stage: str = "fetch") -> AccessDenied:
+    return AccessDenied(
+        "no AWS credentials found (env vars, profile, instance role); pass "
+        "anonymous=True to read a public bucket",
+        url=url,
+        stage=stage,
+        cause=Reason.NO_CREDENTIALS,
+    )
 
 
 def refused_certificate(exc: BaseException) -> bool:

@@ -103,8 +103,7 @@ def _hmac(key: bytes, msg: str) -> bytes:
 
 
 class SigV4Signer:
-    """Signs S3 ``GET`` requests for one region. Safe to share across threads: each cache
-    is replaced whole, so a race at worst computes a key twice."""
+    """Signs S3 ``GET`` requests for one region; thread-safe (each cache is replaced whole)."""
 
     __slots__ = (
         "_canonical_host",

@@ -324,8 +324,7 @@ class S3Store:
 
 
 def _no_retry_of_certificates(caught_exception: BaseException | None = None, **_: Any) -> None:
-    """A botocore ``needs-retry`` handler: a refused certificate ends the listing at once
-    (the standard mode would retry it as a connection error)."""
+    """A botocore ``needs-retry`` handler: a refused certificate ends the listing at once."""
     from botocore.exceptions import SSLError
 
     if isinstance(caught_exception, SSLError) and refused_certificate(caught_exception):
