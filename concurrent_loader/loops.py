@@ -139,8 +139,7 @@ class WatchingLoop(asyncio.AbstractEventLoop):
                 cast(asyncio.WriteTransport, transport), watch, *args, **kwargs
             )
         finally:
-            # The TLS connection stands for the one under it from now on (whose protocol is
-            # no longer told it is lost); a failed start_tls has closed that one.
+            # The TLS connection stands for the one under it (closed if start_tls failed).
             if isinstance(under, _Watch):
                 self.connections.lost(under)
         if tls is not None:

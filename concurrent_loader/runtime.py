@@ -1,19 +1,16 @@
 """The per-process runtime: one asyncio event loop (uvloop when installed) on a background thread.
 
-Each process makes its own on first use, so nothing made before a ``fork`` or ``spawn`` is
-used after it. It is reference counted (:func:`acquire_runtime`, :meth:`Runtime.release`):
-the last lease closes the clients cached on it, closes the loop once its last connection is
-gone (:mod:`concurrent_loader.loops`) and joins its threads, leaving no thread, loop or
-socket behind.
+Each process makes its own on first use. It is reference counted (:func:`acquire_runtime`,
+:meth:`Runtime.release`): the last lease closes the clients cached on it, closes the loop
+once its last connection is gone (:mod:`concurrent_loader.loops`) and joins its threads.
 
 Fork safety: a forked child inherits C-library locks as they were (OpenSSL 3 takes global
-locks when a thread makes an ``SSLContext``, draws random bytes or ends), so none of the
-runtime's threads is inside a C library when its process forks: after the last lease its
-threads have ended at the OS level, not only been joined; while it is live, a fork parks
-the loop thread between two turns and waits for the running jobs of its executor and of
-every :class:`~concurrent_loader.forkgate.GatedThreadPool` (decode and ``__getitem__``
-threads). Not covered: threads it runs no jobs on (uvloop's ``getaddrinfo`` pool, the
-user's). A fork that waits past ``QUIESCE_TIMEOUT_S`` goes on with a warning.
+locks in ``SSLContext``, random bytes and thread exit), so no runtime thread is inside a C
+library at a fork: after the last lease its threads have ended at the OS level; while it is
+live, a fork parks the loop thread between two turns and waits for the running jobs of its
+executor and of every :class:`~concurrent_loader.forkgate.GatedThreadPool`. Not covered:
+threads it runs no jobs on (uvloop's ``getaddrinfo`` pool). A fork that waits past
+``QUIESCE_TIMEOUT_S`` goes on with a warning.
 """
 
 from __future__ import annotations
@@ -37,14 +34,11 @@ log = logging.getLogger(__name__)
 
 #: seconds a closing runtime waits for its loop to cancel tasks and close clients
 CLOSE_TIMEOUT_S = 10.0
-#: seconds a fork waits for the loop and executor threads to reach a safe point, and a
-#: closing runtime for its threads to end at the OS level, before going on with a warning
+#: seconds a fork waits for threads to reach a safe point (a close, to end), then warns
 QUIESCE_TIMEOUT_S = 5.0
-#: seconds a runtime closing at interpreter exit waits for its threads to end in Python: no
-#: fork follows, and they are daemon threads, which end with the process anyway
+#: seconds a runtime closing at interpreter exit waits for its (daemon) threads
 EXIT_JOIN_TIMEOUT_S = 0.5
-#: seconds a closing runtime waits for connections still closing (a TLS shutdown waits for
-#: the server's ``close_notify``) before it aborts them; ``EXIT_JOIN_TIMEOUT_S`` at exit
+#: seconds a closing runtime waits for connections still closing before it aborts them
 CONNECTIONS_CLOSE_TIMEOUT_S = 2.0
 T = TypeVar("T")
 
@@ -232,8 +226,7 @@ _lock = threading.Lock()
 _current: Runtime | None = None
 # Runtimes of this process whose threads may still run: the ones a fork must quiesce.
 _live: set[Runtime] = set()
-# Runtimes inherited through fork: their thread does not exist in the child and their
-# objects must not be touched or finalised there, so the child keeps them unreachable.
+# Runtimes inherited through fork, kept unreachable: never touched or finalised here.
 _orphans: list[Runtime] = []
 
 

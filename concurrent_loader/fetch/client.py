@@ -51,14 +51,11 @@ class _Running:
 
 
 class AttemptLayer:
-    """At most ``limit.limit`` attempts in flight, each waiting (FIFO) for a slot. An
-    attempt ends ``seconds`` (``Timeouts.attempt``) after its send, a first one also at the
-    object's deadline (``total`` seconds after it; a retry's is the retry layer's). A
-    success's duration, size and time to first byte go to the observer.
-
-    All attempts get the same span, so those in flight, kept in start order, are also in
-    deadline order: one timer, for the oldest, watches them all (``asyncio.timeout`` would
-    arm one per GET). Ended ones are dropped as they reach the head."""
+    """At most ``limit.limit`` attempts in flight (FIFO slots), each ending ``seconds`` after
+    its send (a first one also at the object's deadline, ``total`` s on; a retry's is the
+    retry layer's); a success's timing goes to the observer. All get the same span, so those
+    in flight, in start order, are in deadline order: one timer, for the oldest, watches all
+    (``asyncio.timeout`` would arm one per GET); ended ones are dropped at the head."""
 
     def __init__(self, inner: Getter, limit: AdaptiveLimit, seconds: float, total: float) -> None:
         self.inner = inner
@@ -156,8 +153,7 @@ class AttemptLayer:
 
 
 class OutcomeLayer:
-    """Each GET (hedges included) is told to the limit's controller when sent and when it
-    ends: its latency, a throttle (also told to the observer), or a failure."""
+    """Each GET (hedges included) told to the limit's controller: sent, then how it ended."""
 
     def __init__(self, store: Store, limit: AdaptiveLimit) -> None:
         self.store = store
@@ -182,13 +178,10 @@ class OutcomeLayer:
 
 
 class RetryLayer:
-    """Retries transient errors per :class:`~concurrent_loader.config.RetryConfig`.
-
-    A failure counts towards ``max_attempts``; a throttle does not: it is retried after the
-    throttle backoff, or once another GET succeeds, while the object's time budget lasts.
-    The budget's timer is armed only after a first failure. However it runs out, the object
-    fails with ``FetchTimeout`` (``DEADLINE_EXCEEDED``) caused by the last failed attempt.
-    """
+    """Retries transient errors per :class:`~concurrent_loader.config.RetryConfig`. A throttle
+    does not count towards ``max_attempts``: it is retried after its backoff, or once another
+    GET succeeds. The object's budget (a timer armed after a first failure) ends it with
+    ``FetchTimeout`` (``DEADLINE_EXCEEDED``) caused by the last failed attempt."""
 
     def __init__(self, inner: Getter, config: RetryConfig, limit: AdaptiveLimit) -> None:
         self.inner = inner

@@ -34,8 +34,7 @@ __all__ = ["HedgeBudget", "HedgeDelay", "HedgeLayer"]
 
 #: latencies the delay is estimated from (the most recent GETs)
 WINDOW = 256
-#: GETs completed before the estimate replaces ``max_delay``: a whole first round at the
-#: default cap, since a burst's first answers are its fastest and would sink the estimate
+#: GETs completed before the estimate replaces ``max_delay`` (a burst's first are fastest)
 MIN_SAMPLES = 64
 #: new latencies between two recomputations of the percentile
 RECOMPUTE_EVERY = 16
@@ -84,8 +83,7 @@ class HedgeDelay:
 
 
 class HedgeBudget:
-    """A token bucket: each GET adds ``rate`` tokens (at most ``burst``), a hedge takes one,
-    so over ``n`` GETs at most ``START_TOKENS + rate * n`` hedges are sent."""
+    """A token bucket: each GET adds ``rate`` tokens (at most ``burst``), a hedge takes one."""
 
     def __init__(self, rate: float, burst: float = BURST) -> None:
         self.rate = rate
@@ -325,8 +323,7 @@ class HedgeLayer:
         hedge = loop.create_task(self._timed(attempt.request, loop, hedge=True))
         attempt.hedges.append(hedge)
         attempt.started.append(loop.time())
-        # A done callback, not a finally in the task: a task cancelled before its first
-        # step never runs its body, and the slot would leak.
+        # Not a finally in the task: one cancelled before its first step runs no body.
         hedge.add_done_callback(lambda _: self._hedge_ended(attempt, loop))
         return True
 

@@ -27,15 +27,12 @@ class AdaptiveLimit:
         self_tuned: bool = False,
         hedges: int = 0,
         cooldown: float = 0.0,
-        controller: LimitController | None = None,
     ) -> None:
         if maximum < 1:
             raise ValueError("maximum must be >= 1")
         if hedges < 0:
             raise ValueError("hedges must be >= 0")
-        self.controller = controller or LimitController(
-            maximum, self_tuned=self_tuned, cooldown=cooldown
-        )
+        self.controller = LimitController(maximum, self_tuned=self_tuned, cooldown=cooldown)
         self.maximum = maximum
         self.hedges = hedges
         self.in_flight = 0
@@ -119,12 +116,9 @@ class AdaptiveLimit:
 class ByteBudget:
     """Bytes fetched and not yet decoded, plus those expected of the GETs in flight, stay
     within ``max_bytes``. :meth:`reserve` waits (FIFO) until the expected size fits (the
-    listed ``size_hint``, else the mean so far, else the whole budget); :meth:`settle` turns
-    it into held bytes, which :meth:`release` frees from any thread. One reservation is
-    always admitted when nothing is committed, so a larger object still loads.
-
-    Invariant: ``held + reserved`` is what is committed; both change only under the lock.
-    """
+    listed ``size_hint``, else the mean so far, else the whole budget); :meth:`settle` holds
+    it, :meth:`release` frees it from any thread. With nothing committed one is always
+    admitted. Invariant: ``held + reserved`` is what is committed, changed under the lock."""
 
     def __init__(self, max_bytes: int, call_soon: Callable[[Callable[[], None]], None]) -> None:
         if max_bytes < 1:

@@ -22,15 +22,10 @@ __all__ = ["Body", "ByteRange", "Capabilities", "ObjectInfo", "Store", "StoreCon
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a backend can do.
-
-    - ``remote``: reads go over the network (asyncio ``get``); False: the store also reads
-      without a loop (``get_blocking``, ``list_blocking``), in the decode job;
-    - ``listing``: ``list`` works (plain HTTP cannot list);
-    - ``ranges``: ``get`` honours ``byte_range``;
-    - ``whole_reads_up_to``: a whole object up to this many bytes is read with one ``get``,
-      never in ranged parts (0: any large read may go in parts).
-    """
+    """What a backend can do. ``remote``: reads go over the network (False: the store also
+    reads without a loop, ``get_blocking``, in the decode job); ``listing``: ``list`` works;
+    ``ranges``: ``get`` honours ``byte_range``; ``whole_reads_up_to``: a whole object up to
+    this many bytes is read with one ``get``, never in parts (0: any may go in parts)."""
 
     remote: bool
     listing: bool

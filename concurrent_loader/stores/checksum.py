@@ -42,8 +42,7 @@ def _hash(name: str) -> Callable[[bytes | bytearray | memoryview], bytes]:
     return digest
 
 
-#: algorithm -> the digest of a body, cheapest first (the order a response's checksums
-#: are preferred in; see ``benchmarks/integrity.py`` for the figures)
+#: algorithm -> the digest of a body, cheapest first (``benchmarks/integrity.py``)
 ALGORITHMS: dict[str, Callable[[bytes | bytearray | memoryview], bytes]] = {
     "crc64nvme": _crc("CRC64-NVME", 64),
     "crc32c": _crc("CRC32C", 32),

@@ -41,10 +41,8 @@ Offsets = Sequence[int] | np.ndarray
 
 @dataclass(frozen=True)
 class Readahead:
-    """Read ranges as aligned spans of ``span_bytes``, with at most ``max_bytes`` of spans
-    kept and in flight per process. ``max_bytes`` should hold the spans a shuffle window
-    touches: for a shuffle buffer of ``buffer_size`` samples, about ``buffer_size`` times
-    the mean sample size plus two spans."""
+    """Ranges read as aligned spans of ``span_bytes``, at most ``max_bytes`` kept and in
+    flight per process: about a shuffle buffer's samples' bytes plus two spans."""
 
     span_bytes: int = 8 * _MiB
     max_bytes: int = 128 * _MiB
@@ -86,9 +84,8 @@ class ReadaheadConfig:
 
 @dataclass(eq=False)
 class _Span:
-    """A kept span: its bytes, the ranges in it still to be read (None: not known), the
-    distinct ranges read of it, and when it was last read (in bytes read, see
-    ``ReadaheadStore._clock``)."""
+    """A kept span: its bytes, how many ranges in it are known (None: not known), those read,
+    and when it was last read (``ReadaheadStore._clock``)."""
 
     data: bytes | bytearray
     expected: int | None

@@ -17,8 +17,7 @@ end. Every transport guarantees:
 * a cancelled ``get`` leaves no half-read connection to reuse; ``close()`` closes every
   socket before it returns; ``get`` after it raises ``RuntimeError``.
 
-The one transport is :class:`ConnectionPool` (HTTP/1.1, bodies written in place by the
-kernel), on asyncio or uvloop, over TCP and TLS, directly or through an ``http://`` proxy.
+The one transport is :class:`ConnectionPool` (HTTP/1.1, over TCP or TLS, through a proxy).
 """
 
 from __future__ import annotations

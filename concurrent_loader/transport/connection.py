@@ -145,9 +145,7 @@ class Connection(ResponseReader):
         now = loop.time()
         self.sent_at = now
         if self.timer is None:
-            # One timer per connection, not per request: it outlives a response and, when
-            # it fires, re-arms itself for what the request then in flight has left, or
-            # stops if none is (see _on_timer).
+            # One timer per connection, not per request: it outlives a response (_on_timer).
             timeouts = self.timeouts
             self.timer = loop.call_at(now + min(timeouts.first_byte, timeouts.read), self._on_timer)
         try:

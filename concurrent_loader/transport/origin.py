@@ -16,9 +16,8 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 @dataclass(frozen=True, slots=True)
 class Origin:
-    """An HTTP(S) origin, validated (``ConfigError``). ``host`` is a name or an IP literal,
-    IPv6 without brackets (given with them, they are removed). ``tls`` and ``host_header``
-    are computed once, since the transport reads them on every request."""
+    """An HTTP(S) origin, validated (``ConfigError``); ``host`` a name or IP literal (IPv6
+    without brackets). ``tls`` and ``host_header`` are computed once, read on every GET."""
 
     scheme: str
     host: str

@@ -32,8 +32,7 @@ class Proxy:
 
     @classmethod
     def from_url(cls, url: str) -> Proxy:
-        """The proxy of ``url`` (``http://[user:password@]host[:port]``); a URL without a
-        scheme (``proxy:3128``, as ``HTTP_PROXY`` is sometimes written) is taken as http."""
+        """The proxy of ``http://[user:password@]host[:port]`` (no scheme: taken as http)."""
         if not isinstance(url, str) or not url.strip():
             raise ConfigError(f"invalid proxy URL {url!r}")
         text = url.strip()
@@ -76,8 +75,7 @@ class Proxy:
             await loop.sock_sendall(sock, self.connect_request(origin))
             head = bytearray()
             while b"\r\n\r\n" not in head:
-                # Byte by byte would be slow; a proxy sends nothing after its head until the
-                # client speaks, so reading what is there never eats tunnelled bytes.
+                # A proxy sends nothing after its head until the client speaks.
                 data = await loop.sock_recv(sock, 4096)
                 if not data:
                     raise ConnectionFailed(

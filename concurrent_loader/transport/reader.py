@@ -38,8 +38,7 @@ class Response:
     first_byte_s: float | None = None
 
 
-# Big enough for any S3 response head plus the first slice of the body; the rest of a
-# Content-Length body goes straight into its final buffer.
+# Any S3 response head and the first slice of the body; the rest goes to its final buffer.
 _HEAD_BUFFER_BYTES = 16 * 1024
 _SCRATCH_BYTES = 64 * 1024
 

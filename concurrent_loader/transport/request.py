@@ -1,7 +1,5 @@
-"""The bytes of one HTTP/1.1 GET, refused (``ConfigError``) if any part could break its framing.
-
-``Host`` comes from the :class:`~.origin.Origin` only; a caller's own ``Host`` is refused,
-so a signature never covers a different value than the one sent.
+"""The bytes of one HTTP/1.1 GET, refused (``ConfigError``) if any part could break its framing;
+``Host`` comes from the :class:`~.origin.Origin` only (a caller's own is refused).
 """
 
 from __future__ import annotations
@@ -51,8 +49,7 @@ def build_request(
         lines += 1
     parts.append("\r\n")
     text = "".join(parts)
-    # One CR and one LF per line we wrote; any other would let a header value or the
-    # target inject headers. Counting is cheaper than checking each value.
+    # One CR and one LF per line written; any other could inject headers.
     if (
         text.count("\n") != lines
         or text.count("\r") != lines

@@ -50,8 +50,7 @@ def socket_fd(transport: asyncio.BaseTransport) -> int:
 
 
 class SocketProbe:
-    """Whether bytes or the socket's end wait unread in a connected socket: one ``poll``
-    with a zero timeout, about 1 µs (``FIONREAD`` takes the socket's lock: twice that)."""
+    """Whether bytes or the socket's end wait unread: one zero-timeout ``poll``, about 1 µs."""
 
     __slots__ = ("_poll",)
 

@@ -108,8 +108,7 @@ def no_credentials(url: str, stage: str = "fetch") -> AccessDenied:
 
 
 def refused_certificate(exc: BaseException) -> bool:
-    """Whether ``exc`` (botocore's ``SSLError``) wraps a refused certificate, found by type
-    along what it wraps: ``kwargs["error"]``, ``__cause__``, aiohttp's ``certificate_error``."""
+    """Whether ``exc`` (botocore's ``SSLError``) wraps a refused certificate, by type."""
     seen: set[int] = set()
     pending: list[object] = [exc]
     while pending:

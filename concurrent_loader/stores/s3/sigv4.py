@@ -1,6 +1,6 @@
 """A lean AWS Signature Version 4 signer for S3 ``GET`` requests: exactly the
 ``Authorization`` header botocore's ``S3SigV4Auth`` gives for the same request, credentials
-and second, with the signing key derived once per (secret key, UTC day, region, service),
+and second, with the signing key derived once per (secret key, UTC day, region),
 ``x-amz-date`` formatted at most once per second, and one SHA-256 and one HMAC per call.
 Bodiless requests only; ``checksum_mode=True`` also sends and signs
 ``x-amz-checksum-mode: ENABLED``. Paths must be encoded by :func:`encode_s3_path`.
@@ -78,17 +78,16 @@ class _DayKey:
         credentials: Credentials,
         datestamp: str,
         region: str,
-        service: str,
         checksum_mode: bool,
     ):
         self.credentials = credentials
         self.token = credentials.token
         self.datestamp = datestamp
         k_date = _hmac(("AWS4" + credentials.secret_key).encode(), datestamp)
-        k_signing = _hmac(_hmac(_hmac(k_date, region), service), "aws4_request")
+        k_signing = _hmac(_hmac(_hmac(k_date, region), "s3"), "aws4_request")
         # Copying a keyed HMAC object skips re-hashing the key pads on every call.
         self.hmac_template = hmac.new(k_signing, digestmod=hashlib.sha256)
-        self.scope = f"{datestamp}/{region}/{service}/aws4_request"
+        self.scope = f"{datestamp}/{region}/s3/aws4_request"
         signed = "host;x-amz-checksum-mode;" if checksum_mode else "host;"
         signed += "x-amz-content-sha256;x-amz-date"
         self.signed_headers = signed + ";x-amz-security-token" if credentials.token else signed
@@ -111,14 +110,12 @@ class SigV4Signer:
         "_second_and_date",
         "checksum_mode",
         "region",
-        "service",
     )
 
-    def __init__(self, region: str, service: str = "s3", *, checksum_mode: bool = False) -> None:
-        if not region or not service:
-            raise ConfigError("region and service must be non-empty")
+    def __init__(self, region: str, *, checksum_mode: bool = False) -> None:
+        if not region:
+            raise ConfigError("region must be non-empty")
         self.region = region
-        self.service = service
         self.checksum_mode = checksum_mode
         # What follows ``host:...\n`` among the canonical headers, before x-amz-content-sha256.
         self._canonical_host = "\nx-amz-checksum-mode:ENABLED\n" if checksum_mode else "\n"
@@ -128,7 +125,7 @@ class SigV4Signer:
 
     def __repr__(self) -> str:
         mode = ", checksum_mode=True" if self.checksum_mode else ""
-        return f"SigV4Signer(region={self.region!r}, service={self.service!r}{mode})"
+        return f"SigV4Signer(region={self.region!r}{mode})"
 
     def _now(self) -> str:
         second = int(_clock())
@@ -146,7 +143,7 @@ class SigV4Signer:
             and (day_key.credentials is credentials or day_key.credentials == credentials)
         ):
             return day_key
-        day_key = _DayKey(credentials, datestamp, self.region, self.service, self.checksum_mode)
+        day_key = _DayKey(credentials, datestamp, self.region, self.checksum_mode)
         self._day_key = day_key
         return day_key
 
