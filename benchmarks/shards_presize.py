@@ -27,9 +27,10 @@ a crop alone), with ``--workers`` workers, batch ``--batch-size`` and a shuffle 
   :mod:`benchmarks.shards_peers`.
 
 Each round runs every row for ``--epochs`` epochs in a row (workers started each epoch,
-counted), rows interleaved so a load on the shared machine hits them alike; a row's figure
-is its median round. Images/s are whole epochs (from ``iter(loader)`` to the last batch);
-every epoch is checked to yield every sample once. Targets: ``ours-jpegS`` and
+counted), the rows in the opposite order in the next round, so a load on the shared
+machine hits them alike; a row's figure is its median round. Images/s are whole epochs
+(from ``iter(loader)`` to the last batch); every epoch is checked to yield every sample
+once. Targets: ``ours-jpegS`` and
 ``ours-rawS`` >= 3x ``ours-full``, and each ahead of ``webdataset`` on the same shards.
 Bytes per sample: each form's shards (``.tar`` and ``.idx``) over the images.
 
@@ -218,8 +219,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         results: dict[str, list[dict[str, Any]]] = {
             f"{n}-{f}": [] for n, f in rows(args.short_side)
         }
-        for _ in range(args.rounds):
-            for name, form in rows(args.short_side):
+        for round_ in range(args.rounds):
+            # Reversed in odd rounds: a drift in the machine's load hits every row alike.
+            order = rows(args.short_side)
+            for name, form in order if round_ % 2 == 0 else reversed(order):
                 figures = run_row(args, proxy.endpoint_url, name, form)
                 results[f"{name}-{form}"].append(figures)
                 print(f"{name}-{form}: {figures['images_per_s']:.0f} img/s", flush=True)
