@@ -1,9 +1,7 @@
 """What form an entry keeps: the object's bytes as fetched, or a transform of them.
 
-A cache given a transform (``CacheConfig(presize=...)``: ``apply(data, url) -> bytes`` and
-``identity: str``, such as :class:`concurrent_loader.decode.presize.Presize`) keeps, and
-returns on a miss, ``transform.apply(original)``, so every read gets the same form.
-Guarantees:
+A cache given a transform (``CacheConfig(presize=...)``, such as ``Presize``) keeps, and
+returns on a miss, ``transform.apply(original)``, so every read gets the same form:
 
 - an entry's source (hashed into its name and checked when read, :mod:`.entry`) starts with
   ``<identity> ``, so an entry of one setting (or of the original) is never served under

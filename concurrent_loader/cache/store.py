@@ -51,10 +51,6 @@ _FIRST_WAIT_S = 0.001
 _LONGEST_WAIT_S = 0.05
 
 
-def _no_lock() -> None:
-    return None
-
-
 #: one read of the wrapped store: ``Store.get``, or a fetch client's ``get_body``
 Read = Callable[[str, ByteRange | None], Awaitable[Body]]
 #: (on the runtime's loop) the read through this process's fetch client for that store
@@ -209,7 +205,7 @@ class CachedStore:
             if entry is not None:
                 self._release(directory, name)
                 return await self._serve(entry, key, None)
-        release = functools.partial(self._release, directory, name) if held else _no_lock
+        release = functools.partial(self._release, directory, name) if held else lambda: None
         try:
             body = await self._uncached(key, None)
             if self.cache.presize is not None:  # an error: not cached (the lock released)

@@ -80,13 +80,11 @@ class EntryWriter:
         if skip:
             release()
             return
-        # Before the caller holds the buffer: a later change to it fails the entry's check.
-        crc = data_checksum(data)
         try:
-            self._executor.submit(
-                self._write, directory, name, source, data, crc, body.etag, release, replace
-            )
-        except RuntimeError:  # the writer is shut down: we are closing
+            # Before the caller holds the buffer: a later change to it fails the entry's check.
+            tail = footer(size, data_checksum(data), body.etag, source)
+            self._executor.submit(self._write, directory, name, data, tail, release, replace)
+        except (ValueError, RuntimeError):  # an ETag or name too long to store; or closing
             with self._lock:
                 self._pending -= size
             release()
@@ -95,10 +93,8 @@ class EntryWriter:
         self,
         directory: CacheDirectory,
         name: str,
-        source: str,
         data: bytes | bytearray,
-        crc: int,
-        etag: str | None,
+        tail: bytes,
         release: Callable[[], None],
         replace: bool,
     ) -> None:
@@ -106,15 +102,13 @@ class EntryWriter:
             if self.writing():
                 if self._pause_s:  # the first write after a failure
                     directory.refresh()
-                directory.put(name, data, footer(len(data), crc, etag, source), replace=replace)
+                directory.put(name, data, tail, replace=replace)
                 if self._pause_s:
                     log.info("writes to the cache at %s resumed", directory.root)
                     with self._lock:
                         self._pause_s = 0.0
         except CACHE_ERRORS as exc:  # a link in the cache's place is refused too
             self.failed(exc)
-        except ValueError:  # an ETag or name too long to store: not cached
-            pass
         finally:
             release()
             with self._lock:

@@ -1,8 +1,7 @@
 """The index of a tar shard: where each sample member's header and data are.
 
-Format (written by :mod:`~concurrent_loader.shards.pack` next to each shard, as
-``<shard>.idx``, e.g. ``shard-000000.tar`` + ``shard-000000.tar.idx``): one UTF-8 JSON
-object per shard::
+Format (``<shard>.idx`` next to each shard, written by :mod:`~concurrent_loader.shards.pack`),
+one JSON object per shard::
 
     {"format": "concurrent-loader/tar-index", "version": 1, "size": <shard bytes>,
      "members": [[name, header_offset, data_offset, size], ...]}
@@ -97,14 +96,10 @@ class ShardIndex:
                 raise ValueError(f"size {size!r} is not an integer")
             members = []
             for entry in document["members"]:
-                if not isinstance(entry, list) or len(entry) != 4:
+                name, *numbers = entry if isinstance(entry, list) and len(entry) == 4 else [None]
+                if not isinstance(name, str) or not all(map(_is_int, numbers)):
                     raise ValueError(f"member {entry!r} is not [name, header, offset, size]")
-                name, header, offset, length = entry
-                if not isinstance(name, str) or not all(
-                    _is_int(n) for n in (header, offset, length)
-                ):
-                    raise ValueError(f"member {entry!r} is not [name, header, offset, size]")
-                members.append(Member(name, header, offset, length))
+                members.append(Member(name, *numbers))
             presize = document.get("presize")
             if presize is not None and not isinstance(presize, str):
                 raise ValueError(f"presize {presize!r} is not a string")

@@ -1,9 +1,7 @@
 """``concurrent-loader pack SRC DEST``: objects (or an ImageFolder) into tar shards + indexes.
 
-``SRC`` is a prefix (``s3://bucket/prefix``) or a local directory; ``DEST`` a local
-directory or an ``s3://`` prefix. Store options (``endpoint_url``, ``region``, ``profile``,
-``anonymous``) apply to whichever side is on S3, to both when both are. Shards are
-``shard-000000.tar``, ``shard-000001.tar``..., each with its index ``.tar.idx``
+``SRC`` and ``DEST`` are local directories or ``s3://`` prefixes (store options apply to
+whichever is on S3). Shards are ``shard-000000.tar``..., each with its index ``.tar.idx``
 (:mod:`.index`). Guarantees:
 
 - what is written reads back as the promised samples with both ``ShardDataset`` and
