@@ -19,7 +19,7 @@ import asyncio
 import threading
 from typing import Any, Self
 
-from ..closing import Started
+from .subprocesses import Started
 
 __all__ = ["BackgroundServer", "pipe"]
 

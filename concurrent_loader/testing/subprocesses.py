@@ -16,10 +16,9 @@ import subprocess
 from collections.abc import Iterable
 from typing import IO, Any, Self
 
-from ..closing import Started
-
 __all__ = [
     "ChildProcess",
+    "Started",
     "check_cpus",
     "process_cpu_seconds",
     "tail_of",
@@ -82,6 +81,22 @@ def tail_of(file: IO[bytes], max_bytes: int = 4000) -> str:
     size = file.tell()
     file.seek(max(0, size - max_bytes))
     return file.read().decode("utf-8", "replace")
+
+
+class Started:
+    """Mixin: ``with obj:`` returns ``obj.start()`` and calls ``obj.stop()`` on the way out."""
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
 
 
 class ChildProcess(Started, abc.ABC):
