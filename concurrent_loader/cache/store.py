@@ -35,8 +35,7 @@ from .directory import CacheDirectory, name_for
 from .entry import CorruptEntry, Entry, TooLarge
 from .form import Apply, apply_in_thread, transformed
 from .layout import CACHE_ERRORS
-from .leftovers import Leftovers
-from .writer import MAX_PENDING_BYTES, EntryWriter
+from .writer import MAX_PENDING_BYTES, EntryWriter, Leftovers
 
 __all__ = ["MAX_PENDING_BYTES", "CachedStore", "Connect"]
 

@@ -1,4 +1,5 @@
-"""Writing entries behind reads: one thread per store, bounded, paused after a failure.
+"""Writing entries behind reads: one thread per store, bounded, paused after a failure, and
+what a store leaves to finish when it goes (:class:`Leftovers`).
 
 The object's fill lock is released once its entry is in place or given up. At most
 ``MAX_PENDING_BYTES`` wait for the writer (beyond that an object is not cached); a failed
@@ -9,17 +10,19 @@ write pauses writing for ``RETRY_FIRST_S``, doubling per failure in a row up to
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable
 
+from ..runtime import Runtime, acquire_runtime
 from ..stores.base import Body
 from .directory import CacheDirectory
 from .entry import data_checksum, footer
 from .layout import CACHE_ERRORS
 
-__all__ = ["MAX_PENDING_BYTES", "RETRY_FIRST_S", "RETRY_MAX_S", "EntryWriter"]
+__all__ = ["MAX_PENDING_BYTES", "RETRY_FIRST_S", "RETRY_MAX_S", "EntryWriter", "Leftovers"]
 
 log = logging.getLogger(__name__)
 
@@ -113,3 +116,41 @@ class EntryWriter:
             release()
             with self._lock:
                 self._pending -= len(data)
+
+
+class Leftovers:
+    """What a cached store leaves to finish (its writer, reads for the ledger, the
+    directory's files, a runtime lease): called once, from ``close()``, collection or process
+    exit, so it holds no reference to the store (one on the local path is never closed)."""
+
+    def __init__(self, directory: CacheDirectory | None) -> None:
+        self.writer = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="concurrent-loader-cache"
+        )
+        self.directory = directory
+        self.hits = self.misses = self.bytes_served = 0
+        self._runtime: Runtime | None = None
+        self._lock = threading.Lock()
+        self._done = False
+
+    def runtime(self) -> Runtime:
+        with self._lock:
+            if self._runtime is None:
+                self._runtime = acquire_runtime()
+            return self._runtime
+
+    def __call__(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+            runtime, self._runtime = self._runtime, None
+        self.writer.shutdown(wait=True)
+        directory = self.directory
+        if directory is not None:
+            if self.hits or self.misses:
+                with contextlib.suppress(*CACHE_ERRORS):
+                    directory.record_reads(self.hits, self.misses, self.bytes_served)
+            directory.close()
+        if runtime is not None:
+            runtime.release()
