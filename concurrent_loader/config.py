@@ -4,6 +4,7 @@ a bad value fails at construction with ``ConfigError`` (a ``ValueError``), not i
 from __future__ import annotations
 
 import math
+import operator
 import random
 from dataclasses import dataclass, field
 
@@ -13,7 +14,12 @@ __all__ = ["SELF_TUNED_CAP", "FetchConfig", "HedgeConfig", "RetryConfig", "Timeo
 
 
 def check_count(name: str, value: object, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    """Any integer type (numpy's too) >= ``minimum``; bools and floats are refused."""
+    try:
+        number = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        number = None
+    if isinstance(value, bool) or number is None or number < minimum:
         raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 

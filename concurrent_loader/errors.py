@@ -157,8 +157,10 @@ class LoaderError(Exception):
     def for_object(self, url: str) -> LoaderError:
         """A copy of this error naming ``url`` (for errors raised before the object was known)."""
         named = copy.copy(self)
-        notes = list(getattr(self, "__notes__", ()))
-        named.__setstate__({**self.__dict__, "url": url, "__notes__": notes})
+        state = {**self.__dict__, "url": url}
+        if "__notes__" in state:  # the copy's notes are its own
+            state["__notes__"] = list(state["__notes__"])
+        named.__setstate__(state)
         named.__cause__ = self.__cause__
         return named
 

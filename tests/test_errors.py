@@ -70,3 +70,13 @@ def test_tree():
         errors.IntegrityError,
         errors.FetchTimeout,
     }
+
+
+def test_naming_an_object_keeps_notes_apart_and_adds_none():
+    plain = errors.ConfigError("bad").for_object("s3://bucket/key")
+    assert not hasattr(plain, "__notes__")
+    noted = errors.ConfigError("bad")
+    noted.add_note("first")
+    named = noted.for_object("s3://bucket/key")
+    named.add_note("second")
+    assert noted.__notes__ == ["first"] and named.__notes__ == ["first", "second"]

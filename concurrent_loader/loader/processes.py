@@ -52,9 +52,15 @@ class WorkerProcesses(BaseContext):
     noting the processes it makes (weakly): worker ``w`` is the ``w``-th."""
 
     def __init__(self, base: BaseContext | None = None) -> None:
-        # every concrete context has ``Process``; typeshed's base has none
-        self._base: Any = base or torch.multiprocessing.get_context()
+        self._given = base
         self._started: list[weakref.ref[BaseProcess]] = []
+
+    @property
+    def _base(self) -> Any:
+        # Looked up when a worker starts, not when the loader is made: ``get_context()`` fixes
+        # the default start method, and a user may still set it after making the loader.
+        # (Every concrete context has ``Process``; typeshed's base has none, hence ``Any``.)
+        return self._given or torch.multiprocessing.get_context()
 
     def Process(self, *args: Any, **kwargs: Any) -> BaseProcess:
         process: BaseProcess = self._base.Process(*args, **kwargs)

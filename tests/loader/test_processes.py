@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import subprocess
 import sys
 import weakref
 
@@ -59,3 +60,19 @@ def test_a_process_is_not_kept_alive_by_its_note():
     process = weakref.ref(context.Process(target=_ends))
     assert process() is None
     assert workers.dead() == []
+
+
+def test_making_a_loader_leaves_the_start_method_unset():
+    # As with a stock DataLoader, a script may make its loader and then choose the start method.
+    script = (
+        "import multiprocessing, torch\n"
+        "from concurrent_loader import ConcurrentDataLoader\n"
+        "loader = ConcurrentDataLoader(list(range(4)), batch_size=2, num_workers=1)\n"
+        "multiprocessing.set_start_method('spawn')\n"
+        "print(multiprocessing.get_start_method())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "spawn"

@@ -55,3 +55,11 @@ def test_configs_are_frozen_and_hashable():
         config.max_inflight_requests = 5  # type: ignore[misc]
     assert hash(config) == hash(FetchConfig(max_inflight_requests=4))
     assert config.max_connections == 4 + config.max_hedges_in_flight  # hedges beyond the limit
+
+
+def test_counts_take_any_integer_type_but_not_bools_or_floats():
+    np = pytest.importorskip("numpy")
+    assert FetchConfig(max_inflight_bytes=np.int64(1 << 28)).max_inflight_bytes == 1 << 28
+    for bad in (True, 1.0, np.float64(8.0), 0):
+        with pytest.raises(ConfigError, match="max_inflight_bytes must be an int >= 1"):
+            FetchConfig(max_inflight_bytes=bad)
