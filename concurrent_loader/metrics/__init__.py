@@ -1,8 +1,7 @@
 """What the loader measures, merged across processes, and the ``stats()`` report."""
 
-from .percentile import percentile
 from .report import StallLedger, format_stats, loader_stats, verdict
-from .stats import SharedStats, StageStats, histogram_percentiles
+from .stats import SharedStats, StageStats, histogram_percentiles, percentile
 
 __all__ = [
     "SharedStats",

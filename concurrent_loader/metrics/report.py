@@ -11,8 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from .percentile import percentile
-from .stats import histogram_percentiles
+from .stats import histogram_percentiles, percentile
 
 __all__ = ["StallLedger", "format_stats", "loader_stats", "verdict"]
 

@@ -4,18 +4,19 @@ Each process counts into a :class:`StageStats` and copies it after every batch i
 of a shared-memory matrix (:class:`SharedStats`) the main process sums: no queue or lock
 between processes. Latency histograms are log-scale (10 buckets per decade, 1 us to 1000 s),
 so merging adds arrays and a percentile is its bucket's upper edge (about 26 % wide).
+:func:`percentile` (nearest rank) is the project's one percentile function.
 """
 
 from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from ..errors import FetchError
-from .percentile import percentile
 
 __all__ = [
     "COUNTERS",
@@ -25,6 +26,7 @@ __all__ = [
     "StageStats",
     "cache_tally",
     "histogram_percentiles",
+    "percentile",
 ]
 
 _PER_DECADE = 10
@@ -58,6 +60,29 @@ def _bucket(seconds: float) -> int:
 
 #: upper edge (seconds) of each bucket
 EDGES = [_LOW * 10 ** (i / _PER_DECADE) for i in range(BUCKETS)]
+
+
+def percentile(
+    values: Sequence[float], q: float, counts: Sequence[float] | None = None
+) -> float | None:
+    """The nearest-rank ``q``-th percentile (0-100) of ``values``; None when there are none.
+    With ``counts`` (a histogram), ``values`` are sorted and ``values[i]`` occurred ``counts[i]``
+    times."""
+    if counts is None:
+        ordered: Sequence[float] = sorted(values)
+        weights: Sequence[float] = [1.0] * len(ordered)
+    else:
+        ordered, weights = values, counts
+    total = sum(weights)
+    if not total:
+        return None
+    rank = max(1.0, math.ceil(total * q / 100))
+    seen = 0.0
+    for value, weight in zip(ordered, weights, strict=True):
+        seen += weight
+        if seen >= rank:
+            return value
+    return ordered[-1]  # pragma: no cover - float rounding only
 
 
 def histogram_percentiles(counts: list[float]) -> dict[str, float | None]:

@@ -22,11 +22,10 @@ from torch.utils.data import Dataset, get_worker_info
 from ..errors import LoaderStalled
 from ..metrics import StageStats
 from ..sources import SampleSource
-from .options import PipelineOptions
+from .options import PipelineOptions, StallWatch
 from .produce import GetItems, LocalReads
 from .remote import RemoteReads
 from .slot import Failure, Slot
-from .stall import StallWatch
 
 __all__ = ["BatchPipeline", "source_of"]
 

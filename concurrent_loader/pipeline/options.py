@@ -1,16 +1,29 @@
 """How a process produces batches, validated once (``ConfigError``); the defaults derived
-in one place. How bytes are fetched is the dataset's (``FetchConfig``, ``PartsConfig``)."""
+in one place. How bytes are fetched is the dataset's (``FetchConfig``, ``PartsConfig``).
+
+No silent hang: :class:`StallWatch` waits on a future, logs a WARNING after each slice
+without progress and, after ``timeout_s``, raises ``LoaderStalled`` naming what the process
+waited for (``describe()``) with every thread's Python stack."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import logging
 import os
+import sys
+import threading
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..config import FetchConfig, check_count
-from ..errors import ConfigError
+from ..errors import ConfigError, LoaderStalled, Reason
 from ..fetch.parts import PartsConfig
 
-__all__ = ["PipelineOptions", "available_cpus"]
+__all__ = ["PipelineOptions", "StallWatch", "available_cpus"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -74,3 +87,57 @@ def available_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+class StallWatch:
+    """Waits that warn after ``warn_s`` and fail after ``timeout_s`` (None: never)."""
+
+    def __init__(
+        self,
+        timeout_s: float | None,
+        *,
+        where: str,
+        describe: Callable[[], str] = lambda: "",
+    ) -> None:
+        self.timeout_s = timeout_s
+        self.warn_s = min(60.0, timeout_s / 5) if timeout_s else 60.0
+        self.where = where
+        self.describe = describe
+
+    def wait(self, future: concurrent.futures.Future[Any], what: str) -> None:
+        waited = 0.0
+        while True:
+            step = self.warn_s
+            if self.timeout_s is not None:
+                step = min(step, self.timeout_s - waited)
+            try:
+                future.exception(timeout=step)
+                return
+            except concurrent.futures.TimeoutError:
+                waited += step
+            except concurrent.futures.CancelledError:
+                return
+            state = self.describe()
+            if self.timeout_s is not None and waited >= self.timeout_s:
+                raise LoaderStalled(
+                    f"{self.where} (pid {os.getpid()}) waited {waited:.1f} s for {what}; "
+                    f"{state}\n{_thread_stacks()}",
+                    stage="loader",
+                    cause=Reason.STALLED,
+                )
+            log.warning(
+                "%s (pid %d) has waited %.1f s for %s; %s",
+                self.where,
+                os.getpid(),
+                waited,
+                what,
+                state,
+            )
+
+
+def _thread_stacks() -> str:
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    return "\n".join(
+        f"thread {names.get(ident, '?')} ({ident}):\n{''.join(traceback.format_stack(frame))}"
+        for ident, frame in sys._current_frames().items()
+    )

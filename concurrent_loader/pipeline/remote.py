@@ -29,10 +29,9 @@ from ..runtime import CLOSE_TIMEOUT_S, acquire_runtime
 from ..sources import Read, SampleSource
 from ..sources.base import NamingSource
 from ..sources.plan import Get, Whole, plan_fetches
-from .options import PipelineOptions
+from .options import PipelineOptions, StallWatch
 from .produce import SourceSamples, is_position
 from .slot import DecodeQueue, Slot
-from .stall import StallWatch
 
 __all__ = ["RemoteReads"]
 
