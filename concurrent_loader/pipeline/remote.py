@@ -1,5 +1,5 @@
 """The remote producer: a batch's GETs on the event loop (planned by
-:func:`~concurrent_loader.sources.plan.plan_fetches`), decodes on the decode threads.
+:func:`~concurrent_loader.sources.base.plan_fetches`), decodes on the decode threads.
 Invariants, besides those of :mod:`.produce`:
 
 - fetched-but-undecoded bytes (plus those expected in flight) stay within
@@ -27,8 +27,7 @@ from ..fetch.parts import read_in_parts
 from ..metrics import StageStats
 from ..runtime import CLOSE_TIMEOUT_S, acquire_runtime
 from ..sources import Read, SampleSource
-from ..sources.base import NamingSource
-from ..sources.plan import Get, Whole, plan_fetches
+from ..sources.base import Get, NamingSource, Whole, plan_fetches
 from .options import PipelineOptions, StallWatch
 from .produce import SourceSamples, is_position
 from .slot import DecodeQueue, Slot

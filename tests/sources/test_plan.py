@@ -6,7 +6,7 @@ import pytest
 
 from concurrent_loader.fetch.parts import PartsConfig
 from concurrent_loader.sources import Read
-from concurrent_loader.sources.plan import Get, Whole, plan_fetches
+from concurrent_loader.sources.base import Get, Whole, plan_fetches
 from concurrent_loader.stores.base import ByteRange, Capabilities
 
 RANGES = Capabilities(remote=True, listing=True, ranges=True)
