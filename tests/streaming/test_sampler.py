@@ -11,7 +11,7 @@ import pytest
 
 from concurrent_loader.errors import ConfigError
 from concurrent_loader.streaming import ShardOrderSampler
-from concurrent_loader.streaming.order import shuffle_within_window
+from concurrent_loader.streaming.sampler import shuffle_within_window
 
 EQUAL = [25] * 12
 UNEQUAL = [31, 7, 40, 12, 25, 1, 33, 18, 9, 27, 14, 22, 5]
