@@ -4,8 +4,8 @@ computes (:class:`CUDAPrefetcher`), and how long the loop waits for data (:mod:`
 from .decode import EncodedBatchDecoder, resize_crop
 from .normalize import DEFAULT_IMAGE_KEYS, ImageTransform
 from .prefetch import CUDAPrefetcher, PrefetchIterator
-from .ring import PinnedRing
 from .stall import StallComparison, StallMeter, StallReport, measure_stalls, repeat_batch
+from .transfer import PinnedRing
 
 __all__ = [
     "DEFAULT_IMAGE_KEYS",

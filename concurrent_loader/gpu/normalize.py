@@ -84,9 +84,6 @@ class ImageTransform:
             return False
         return self.mean is None or leaf.shape[-3] == len(self.mean)
 
-    def on(self, device: torch.device) -> DeviceImageTransform:
-        return DeviceImageTransform(self, device)
-
 
 def _contains(keys: tuple[Hashable, ...], key: Hashable) -> bool:
     # bool is an int: key True must not match position 1, nor False position 0

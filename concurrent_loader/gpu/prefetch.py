@@ -28,8 +28,7 @@ from ..closing import Closing
 from ..config import check_count
 from ..errors import ConfigError
 from .normalize import DEFAULT_IMAGE_KEYS, ImageTransform
-from .ring import PinnedRing
-from .transfer import CUDATransfer, HostTransfer, Transfer
+from .transfer import CUDATransfer, HostTransfer, PinnedRing, Transfer
 
 __all__ = ["CUDAPrefetcher", "PrefetchIterator"]
 
@@ -82,9 +81,14 @@ class _Run(Generic[S]):
                         raise
                     if self._stop.is_set():
                         return
-                    self._items.put(_stage(transfer, batch, index))
+                    try:
+                        staged = transfer.stage(batch)
+                    except BaseException as error:
+                        error.add_note(f"raised moving batch {index} to {transfer.device}")
+                        raise
+                    self._items.put(staged)
                     # Hold nothing while blocked on the next permit: the consumer owns it now.
-                    del batch
+                    del batch, staged
                     index += 1
         except BaseException as error:
             self._items.put(_Failure(error))
@@ -129,14 +133,6 @@ class _Run(Generic[S]):
         # The drain may have taken the end marker a consumer on another thread waits for.
         self._items.put(_END)
         return True
-
-
-def _stage(transfer: Transfer[S], batch: Any, index: int) -> S:
-    try:
-        return transfer.stage(batch)
-    except BaseException as error:
-        error.add_note(f"raised moving batch {index} to {transfer.device}")
-        raise
 
 
 def _close_source(iterator: Iterator[Any] | None) -> None:
@@ -256,7 +252,15 @@ class CUDAPrefetcher(Closing):
             channels_last=channels_last,
             normalize_key=normalize_key,
         )
-        self._device = _check_device(device, strict=strict)
+        self._device = torch.device(device)
+        if self._device.type == "cuda" and not torch.cuda.is_available():
+            if strict:
+                raise ConfigError(f"device {str(device)!r} was asked for but CUDA is not available")
+            log.warning(
+                "CUDA is not available: CUDAPrefetcher delivers batches on the CPU instead of %s",
+                self._device,
+            )
+            self._device = torch.device("cpu")
         self._open: weakref.WeakSet[PrefetchIterator[Any]] = weakref.WeakSet()
 
     @property
@@ -292,16 +296,3 @@ class CUDAPrefetcher(Closing):
         """End every pass still open."""
         for iterator in list(self._open):
             iterator.close()
-
-
-def _check_device(device: str | torch.device, *, strict: bool) -> torch.device:
-    resolved = torch.device(device)
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        if strict:
-            raise ConfigError(f"device {str(device)!r} was asked for but CUDA is not available")
-        log.warning(
-            "CUDA is not available: CUDAPrefetcher delivers batches on the CPU instead of %s",
-            resolved,
-        )
-        return torch.device("cpu")
-    return resolved

@@ -151,16 +151,13 @@ class StallMeter:
                 yield batch
                 del batch
                 self._synchronize()
-                self._record(got - asked, self._clock() - got, samples)
+                warmup = self._ledger.warmup_steps < self.warmup_steps
+                self._ledger.record(got - asked, self._clock() - got, samples, warmup=warmup)
                 steps += 1
         finally:
             close = getattr(iterator, "close", None)
             if owned and callable(close):
                 close()
-
-    def _record(self, wait: float, compute: float, samples: int) -> None:
-        ledger = self._ledger
-        ledger.record(wait, compute, samples, warmup=ledger.warmup_steps < self.warmup_steps)
 
     def report(self) -> StallReport:
         """The steps recorded so far, warm-up left out."""

@@ -3,8 +3,11 @@ consumer's. Guarantees of :class:`CUDATransfer`:
 
 * copies and conversions run ``non_blocking`` on their own stream; the consumer's stream
   waits on an event recorded after them: the device is never synchronised whole;
-* a pinned buffer is not rewritten before its copy completed (:class:`.ring.PinnedRing`); an
-  already pinned, contiguous tensor is copied directly and kept alive until then;
+* a pinned buffer is not rewritten before its copy completed (:class:`PinnedRing`: a slot
+  is handed out again only after the event of the copy that last read it, and what it kept
+  alive is released then); an already pinned, contiguous tensor is copied directly;
+* the ``i``-th tensor staged in a ring slot gets its ``i``-th buffer, reallocated only when
+  too small, so batches of stable shape allocate nothing after one pass around the ring;
 * every device tensor it allocates is ``record_stream``-ed for the consumer's stream;
 * leaves that are not CPU tensors pass through untouched; sparse CPU tensors are moved on
   the consumer's thread and stream;
@@ -15,18 +18,21 @@ consumer's. Guarantees of :class:`CUDATransfer`:
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import torch
 
+from ..config import check_count
 from .decode import EncodedBatchDecoder, decode_images
-from .normalize import ImageTransform
-from .ring import PinnedRing
+from .normalize import DeviceImageTransform, ImageTransform
 from .tree import Path, map_batch
 
-__all__ = ["CUDATransfer", "HostTransfer", "Transfer"]
+__all__ = ["CUDATransfer", "HostTransfer", "PinnedRing", "RingSlot", "Transfer"]
+
+log = logging.getLogger(__name__)
 
 S = TypeVar("S")
 
@@ -63,7 +69,7 @@ class HostTransfer:
     def __init__(self, device: torch.device, transform: ImageTransform) -> None:
         self.device = device
         self._transform = transform
-        self._convert = transform.on(device)
+        self._convert = DeviceImageTransform(transform, device)
         self._images = EncodedBatchDecoder(device)
 
     @contextlib.contextmanager
@@ -115,7 +121,7 @@ class CUDATransfer:
         self.stream = torch.cuda.Stream(device)
         # Made under the copy stream so the kernels that use them are ordered after them.
         with torch.cuda.device(device), torch.cuda.stream(self.stream):
-            self._convert = transform.on(device)
+            self._convert = DeviceImageTransform(transform, device)
         self._images = EncodedBatchDecoder(device)
 
     @property
@@ -181,10 +187,86 @@ class CUDATransfer:
             tensor.record_stream(consumer)
         if not staged.deferred:
             return staged.batch
-        return map_batch(staged.batch, self._move_deferred)
-
-    def _move_deferred(self, path: Path, leaf: Any) -> Any:
-        return leaf.tensor.to(self.device) if isinstance(leaf, _MoveOnHandOver) else leaf
+        return map_batch(staged.batch, lambda _, leaf: _moved(leaf, self.device))
 
     def close(self) -> None:
         self._ring.close()
+
+
+def _moved(leaf: Any, device: torch.device) -> Any:
+    return leaf.tensor.to(device) if isinstance(leaf, _MoveOnHandOver) else leaf
+
+
+class RingSlot:
+    """One set of staging buffers, plus what must stay alive until its copy has read it."""
+
+    def __init__(self, ring: PinnedRing) -> None:
+        self._ring = ring
+        self._buffers: list[torch.Tensor] = []
+        self._keep_alive: list[object] = []
+        self._next_buffer = 0
+        #: completes after the copy that last read this slot (a CUDA event); None before one
+        self._fence: torch.cuda.Event | None = None
+
+    def staging(self, like: torch.Tensor) -> torch.Tensor:
+        """A contiguous buffer with ``like``'s shape and dtype, contents undefined."""
+        index = self._next_buffer
+        self._next_buffer += 1
+        nbytes = like.numel() * like.element_size()
+        if index == len(self._buffers):
+            self._buffers.append(self._ring._allocate(nbytes))
+        elif self._buffers[index].numel() < nbytes:
+            # Drop the old buffer before pinning the larger one so the two never coexist.
+            self._buffers[index] = torch.empty(0, dtype=torch.uint8)
+            self._buffers[index] = self._ring._allocate(nbytes)
+        raw = self._buffers[index][:nbytes]
+        return raw.view(like.dtype).view(like.shape)
+
+    def keep(self, obj: object) -> None:
+        self._keep_alive.append(obj)
+
+    def release(self, fence: torch.cuda.Event) -> None:
+        """Every copy that reads this slot has been issued; ``fence`` completes after them."""
+        self._fence = fence
+
+    def _reclaim(self) -> None:
+        if self._fence is not None:
+            self._fence.synchronize()
+        self._fence = None
+        self._keep_alive.clear()
+        self._next_buffer = 0
+
+
+class PinnedRing:
+    """``slots`` reusable staging slots, handed out round robin, by one thread (the
+    producer); ``pin=False`` gives plain host memory (tests of the bookkeeping without CUDA).
+    ``allocations``: buffers allocated so far, which stops growing once shapes are stable."""
+
+    def __init__(self, slots: int, *, pin: bool = True) -> None:
+        check_count("slots", slots)
+        self.pin = pin
+        self._slots = [RingSlot(self) for _ in range(slots)]
+        self._next_slot = 0
+        self.allocations = 0
+
+    @property
+    def pinned_bytes(self) -> int:
+        """Bytes of host memory the ring holds now."""
+        return sum(b.numel() for slot in self._slots for b in slot._buffers)
+
+    def acquire(self) -> RingSlot:
+        slot = self._slots[self._next_slot]
+        self._next_slot = (self._next_slot + 1) % len(self._slots)
+        slot._reclaim()
+        return slot
+
+    def close(self) -> None:
+        """Wait for every copy still reading the ring, then free its buffers."""
+        for slot in self._slots:
+            slot._reclaim()
+            slot._buffers.clear()
+
+    def _allocate(self, nbytes: int) -> torch.Tensor:
+        self.allocations += 1
+        log.debug("pinning a %d-byte staging buffer (allocation %d)", nbytes, self.allocations)
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pin)

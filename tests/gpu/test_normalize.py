@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from concurrent_loader.errors import ConfigError
-from concurrent_loader.gpu.normalize import ImageTransform
+from concurrent_loader.gpu.normalize import DeviceImageTransform, ImageTransform
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -85,14 +85,16 @@ def test_without_mean_any_channel_count_is_an_image() -> None:
 
 def test_normalisation_matches_reference() -> None:
     x = images(2, 3, 5, 7)
-    out = ImageTransform(mean=MEAN, std=STD).on(torch.device("cpu"))(x)
+    out = DeviceImageTransform(ImageTransform(mean=MEAN, std=STD), torch.device("cpu"))(x)
     assert out.dtype == torch.float32
     torch.testing.assert_close(out.double(), reference(x), rtol=0, atol=1e-5)
 
 
 def test_single_chw_image() -> None:
     x = images(3, 5, 7)
-    out = ImageTransform(mean=MEAN, std=STD, channels_last=True).on(torch.device("cpu"))(x)
+    out = DeviceImageTransform(
+        ImageTransform(mean=MEAN, std=STD, channels_last=True), torch.device("cpu")
+    )(x)
     assert out.is_contiguous()
     torch.testing.assert_close(out.double(), reference(x), rtol=0, atol=1e-5)
 
@@ -100,7 +102,7 @@ def test_single_chw_image() -> None:
 def test_channels_last_and_low_precision() -> None:
     x = images(2, 3, 5, 7)
     convert = ImageTransform(mean=MEAN, std=STD, dtype=torch.bfloat16, channels_last=True)
-    out = convert.on(torch.device("cpu"))(x)
+    out = DeviceImageTransform(convert, torch.device("cpu"))(x)
     assert out.dtype == torch.bfloat16
     assert out.is_contiguous(memory_format=torch.channels_last)
     torch.testing.assert_close(out.double(), reference(x), rtol=1e-2, atol=2e-2)
@@ -108,14 +110,16 @@ def test_channels_last_and_low_precision() -> None:
 
 def test_float64_is_computed_in_float64() -> None:
     x = images(1, 3, 4, 4)
-    out = ImageTransform(mean=MEAN, std=STD, dtype=torch.float64).on(torch.device("cpu"))(x)
+    out = DeviceImageTransform(
+        ImageTransform(mean=MEAN, std=STD, dtype=torch.float64), torch.device("cpu")
+    )(x)
     assert out.dtype == torch.float64
     torch.testing.assert_close(out, reference(x), rtol=0, atol=1e-12)
 
 
 def test_without_mean_values_are_kept_and_layout_changes() -> None:
     x = images(2, 3, 5, 7)
-    out = ImageTransform(channels_last=True).on(torch.device("cpu"))(x)
+    out = DeviceImageTransform(ImageTransform(channels_last=True), torch.device("cpu"))(x)
     assert out.dtype == torch.uint8
     assert out.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(out, x)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from concurrent_loader.errors import ConfigError
-from concurrent_loader.gpu.ring import PinnedRing
+from concurrent_loader.gpu.transfer import PinnedRing
 
 
 class FakeFence:
