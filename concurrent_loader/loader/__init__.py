@@ -1,6 +1,6 @@
 """The loader users meet: :class:`ConcurrentDataLoader` and the marks of partial batches."""
 
 from .dataloader import ConcurrentDataLoader
-from .partial import PartialBatch, PartialDict, PartialList, is_partial
+from .iterator import PartialBatch, PartialDict, PartialList, is_partial
 
 __all__ = ["ConcurrentDataLoader", "PartialBatch", "PartialDict", "PartialList", "is_partial"]
