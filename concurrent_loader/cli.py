@@ -24,7 +24,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
-from typing import IO, Any
+from typing import Any
 
 from .cache import CacheConfig, CachedStoreConfig, clear_cache, describe_cache
 from .cache.warm import warm_cache
@@ -124,8 +124,16 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         report["classes"] = dict(zip(folder.classes, counts, strict=True))
     if args.json:
         print(json.dumps(report, indent=2))
-    else:
-        _print_report(report, sys.stdout)
+        return 0
+    print(f"root:    {report['root']}")
+    print(f"objects: {report['objects']}")
+    print(f"bytes:   {report['bytes']} ({_human_bytes(report['bytes'])})")
+    if args.image_folder:
+        classes: dict[str, int] = report["classes"]
+        print(f"images:  {report['images']} in {len(classes)} classes")
+        width = max(len(name) for name in classes)
+        for name, count in classes.items():
+            print(f"  {name:<{width}}  {count}")
     return 0
 
 
@@ -139,25 +147,13 @@ def cmd_pack(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_report(report: dict[str, Any], out: IO[str]) -> None:
-    print(f"root:    {report['root']}", file=out)
-    print(f"objects: {report['objects']}", file=out)
-    print(f"bytes:   {report['bytes']} ({_human_bytes(report['bytes'])})", file=out)
-    if "classes" in report:
-        classes: dict[str, int] = report["classes"]
-        print(f"images:  {report['images']} in {len(classes)} classes", file=out)
-        width = max(len(name) for name in classes)
-        for name, count in classes.items():
-            print(f"  {name:<{width}}  {count}", file=out)
-
-
 def _human_bytes(n: int) -> str:
     value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
-    raise AssertionError("unreachable")  # pragma: no cover
+    return f"{value:.1f} TiB"
 
 
 def cmd_cache_warm(args: argparse.Namespace) -> int:

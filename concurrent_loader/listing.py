@@ -31,31 +31,31 @@ def list_store(
         raise ConfigError(
             f"{store} cannot be listed: pass keys= or a manifest", url=store.url_for("")
         )
-    tick = on_object or (lambda: None)
+    found: list[ObjectInfo] = []
+
+    def keep(info: ObjectInfo) -> None:
+        if info.key and not info.key.endswith("/"):
+            found.append(info)
+            if on_object is not None:
+                on_object()
+
     if not capabilities.remote:
         blocking: BlockingStore = store.open(config)  # type: ignore[assignment]
-        found = []
         for info in blocking.list_blocking():
-            if _is_object(info):
-                found.append(info)
-                tick()
+            keep(info)
     else:
 
-        async def collect() -> list[ObjectInfo]:
+        async def collect() -> None:
             opened = store.open(config)
-            listed = []
             try:
                 async for info in opened.list():
-                    if _is_object(info):
-                        listed.append(info)
-                        tick()
+                    keep(info)
             finally:
                 await opened.close()
-            return listed
 
         runtime = acquire_runtime()
         try:
-            found = runtime.run(collect())
+            runtime.run(collect())
         finally:
             runtime.release()
     found.sort(key=lambda item: item.key)
@@ -64,10 +64,6 @@ def list_store(
             f"no objects under {store}", url=store.url_for(""), cause=Reason.EMPTY_PREFIX
         )
     return found
-
-
-def _is_object(info: ObjectInfo) -> bool:
-    return bool(info.key) and not info.key.endswith("/")
 
 
 @contextmanager
