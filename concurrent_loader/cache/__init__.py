@@ -3,24 +3,35 @@
 A store wrapping the root's store (:class:`CachedStoreConfig`), so retries, limits, the
 pipeline and the loader do not change. It fills until its budget is reached and never
 evicts. Guarantees: :mod:`.store` (reads), :mod:`.directory` (sharing, budget, crashes,
-fork), :mod:`.layout` (no link followed), :mod:`.writer` and :mod:`.entry` (integrity).
+fork), :mod:`.layout` (no link followed; integrity), :mod:`.writer`. Only a marked cache
+directory is described or cleared (anything else is refused with ``CacheRefused``, naming
+it); clearing removes only what the cache wrote: entries, their shard directories, and dead
+writers' temporary files.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from ..config import FetchConfig
 from ..runtime import Runtime
 from ..stores.base import StoreConfig
-from .admin import clear_cache, describe_cache, ledger_bytes
 from .cached import CachedStoreConfig, Client
-from .config import CacheConfig, cache_config_for
-from .directory import CacheDirectory
-from .form import Transform, form_label, record_form
-from .layout import CacheRefused, Handles
+from .directory import (
+    CacheConfig,
+    CacheDirectory,
+    Ledger,
+    cache_config_for,
+    read_ledger,
+    remove_dead_temps,
+)
+from .form import Transform, clear_forms, form_label, read_forms, record_form
+from .layout import SHARD_NAME, CacheRefused, Handles, scan_entries, temp_files, unlink_entry
 from .store import CachedStore
 
 __all__ = [
@@ -70,3 +81,59 @@ def with_cache(
         )
         return store
     return CachedStoreConfig(store, resolved, client_for=client_for)
+
+
+def ledger_bytes(directory: str) -> int:
+    return read_ledger(directory).used
+
+
+def describe_cache(directory: str) -> dict[str, Any]:
+    """What a cache directory holds (a scan), the forms its entries were kept in
+    (:mod:`.form`) and what its ledger says; ``CacheRefused`` if it is not a cache."""
+    directory = os.path.abspath(directory)
+    handles = Handles.open(directory, create=False)
+    try:
+        ledger = Ledger.read(handles.ledger_fd)
+        scanned = list(scan_entries(handles.entries_fd, directory))
+        temps = sum(1 for _ in temp_files(handles.tmp_fd))
+        forms = read_forms(handles.root_fd, directory)
+    finally:
+        handles.close()
+    counts = ledger or Ledger()
+    reads = counts.hits + counts.misses
+    return {
+        "directory": directory,
+        "forms": forms,
+        "entries": len(scanned),
+        "bytes": sum(size for _, size in scanned),
+        "ledger_bytes": ledger.used if ledger else None,
+        "temporary_files": temps,
+        "hits": counts.hits,
+        "misses": counts.misses,
+        "bytes_served": counts.bytes_served,
+        "hit_rate": counts.hits / reads if reads else None,
+    }
+
+
+def clear_cache(directory: str) -> int:
+    """Remove every entry and dead writer's temporary file the cache wrote and zero the
+    ledger, under its lock; the entries removed. ``CacheRefused`` if it is not a cache."""
+    handles = Handles.open(os.path.abspath(directory), create=False)
+    root, entries_fd = handles.root, handles.entries_fd
+    try:
+        fcntl.flock(handles.ledger_fd, fcntl.LOCK_EX)
+        removed = sum(
+            unlink_entry(entries_fd, name, root) for name, _ in list(scan_entries(entries_fd, root))
+        )
+        with os.scandir(entries_fd) as shards:
+            for shard in [s.name for s in shards if SHARD_NAME.fullmatch(s.name)]:
+                with contextlib.suppress(OSError):  # not empty, or a link (never followed)
+                    os.rmdir(shard, dir_fd=entries_fd)
+        remove_dead_temps(handles.tmp_fd)
+        clear_forms(handles.root_fd, root)
+        os.pwrite(handles.ledger_fd, Ledger().pack(), 0)
+        return removed
+    finally:
+        # Explicitly: a forked child may hold a copy of this file (and so of its lock).
+        fcntl.flock(handles.ledger_fd, fcntl.LOCK_UN)
+        handles.close()

@@ -17,9 +17,7 @@ from ..config import FetchConfig
 from ..errors import ConfigError
 from ..runtime import Runtime
 from ..stores.base import Body, ByteRange, Capabilities, StoreConfig
-from .admin import read_ledger
-from .config import CacheConfig
-from .directory import name_for
+from .directory import CacheConfig, name_for, read_ledger
 from .form import form_tag
 from .layout import CACHE_ERRORS, Handles, has_entry
 from .store import CachedStore, Read

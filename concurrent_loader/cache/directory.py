@@ -1,11 +1,14 @@
 """The cache directory shared by every process on the node: entries, a ledger, fill locks.
 
+What a cache is (:class:`CacheConfig`): a directory and a byte budget, resolved once in the
+main process when the dataset is made, so every worker enforces the same figure.
+
 Layout (:mod:`.layout` says how it is marked and opened)::
 
     DIR/CACHEDIR.TAG     the marker: a cache, and its format
     DIR/ledger           bytes and entries held, and reads served, in one small record
     DIR/locks            one byte-range lock per object being fetched (never any data)
-    DIR/entries/ab/NAME  one entry per object (:mod:`.entry`); NAME is a hash of its source
+    DIR/entries/ab/NAME  one entry per object (:mod:`.layout`); NAME is a hash of its source
     DIR/tmp/             entries being written
 
 Guarantees, across processes, without a server:
@@ -24,6 +27,7 @@ Guarantees, across processes, without a server:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import hashlib
@@ -36,11 +40,70 @@ import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .config import CacheConfig
-from .entry import CorruptEntry, Entry, read_entry_fd
-from .layout import Handles, in_shard, scan_entries, temp_files
+from ..config import check_count
+from ..errors import ConfigError
+from .form import Transform, check_transform
+from .layout import CorruptEntry, Entry, Handles, in_shard, read_entry_fd, scan_entries, temp_files
 
-__all__ = ["CacheDirectory", "Ledger", "entry_path", "name_for", "remove_dead_temps"]
+__all__ = ["CacheConfig", "CacheDirectory", "Ledger", "cache_config_for", "entry_path", "name_for"]
+__all__ += ["read_ledger", "remove_dead_temps"]
+
+#: the share of the disk's free space (plus what the cache already holds) that a cache
+#: without ``max_bytes`` may use
+DEFAULT_DISK_SHARE = 0.8
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """A node-local object cache in ``directory``, shared by every process that names it.
+
+    - ``max_bytes``: the budget in bytes on disk, across every process using the directory;
+      None: 80 % of the disk's free space plus what the cache holds, when the dataset is made.
+    - ``presize``: keep each object in this form instead (``apply(data, url) -> bytes`` and
+      a stable ``identity``, such as ``Presize(short_side=256)``; :mod:`.form`).
+
+    The cache fills until the budget is reached and never evicts, so under random sampling
+    the hit rate is budget / dataset every epoch. An entry is never revalidated: clear the
+    cache (``concurrent-loader cache clear DIR``) after changing a dataset in place.
+    """
+
+    directory: str
+    max_bytes: int | None = None
+    presize: Transform | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.directory, str) or not self.directory:
+            raise ConfigError(f"cache directory must be a non-empty path, got {self.directory!r}")
+        if self.max_bytes is not None:
+            check_count("cache max_bytes", self.max_bytes, 0)
+        if self.presize is not None:
+            check_transform(self.presize)
+
+    def resolved(self, held_bytes: int = 0) -> CacheConfig:
+        """This config with an absolute directory and a budget in bytes; ``held_bytes``, what
+        the cache already holds, counts as free for the default budget."""
+        directory = os.path.abspath(os.path.expanduser(self.directory))
+        budget = self.max_bytes
+        if budget is None:
+            stat = os.statvfs(directory)
+            budget = int(DEFAULT_DISK_SHARE * (stat.f_bavail * stat.f_frsize + held_bytes))
+        return dataclasses.replace(self, directory=directory, max_bytes=budget)
+
+    @property
+    def budget(self) -> int:
+        if self.max_bytes is None:
+            raise ValueError("the cache's budget is resolved when a dataset is made")
+        return self.max_bytes
+
+
+def cache_config_for(cache: str | os.PathLike[str] | CacheConfig) -> CacheConfig:
+    """``cache=`` as given to a dataset: a directory (the defaults) or a ``CacheConfig``."""
+    if isinstance(cache, CacheConfig):
+        return cache
+    if isinstance(cache, (str, os.PathLike)):
+        return CacheConfig(os.fspath(cache))
+    raise ConfigError(f"cache must be a directory or a CacheConfig, got {type(cache).__name__}")
+
 
 _LEDGER = struct.Struct("<4sqqqqq")
 _LEDGER_MAGIC = b"CLL2"
@@ -87,6 +150,21 @@ class Ledger:
         if magic != _LEDGER_MAGIC or min(fields) < 0:
             return None
         return cls(*fields)
+
+
+def read_ledger(directory: str) -> Ledger:
+    """A cache directory's ledger, read without its lock (empty for none, or no cache)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(os.path.join(directory, "ledger"), flags)
+    except OSError:
+        return Ledger()
+    try:
+        return Ledger.read(fd) or Ledger()
+    except OSError:
+        return Ledger()
+    finally:
+        os.close(fd)
 
 
 #: every open directory of this process, so a forked child can let go of its copies
@@ -154,7 +232,7 @@ class CacheDirectory:
         return entry_path(self.root, name)
 
     def read(self, name: str, source: str, max_bytes: int | None = None) -> Entry | None:
-        """The entry ``name`` for ``source``, or None; raises as :func:`~.entry.read_entry_fd`."""
+        """The entry ``name`` for ``source``, or None; raises as :func:`~.layout.read_entry_fd`."""
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
             with in_shard(self._h().entries_fd, name, self.root) as shard_fd:

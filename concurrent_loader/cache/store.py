@@ -30,11 +30,9 @@ from ..config import FetchConfig
 from ..metrics.stats import cache_tally
 from ..runtime import Runtime
 from ..stores.base import Body, ByteRange, Capabilities, ObjectInfo, Store, StoreConfig
-from .config import CacheConfig
-from .directory import CacheDirectory, name_for
-from .entry import CorruptEntry, Entry, TooLarge
+from .directory import CacheConfig, CacheDirectory, name_for
 from .form import Apply, apply_in_thread, transformed
-from .layout import CACHE_ERRORS
+from .layout import CACHE_ERRORS, CorruptEntry, Entry, TooLarge
 from .writer import MAX_PENDING_BYTES, EntryWriter, Leftovers
 
 __all__ = ["MAX_PENDING_BYTES", "CachedStore", "Connect"]

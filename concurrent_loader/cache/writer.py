@@ -19,8 +19,7 @@ from collections.abc import Callable
 from ..runtime import Runtime, acquire_runtime
 from ..stores.base import Body
 from .directory import CacheDirectory
-from .entry import data_checksum, footer
-from .layout import CACHE_ERRORS
+from .layout import CACHE_ERRORS, data_checksum, footer
 
 __all__ = ["MAX_PENDING_BYTES", "RETRY_FIRST_S", "RETRY_MAX_S", "EntryWriter", "Leftovers"]
 

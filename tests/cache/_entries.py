@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from concurrent_loader.cache.entry import Entry, read_entry_fd
+from concurrent_loader.cache.layout import Entry, read_entry_fd
 
 
 def read_entry(path: str, source: str) -> Entry | None:

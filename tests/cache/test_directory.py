@@ -14,7 +14,7 @@ import pytest
 
 from concurrent_loader.cache import CacheConfig, clear_cache, describe_cache
 from concurrent_loader.cache.directory import STALE_TEMP_S, CacheDirectory, Ledger, name_for
-from concurrent_loader.cache.entry import data_checksum, footer
+from concurrent_loader.cache.layout import data_checksum, footer
 
 from ._entries import read_entry
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from concurrent_loader.cache.entry import CorruptEntry, data_checksum, footer
+from concurrent_loader.cache.layout import CorruptEntry, data_checksum, footer
 
 from ._entries import read_entry
 

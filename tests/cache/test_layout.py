@@ -18,7 +18,7 @@ from concurrent_loader.cache import (
     with_cache,
 )
 from concurrent_loader.cache.directory import STALE_TEMP_S, CacheDirectory, Ledger, name_for
-from concurrent_loader.cache.entry import CorruptEntry, data_checksum, footer
+from concurrent_loader.cache.layout import CorruptEntry, data_checksum, footer
 from concurrent_loader.stores import MemoryConfig
 
 from .conftest import numbered_objects
