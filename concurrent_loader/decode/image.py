@@ -45,6 +45,8 @@ __all__ = [
 ]
 
 Box = tuple[float, float, float, float]
+#: modes whose channels Pillow packs one by one (rawmode = band name)
+_PLANAR_MODES = ("RGB", "L")
 
 
 def center_crop_box(width: int, height: int, out_h: int, out_w: int) -> Box:
@@ -91,10 +93,18 @@ def check_resize_size(resize_size: Any, image_size: tuple[int, int] | None) -> i
 def to_tensor(image: Image.Image) -> torch.Tensor:
     """Contiguous uint8 CHW tensor of an RGB or L image.
 
-    The HWC -> CHW transpose is done here, per image on a decode thread, in one copy:
-    stacking permuted views into a batch instead costs a strided copy per batch on the
-    consumer's thread (measured: about 10x slower than stacking contiguous images).
+    CHW is made here, per image on a decode thread: stacking permuted views into a batch
+    instead costs a strided copy per batch on the consumer's thread (measured: about 10x
+    slower than stacking contiguous images). For RGB and L, Pillow packs each channel's
+    plane straight from its pixels, which costs less than an HWC array and its transpose
+    (0.06 against 0.16 ms for 224x224 RGB, measured).
     """
+    if image.mode in _PLANAR_MODES:
+        bands = image.getbands()
+        planes = bytearray(b"".join(image.tobytes("raw", band) for band in bands))
+        return torch.frombuffer(planes, dtype=torch.uint8).view(
+            len(bands), image.height, image.width
+        )
     return _chw(np.asarray(image))
 
 
@@ -280,10 +290,7 @@ class ImageDecoder:
                 _, crop = self.geometry(array.shape[1], array.shape[0])
                 if crop is not None:
                     return _chw(self._cropped(array, crop))
-        image, crop = self._decode(data, url)
-        if crop is None:
-            return to_tensor(image)
-        return _chw(self._cropped(np.asarray(image), crop))
+        return to_tensor(self.open(data, url))
 
     def _cropped(self, array: np.ndarray, crop: tuple[int, int]) -> np.ndarray:
         assert self.image_size is not None
