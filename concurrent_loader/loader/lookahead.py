@@ -135,19 +135,12 @@ def _same(real: Any, guess: Any) -> bool:
 
 class Lookahead:
     """One worker's batches, epoch after epoch, from a pipeline kept from one epoch to the next
-    while its predicted batches are the ones asked for (``hits``; dropped: ``misses``)."""
+    while its predicted batches are the ones asked for (else dropped)."""
 
     def __init__(self) -> None:
         self._pipeline: BatchPipeline | None = None
         self._outcomes: Generator[Any, None, None] | None = None
         self._feed: Feed | None = None
-        self.hits = 0
-        self.misses = 0
-
-    @property
-    def holding(self) -> int:
-        """Predicted batches started and kept for the next epoch."""
-        return len(self._feed.guessed) if self._pipeline is not None and self._feed else 0
 
     def epoch(
         self,
@@ -162,10 +155,8 @@ class Lookahead:
         self._pipeline = self._outcomes = self._feed = None
         if pipeline is not None and outcomes is not None and feed is not None:
             if feed.follows(share):
-                self.hits += 1
                 feed.next_epoch(share, predicted)
             else:
-                self.misses += 1
                 log.debug("next-epoch prefetch missed: dropping %d batches", len(feed.guessed))
                 _close(outcomes, pipeline)
                 pipeline = outcomes = feed = None
