@@ -18,4 +18,3 @@ class Closing:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-

@@ -64,11 +64,7 @@ def _at_next_epoch(sampler: Any) -> Any:
 
 
 def predict_next_epoch(
-    sampler: Iterable[Any],
-    *,
-    batched: bool,
-    users: bool,
-    generators: resume.GeneratorStates,
+    sampler: Iterable[Any], *, batched: bool, users: bool, generators: resume.GeneratorStates
 ) -> Batches | None:
     """The batches ``sampler`` (of batches when ``batched``) yields next epoch, or None when
     that cannot be predicted; ``users``: it is the user's own. Every random state drawn from

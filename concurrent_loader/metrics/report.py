@@ -70,11 +70,7 @@ class StallLedger:
 
 
 def verdict(
-    *,
-    wait_share: float,
-    fetch_busy: float,
-    decode_busy: float,
-    cache_hit_rate: float | None = None,
+    *, wait_share: float, fetch_busy: float, decode_busy: float, cache_hit_rate: float | None = None
 ) -> str:
     """One line naming the bottleneck and what to change, from the loop's ``wait_share``, the
     shares of fetch slots and decode threads busy, and the cache's hit rate (None: no cache)."""

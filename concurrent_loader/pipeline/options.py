@@ -93,11 +93,7 @@ class StallWatch:
     """Waits that warn after ``warn_s`` and fail after ``timeout_s`` (None: never)."""
 
     def __init__(
-        self,
-        timeout_s: float | None,
-        *,
-        where: str,
-        describe: Callable[[], str] = lambda: "",
+        self, timeout_s: float | None, *, where: str, describe: Callable[[], str] = lambda: ""
     ) -> None:
         self.timeout_s = timeout_s
         self.warn_s = min(60.0, timeout_s / 5) if timeout_s else 60.0

@@ -48,16 +48,7 @@ class Slot:
     """Items land by position from any thread; the last one (or the first failure) completes
     ``future``. After completion, later puts, skips and failures are ignored."""
 
-    __slots__ = (
-        "collate",
-        "future",
-        "indices",
-        "items",
-        "lock",
-        "number",
-        "remaining",
-        "skipped",
-    )
+    __slots__ = ("collate", "future", "indices", "items", "lock", "number", "remaining", "skipped")
 
     skipped: list[tuple[int, SkippedSample]]
 
@@ -135,8 +126,6 @@ class DecodeQueue:
         max_jobs: int,
         yield_to_fork: Callable[[], bool] = lambda: False,
     ) -> None:
-        if max_jobs < 1:
-            raise ValueError("max_jobs must be >= 1")
         self._heap: list[tuple[int, int, int, int, Callable[[], None]]] = []
         self._lock = threading.Lock()
         self._order = itertools.count()

@@ -92,9 +92,7 @@ def plan_get(read: Read, capabilities: Capabilities, parts: PartsConfig) -> Get:
 
 
 def plan_fetches(
-    samples: Sequence[tuple[Tag, Sequence[Read]]],
-    capabilities: Capabilities,
-    parts: PartsConfig,
+    samples: Sequence[tuple[Tag, Sequence[Read]]], capabilities: Capabilities, parts: PartsConfig
 ) -> list[Whole[Tag]]:
     return [
         Whole(tag, tuple(plan_get(read, capabilities, parts) for read in reads))
