@@ -1,25 +1,21 @@
 """Storage backends behind one contract (:mod:`.base`): S3 (:mod:`.s3`), plain HTTP(S)
-(:mod:`.http`), local directories (:mod:`.local`) and an in-memory store for tests
-(:mod:`.memory`); :mod:`.registry` maps a root's URL scheme to its backend."""
+(:mod:`.http`), local directories (:mod:`.local`);
+:mod:`.registry` maps a root's URL scheme to its backend."""
 
 from .base import Body, ByteRange, Capabilities, ObjectInfo, Store, StoreConfig
 from .http import HttpConfig
 from .local import LocalConfig
-from .memory import STALL, MemoryConfig, MemoryStats
 from .registry import BACKENDS, store_config_for
 from .s3 import CredentialSource, S3Config
 
 __all__ = [
     "BACKENDS",
-    "STALL",
     "Body",
     "ByteRange",
     "Capabilities",
     "CredentialSource",
     "HttpConfig",
     "LocalConfig",
-    "MemoryConfig",
-    "MemoryStats",
     "ObjectInfo",
     "S3Config",
     "Store",

@@ -23,7 +23,7 @@ from concurrent_loader import ConcurrentDataLoader, ObjectDataset
 from concurrent_loader.cache import CacheConfig, clear_cache
 from concurrent_loader.cache.directory import CacheDirectory, name_for
 from concurrent_loader.cache.layout import data_checksum, footer
-from concurrent_loader.stores import MemoryConfig
+from concurrent_loader.testing.memory import MemoryConfig
 
 from ._entries import read_entry
 from .conftest import index_of, numbered_objects

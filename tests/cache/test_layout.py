@@ -19,7 +19,7 @@ from concurrent_loader.cache import (
 )
 from concurrent_loader.cache.directory import STALE_TEMP_S, CacheDirectory, Ledger, name_for
 from concurrent_loader.cache.layout import CorruptEntry, data_checksum, footer
-from concurrent_loader.stores import MemoryConfig
+from concurrent_loader.testing.memory import MemoryConfig
 
 from .conftest import numbered_objects
 

@@ -7,7 +7,7 @@ import pytest
 
 from concurrent_loader import ConcurrentDataLoader, ObjectDataset
 from concurrent_loader.cache import CacheConfig
-from concurrent_loader.stores import MemoryConfig
+from concurrent_loader.testing.memory import MemoryConfig
 
 from .conftest import index_of, numbered_objects
 

@@ -26,7 +26,8 @@ from concurrent_loader.cli import main
 from concurrent_loader.dataset import ImageFolder
 from concurrent_loader.decode.presize import Presize, is_raw, read_raw
 from concurrent_loader.errors import ConfigError, DecodeError
-from concurrent_loader.stores import ByteRange, MemoryConfig, S3Config
+from concurrent_loader.stores import ByteRange, S3Config
+from concurrent_loader.testing.memory import MemoryConfig
 
 from ._entries import read_entry
 

@@ -19,7 +19,8 @@ from concurrent_loader.cache.directory import name_for
 from concurrent_loader.errors import ConfigError, ObjectNotFound
 from concurrent_loader.fetch import FetchClient, client_for
 from concurrent_loader.metrics.stats import cache_tally
-from concurrent_loader.stores import ByteRange, LocalConfig, MemoryConfig
+from concurrent_loader.stores import ByteRange, LocalConfig
+from concurrent_loader.testing.memory import MemoryConfig
 
 from .conftest import numbered_objects
 

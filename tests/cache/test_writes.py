@@ -18,7 +18,7 @@ import pytest
 from concurrent_loader import FetchConfig
 from concurrent_loader.cache import CacheConfig, CachedStoreConfig, writer
 from concurrent_loader.cache.directory import name_for
-from concurrent_loader.stores import MemoryConfig
+from concurrent_loader.testing.memory import MemoryConfig
 
 from ._entries import read_entry
 from .conftest import numbered_objects

@@ -31,8 +31,9 @@ from concurrent_loader.errors import (
 )
 from concurrent_loader.fetch import NO_OBSERVER, FetchClient, FetchObserver
 from concurrent_loader.fetch.tuning import FLOOR
-from concurrent_loader.stores import STALL, ByteRange, MemoryConfig
+from concurrent_loader.stores import ByteRange
 from concurrent_loader.stores.base import Body
+from concurrent_loader.testing.memory import STALL, MemoryConfig
 
 URL = "memory://test/a"
 

@@ -39,8 +39,8 @@ from concurrent_loader.fetch.hedge import (
 from concurrent_loader.metrics import StageStats
 from concurrent_loader.metrics.stats import COUNTERS
 from concurrent_loader.pipeline import BatchPipeline, PipelineOptions
-from concurrent_loader.stores import STALL, MemoryConfig
 from concurrent_loader.stores.base import Body, ByteRange, Capabilities, ObjectInfo
+from concurrent_loader.testing.memory import STALL, MemoryConfig
 
 URL = "memory://test/a"
 DELAY = 0.05

@@ -29,8 +29,9 @@ from concurrent_loader.errors import (
 from concurrent_loader.fetch import FetchClient
 from concurrent_loader.fetch.parts import PartsConfig, read_in_parts, split
 from concurrent_loader.pipeline import BatchPipeline, PipelineOptions
-from concurrent_loader.stores import ByteRange, MemoryConfig, S3Config
+from concurrent_loader.stores import ByteRange, S3Config
 from concurrent_loader.stores.base import Body, ObjectInfo
+from concurrent_loader.testing.memory import MemoryConfig
 
 KEY = "shard-000.tar"
 CONFIG = FetchConfig(retry=RetryConfig(base_delay=0.0), hedge=HedgeConfig(enabled=False))

@@ -230,7 +230,7 @@ def test_shard_samples_with_decode_on_arrive_decoded_in_order():
     import tarfile
 
     from concurrent_loader import ImageSample, ShardDataset
-    from concurrent_loader.stores import MemoryConfig
+    from concurrent_loader.testing.memory import MemoryConfig
 
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:

@@ -32,7 +32,7 @@ from torch.utils.data import (
 )
 
 from concurrent_loader import ConcurrentDataLoader, ObjectDataset
-from concurrent_loader.stores import MemoryConfig
+from concurrent_loader.testing.memory import MemoryConfig
 
 Loader = Callable[..., DataLoader[Any]]
 LOADERS: list[Loader] = [DataLoader, ConcurrentDataLoader]

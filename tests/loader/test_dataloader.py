@@ -29,7 +29,7 @@ from concurrent_loader import (
     SkippedSample,
     is_partial,
 )
-from concurrent_loader.stores import MemoryConfig
+from concurrent_loader.testing.memory import MemoryConfig
 
 COUNT = 50
 

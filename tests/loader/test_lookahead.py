@@ -27,7 +27,7 @@ from concurrent_loader import FetchConfig, HedgeConfig, ObjectDataset, ObjectNot
 from concurrent_loader.loader import state as resume
 from concurrent_loader.loader.lookahead import Feed, Lookahead, predict_next_epoch
 from concurrent_loader.pipeline import BatchPipeline, Failure, PipelineOptions
-from concurrent_loader.stores import STALL, MemoryConfig
+from concurrent_loader.testing.memory import STALL, MemoryConfig
 
 COUNT = 48
 BATCH = 4

@@ -21,7 +21,7 @@ from concurrent_loader.loader.state import (
     make_state,
     restore,
 )
-from concurrent_loader.stores import MemoryConfig
+from concurrent_loader.testing.memory import MemoryConfig
 
 COUNT = 30
 BATCH = 4  # 8 batches, the last one of 2

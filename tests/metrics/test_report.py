@@ -19,7 +19,7 @@ from concurrent_loader.metrics import (
     format_stats,
     loader_stats,
 )
-from concurrent_loader.stores import MemoryConfig
+from concurrent_loader.testing.memory import MemoryConfig
 
 COUNT = 40
 

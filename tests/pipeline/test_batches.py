@@ -18,7 +18,7 @@ from torch.utils.data import Dataset
 
 from concurrent_loader import FetchConfig, HedgeConfig, ObjectDataset
 from concurrent_loader.pipeline import BatchPipeline, PipelineOptions, source_of
-from concurrent_loader.stores import MemoryConfig
+from concurrent_loader.testing.memory import MemoryConfig
 
 COUNT = 50
 

@@ -7,7 +7,7 @@ import threading
 
 from concurrent_loader import FetchConfig, ObjectDataset
 from concurrent_loader.pipeline import BatchPipeline, PipelineOptions
-from concurrent_loader.stores import STALL, MemoryConfig
+from concurrent_loader.testing.memory import STALL, MemoryConfig
 
 BATCHES = [list(range(i, i + 5)) for i in range(0, 30, 5)]
 

@@ -12,7 +12,7 @@ import pytest
 from concurrent_loader import FetchConfig, ObjectDataset
 from concurrent_loader.pipeline import BatchPipeline, PipelineOptions
 from concurrent_loader.pipeline.slot import DecodeQueue, Slot
-from concurrent_loader.stores import MemoryConfig
+from concurrent_loader.testing.memory import MemoryConfig
 
 
 class Jobs:

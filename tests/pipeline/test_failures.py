@@ -21,7 +21,7 @@ from concurrent_loader.errors import (
 )
 from concurrent_loader.metrics.stats import COUNTERS
 from concurrent_loader.pipeline import BatchPipeline, Partial, PipelineOptions, SkippedSample
-from concurrent_loader.stores import MemoryConfig
+from concurrent_loader.testing.memory import MemoryConfig
 
 COUNT = 30
 BATCHES = [list(range(i, i + 5)) for i in range(0, COUNT, 5)]

@@ -16,7 +16,7 @@ from typing import Any
 
 from concurrent_loader import FetchConfig, ObjectDataset
 from concurrent_loader.pipeline import BatchPipeline, PipelineOptions
-from concurrent_loader.stores import MemoryConfig
+from concurrent_loader.testing.memory import MemoryConfig
 
 
 class Outstanding:

@@ -9,7 +9,7 @@ import pytest
 from torch.utils.data import Dataset
 
 from concurrent_loader import ConcurrentDataLoader, ConfigError, LoaderStalled, ObjectDataset
-from concurrent_loader.stores import STALL, MemoryConfig
+from concurrent_loader.testing.memory import STALL, MemoryConfig
 
 
 def _wait_for_loader_threads_to_end(before: set[threading.Thread], timeout_s: float = 10.0) -> None:

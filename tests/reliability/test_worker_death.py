@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from concurrent_loader import ConcurrentDataLoader, ObjectDataset, WorkerError
-from concurrent_loader.stores import MemoryConfig
+from concurrent_loader.testing.memory import MemoryConfig
 
 COUNT = 32
 BATCH = 4

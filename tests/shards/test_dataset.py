@@ -16,7 +16,7 @@ from concurrent_loader import (
     ShardDataset,
     ShardError,
 )
-from concurrent_loader.stores import MemoryConfig
+from concurrent_loader.testing.memory import MemoryConfig
 
 
 def tar_of(members: list[tuple[str, bytes]]) -> bytes:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from concurrent_loader import ConfigError, Reason, ShardDataset, ShardError
-from concurrent_loader.stores import MemoryConfig
+from concurrent_loader.testing.memory import MemoryConfig
 
 from ._tars import end, header, index_of, make_tar, member, pad, pax_member, true_index
 

@@ -9,8 +9,7 @@ import pytest
 from concurrent_loader import ShardDataset
 from concurrent_loader.errors import LoaderError, ObjectNotFound
 from concurrent_loader.pipeline import BatchPipeline, PipelineOptions
-from concurrent_loader.stores import MemoryConfig
-from concurrent_loader.stores.memory import MemoryStore
+from concurrent_loader.testing.memory import MemoryConfig, MemoryStore
 
 
 def memory_shards(packed) -> MemoryConfig:

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from concurrent_loader import ConfigError, Reason, ShardDataset, ShardError
-from concurrent_loader.stores import MemoryConfig
+from concurrent_loader.testing.memory import MemoryConfig
 
 from ._tars import BLOCK, header, pad
 

@@ -9,7 +9,7 @@ from concurrent_loader import FetchConfig
 from concurrent_loader.errors import DecodeError, Reason
 from concurrent_loader.keys import KeyTable
 from concurrent_loader.sources import CallDecoder, ObjectSource, Read, SampleSource
-from concurrent_loader.stores import MemoryConfig
+from concurrent_loader.testing.memory import MemoryConfig
 
 URL = "memory://test/a.bin"
 

@@ -18,11 +18,12 @@ from typing import Any, Literal
 import pytest
 
 from concurrent_loader.cache import CacheConfig, CachedStoreConfig
-from concurrent_loader.stores import HttpConfig, LocalConfig, MemoryConfig, StoreConfig
+from concurrent_loader.stores import HttpConfig, LocalConfig, StoreConfig
 from concurrent_loader.stores.readahead import Readahead, ReadaheadConfig
 from concurrent_loader.stores.s3 import S3Config
 from concurrent_loader.testing import LocalS3Server, MotoS3Server, S3ServerProcess
 from concurrent_loader.testing.files import FileServer
+from concurrent_loader.testing.memory import MemoryConfig
 from tests.helpers import helpers, no_loader_threads_left
 
 _rng = random.Random(20260601)

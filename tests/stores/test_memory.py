@@ -8,7 +8,8 @@ import pytest
 
 from concurrent_loader.config import FetchConfig
 from concurrent_loader.errors import ObjectNotFound, Reason, ServerError
-from concurrent_loader.stores import STALL, ByteRange, MemoryConfig, Store
+from concurrent_loader.stores import ByteRange, Store
+from concurrent_loader.testing.memory import STALL, MemoryConfig
 
 
 def _open(config: MemoryConfig, **fetch: int) -> Store:

@@ -12,10 +12,9 @@ import pytest
 
 from concurrent_loader import FetchConfig, Readahead
 from concurrent_loader.errors import ConfigError, Reason, ServerError
-from concurrent_loader.stores import MemoryConfig
 from concurrent_loader.stores.base import ByteRange
-from concurrent_loader.stores.memory import MemoryStore
 from concurrent_loader.stores.readahead import ReadaheadConfig, ReadaheadStore
+from concurrent_loader.testing.memory import MemoryConfig, MemoryStore
 
 SPAN = 1000
 BLOB = os.urandom(10 * SPAN + 123)  # ten whole spans and a short last one

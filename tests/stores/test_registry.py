@@ -1,13 +1,8 @@
 import pytest
 
 from concurrent_loader.errors import ConfigError
-from concurrent_loader.stores import (
-    HttpConfig,
-    LocalConfig,
-    MemoryConfig,
-    S3Config,
-    store_config_for,
-)
+from concurrent_loader.stores import HttpConfig, LocalConfig, S3Config, store_config_for
+from concurrent_loader.testing.memory import MemoryConfig
 
 
 def test_s3():

@@ -15,8 +15,8 @@ import pytest
 import torch.distributed as dist
 
 from concurrent_loader import ConcurrentDataLoader, ObjectDataset
-from concurrent_loader.stores import MemoryConfig
 from concurrent_loader.streaming import ShardOrderSampler
+from concurrent_loader.testing.memory import MemoryConfig
 
 LENGTHS = [8, 13, 5, 9, 11, 7]
 

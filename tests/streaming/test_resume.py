@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 
 from concurrent_loader import ConcurrentDataLoader, ObjectDataset
-from concurrent_loader.stores import MemoryConfig
 from concurrent_loader.streaming import ShardOrderSampler
+from concurrent_loader.testing.memory import MemoryConfig
 
 LENGTHS = [9, 14, 6, 11, 10]
 BATCH = 4

@@ -19,7 +19,8 @@ from concurrent_loader import (
     PartsConfig,
     Reason,
 )
-from concurrent_loader.stores import MemoryConfig, S3Config
+from concurrent_loader.stores import S3Config
+from concurrent_loader.testing.memory import MemoryConfig
 
 
 def test_keys_and_sizes_come_from_the_listing_sorted(helpers):

@@ -17,8 +17,8 @@ from typing import Any
 
 from ..config import FetchConfig
 from ..errors import ObjectNotFound, ObjectTooLarge
-from .base import Body, ByteRange, Capabilities, ObjectInfo
-from .shared import fetch_error
+from ..stores.base import Body, ByteRange, Capabilities, ObjectInfo
+from ..stores.shared import fetch_error
 
 __all__ = ["STALL", "MemoryConfig", "MemoryStats", "MemoryStore"]
 
