@@ -121,12 +121,14 @@ def pack(
         try:
             destination.begin(stale)  # the first write: every check has passed
             position = {info.key: i for i, info in enumerate(listed)}
-            ready = _Ahead(_ready(reader, position, plan.samples, store, presize, pool))
+            ready = _ready(reader, position, plan.samples, store, presize, pool)
+            head = next(ready, None)
             shards: list[str] = []
             total = 0
-            while ready.head is not None:
+            while head is not None:
                 name = f"shard-{len(shards):06d}.tar"
-                total += _write(destination, name, ready, shard_size, presize, on_sample)
+                size, head = _write(destination, name, head, ready, shard_size, presize, on_sample)
+                total += size
                 shards.append(name)
         finally:
             if pool is not None:
@@ -137,20 +139,8 @@ def pack(
     return PackResult(shards, len(plan.samples), total, plan.skipped, stale)
 
 
-@dataclass(frozen=True)
-class _Ready:
-    sample: Sample
-    bodies: list[bytes]
-    original_sizes: dict[str, tuple[int, int]]
-
-
-class _Ahead:
-    def __init__(self, items: Iterator[_Ready]) -> None:
-        self._items = items
-        self.head: _Ready | None = next(items, None)
-
-    def advance(self) -> None:
-        self.head = next(self._items, None)
+#: a sample, its members' bytes, and the original sizes of its pre-sized images
+_Ready = tuple[Sample, list[bytes], dict[str, tuple[int, int]]]
 
 
 def _ready(
@@ -169,7 +159,7 @@ def _ready(
         if sum(len(s) for s in chunks[-1]) + len(sample) > _FETCH_CHUNK and chunks[-1]:
             chunks.append([])
         chunks[-1].append(sample)
-    pending: list[tuple[list[Sample], list[bytes], list[Future[Any] | None]]] = []
+    pending: list[tuple[list[Sample], list[bytes], list[Any]]] = []
     for chunk in chunks:
         entries = [entry for sample in chunk for entry in sample]
         fetched = iter(reader.__getitems__([position[e.source] for e in entries if e.data is None]))
@@ -177,7 +167,9 @@ def _ready(
         jobs = [
             None
             if presize is None or entry.data is not None
-            else _run(pool, presize.apply_sized, body, store.url_for(entry.source))
+            else pool.submit(presize.apply_sized, body, store.url_for(entry.source))
+            if pool is not None
+            else presize.apply_sized(body, store.url_for(entry.source))
             for entry, body in zip(entries, bodies, strict=True)
         ]
         pending.append((chunk, bodies, jobs))
@@ -187,60 +179,53 @@ def _ready(
         yield from _finished(*pending.pop(0))
 
 
-def _run(
-    pool: concurrent.futures.Executor | None, fn: Callable[..., Any], *args: Any
-) -> Future[Any]:
-    if pool is not None:
-        return pool.submit(fn, *args)
-    done: Future[Any] = Future()
-    done.set_result(fn(*args))
-    return done
-
-
-def _finished(
-    chunk: list[Sample], bodies: list[bytes], jobs: list[Future[Any] | None]
-) -> Iterator[_Ready]:
+def _finished(chunk: list[Sample], bodies: list[bytes], jobs: list[Any]) -> Iterator[_Ready]:
+    """Each sample of ``chunk`` with its bytes; a job is a pre-sizing (done or in a pool)."""
     done = iter(zip([e for sample in chunk for e in sample], bodies, jobs, strict=True))
     for sample in chunk:
         out: list[bytes] = []
         sizes: dict[str, tuple[int, int]] = {}
         for entry, body, job in (next(done) for _ in sample):
             if job is not None:
-                body, sizes[entry.name] = job.result()
+                body, sizes[entry.name] = job.result() if isinstance(job, Future) else job
             out.append(body)
-        yield _Ready(sample, out, sizes)
+        yield sample, out, sizes
 
 
 def _write(
     destination: Destination,
     name: str,
-    ready: _Ahead,
+    head: _Ready,
+    ready: Iterator[_Ready],
     shard_size: int,
     presize: Presize | None,
     on_sample: Callable[[], None] | None,
-) -> int:
-    """Write shard ``name`` and its index from the samples ``ready`` holds, up to
-    ``shard_size``; the shard's size in bytes."""
+) -> tuple[int, _Ready | None]:
+    """Write shard ``name`` and its index from ``head`` and the samples after it, up to
+    ``shard_size``: the shard's size in bytes, and the first sample left for the next."""
     members: list[Member] = []
     original_sizes: dict[str, tuple[int, int]] = {}
+    left: _Ready | None = head
 
     def write_tar(f: IO[bytes]) -> None:
+        nonlocal left
         used = 0
         with tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            while (sample := ready.head) is not None:
-                size = sum(BLOCK + padded(len(data)) for data in sample.bodies)
+            while left is not None:
+                sample, bodies, sizes = left
+                size = sum(BLOCK + padded(len(data)) for data in bodies)
                 if used and used + size > shard_size:
                     break
-                for entry, data in zip(sample.sample, sample.bodies, strict=True):
+                for entry, data in zip(sample, bodies, strict=True):
                     header_offset = tar.offset
                     info = tarfile.TarInfo(entry.name)  # mtime, uid, gid 0; no names
                     info.size, info.mode = len(data), 0o444
                     tar.addfile(info, io.BytesIO(data))
                     data_offset = tar.offset - padded(len(data))
                     members.append(Member(entry.name, header_offset, data_offset, len(data)))
-                original_sizes.update(sample.original_sizes)
+                original_sizes.update(sizes)
                 used += size
-                ready.advance()
+                left = next(ready, None)
                 if on_sample is not None:
                     on_sample()
 
@@ -248,7 +233,7 @@ def _write(
     identity = presize.identity if presize is not None else None
     index = ShardIndex.of_members(members, size, identity, original_sizes).to_json()
     _publish(destination, name + INDEX_SUFFIX, lambda f: f.write(index))
-    return size
+    return size, left
 
 
 def _publish(destination: Destination, name: str, write: Callable[[IO[bytes]], Any]) -> int:

@@ -215,10 +215,6 @@ class ShardSource:
             sample[split[1]] = bytes(view[start : start + int(self._sizes[j])])
         return sample
 
-    def _indexed(self, j: int) -> Member:
-        numbers = (self._header_offsets[j], self._offsets[j], self._sizes[j])
-        return Member(self._names[j], *map(int, numbers))
-
     def _check(self, index: int, found: list[Member], walk: TarWalk) -> None:
         """The sample members walked in the span are exactly those the index lists, then the
         next sample's first member (or the archive's end); a member the index leaves out
@@ -227,7 +223,8 @@ class ShardSource:
         members = list(self._members(index))
         if not last:
             members.append(self._members(index + 1)[0])
-        expected = [self._indexed(j) for j in members]
+        columns = (self._header_offsets, self._offsets, self._sizes)
+        expected = [Member(self._names[j], *(int(c[j]) for c in columns)) for j in members]
         error = functools.partial(self._error, index)
 
         key = self.sample_keys[index]
