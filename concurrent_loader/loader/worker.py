@@ -125,7 +125,8 @@ class PlannedBatches(IterableDataset[Any]):
         if in_worker:
             _leave_ctrl_c_to_the_main_process()
         if claims is not None:
-            claimed = _claimed(batches, plan, claims, plan.generation)
+            claim = functools.partial(plan.claim, claims, plan.generation)
+            claimed = (batches[b] for b in iter(claim, None))
             return self._produce(claimed, None, in_worker, row)
         share = batches[worker::num_workers]
         predicted: list[list[Any]] = []
@@ -199,10 +200,3 @@ def _note_traceback(exc: BaseException, row: int) -> None:
     where = f"DataLoader worker process {row - 1}" if row else "the loader's main process"
     frames = "".join(traceback.format_tb(exc.__traceback__))
     exc.add_note(f"Original traceback in {where} (most recent call last):\n{frames.rstrip()}")
-
-
-def _claimed(
-    batches: list[list[Any]], plan: EpochPlan, claims: Lock, generation: int
-) -> Iterator[list[Any]]:
-    while (b := plan.claim(claims, generation)) is not None:
-        yield batches[b]

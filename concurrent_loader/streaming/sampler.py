@@ -185,8 +185,6 @@ def shard_permutation(num_shards: int, *, shuffle: bool, seed: int, epoch: int) 
 def assign_shards(lengths: Sequence[int], order: Sequence[int], world_size: int) -> list[list[int]]:
     """Shards per rank: in ``order``, each shard goes to the rank with the fewest samples so
     far (the lowest on a tie), so the ranks' counts differ by at most the longest shard."""
-    if world_size < 1:
-        raise ConfigError(f"world_size must be >= 1, got {world_size}")
     nonempty = sum(1 for s in order if lengths[s] > 0)
     if nonempty < world_size:
         raise ConfigError(
@@ -234,8 +232,6 @@ def interleave_batches(streams: Sequence[Iterator[int]], batch_size: int) -> Ite
 
 
 def shuffle_within_window(stream: Iterable[T], window: int, rng: random.Random) -> Iterator[T]:
-    if window < 1:
-        raise ValueError(f"window must be >= 1, got {window}")
     hold = -(-window // 2)
     # Slots: the buffered (position, item) pairs; emitted slots become None and are dropped
     # from the left of ``ages`` lazily, so finding the oldest buffered sample is O(1).
