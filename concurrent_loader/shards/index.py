@@ -21,7 +21,6 @@ scanned once with 4 MiB ranged GETs, up to 8 shards at once (:func:`index_shards
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import contextlib
 import json
@@ -40,6 +39,7 @@ __all__ = ["INDEX_FORMAT", "INDEX_SUFFIX", "ShardIndex", "index_shards"]
 INDEX_FORMAT = "concurrent-loader/tar-index"
 INDEX_VERSION = 1
 INDEX_SUFFIX = ".idx"
+_INDEX_READS_IN_PARALLEL = 32
 _SCANS_IN_PARALLEL = 8
 _SCAN_WINDOW = 4 << 20  # bytes per ranged GET of a scan
 
@@ -185,46 +185,36 @@ def index_shards(
     """The index of each shard: its ``.idx`` object when there is one, else a scan of the
     shard (``sizes[i]``, from a listing, is needed to scan shard ``i``)."""
 
-    def indexed(data: bytes | bytearray | None) -> bytes | bytearray | None:
-        if on_shard is not None:
-            on_shard()
-        return data
-
     get: Callable[[str, ByteRange | None], bytes | bytearray]
     if store.capabilities.remote:
         loop_runtime = runtime()
 
-        async def fetch(key: str, byte_range: ByteRange | None = None) -> bytes:
+        async def fetch(key: str, byte_range: ByteRange | None) -> bytes:
             client = await client_for(loop_runtime, store, config)
             return bytes(await client.get(key, byte_range))
 
-        async def fetch_indexes() -> list[bytes | bytearray | None]:
-            limit = asyncio.Semaphore(32)
-
-            async def one(key: str) -> bytes | bytearray | None:
-                data = None
-                async with limit:
-                    with contextlib.suppress(ObjectNotFound):
-                        data = await fetch(key + INDEX_SUFFIX)
-                return indexed(data)
-
-            return list(await asyncio.gather(*(one(key) for key in shards)))
-
         def get(key: str, byte_range: ByteRange | None) -> bytes | bytearray:
             return loop_runtime.run(fetch(key, byte_range))
-
-        documents = loop_runtime.run(fetch_indexes())
     else:
         opened: BlockingStore = store.open(config)  # type: ignore[assignment]
         get = opened.get_blocking
 
-        def read_index(key: str) -> bytes | bytearray | None:
-            try:
-                return get(key + INDEX_SUFFIX, None)
-            except ObjectNotFound:
-                return None
+    def read_index(key: str) -> bytes | bytearray | None:
+        with contextlib.suppress(ObjectNotFound):
+            return get(key + INDEX_SUFFIX, None)
+        return None
 
-        documents = [indexed(read_index(key)) for key in shards]
+    documents: list[bytes | bytearray | None] = []
+    pool = concurrent.futures.ThreadPoolExecutor(
+        _INDEX_READS_IN_PARALLEL, thread_name_prefix="concurrent-loader-index"
+    )
+    try:
+        for document in pool.map(read_index, shards):
+            documents.append(document)
+            if on_shard is not None:
+                on_shard()
+    finally:
+        pool.shutdown(cancel_futures=True)
 
     def scan(i: int) -> ShardIndex:
         key, size, url = shards[i], sizes[i], store.url_for(shards[i])
