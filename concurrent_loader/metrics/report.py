@@ -25,7 +25,6 @@ class StallLedger:
         self.computes: list[float] = []
         self.samples = 0
         self.warmup_steps = 0
-        self.warmup_s = 0.0
 
     def record(
         self, wait: float, compute: float, samples: int = 0, *, warmup: bool = False
@@ -33,7 +32,6 @@ class StallLedger:
         with self._lock:
             if warmup:
                 self.warmup_steps += 1
-                self.warmup_s += wait + compute
                 return
             self.waits.append(wait)
             self.computes.append(compute)
@@ -43,7 +41,6 @@ class StallLedger:
         with self._lock:
             self.waits, self.computes = [], []
             self.samples = self.warmup_steps = 0
-            self.warmup_s = 0.0
 
     @property
     def steps(self) -> int:
