@@ -17,7 +17,7 @@ import concurrent.futures
 import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch.utils.data import Dataset
@@ -38,10 +38,6 @@ log = logging.getLogger(__name__)
 
 Bodies = list[bytes | bytearray]
 Tag = tuple[int, int]  # a sample's position in its batch, and its index
-
-
-def _as_is(index: int, exc: BaseException) -> BaseException:
-    return exc
 
 
 class RemoteReads(SourceSamples):
@@ -66,7 +62,9 @@ class RemoteReads(SourceSamples):
         self._budget = ByteBudget(config.max_inflight_bytes, runtime.call_soon)
         self._parts = options.parts
         # A shard source's failed reads name the sample's member and offset.
-        self._read_failed = source.read_failed if isinstance(source, NamingSource) else _as_is
+        self._read_failed: Callable[[int, BaseException], BaseException] = (
+            source.read_failed if isinstance(source, NamingSource) else lambda index, exc: exc
+        )
         self._decodes = DecodeQueue(self.pool.submit, self.threads, self.pool.forking)
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -118,9 +116,6 @@ class RemoteReads(SourceSamples):
         except BaseException as exc:
             self.failed(slot, position, index, self._read_failed(index, exc))
             return
-        self._queue(slot, position, index, bodies)
-
-    def _queue(self, slot: Slot, position: int, index: int, bodies: Bodies) -> None:
         size = sum(len(body) for body in bodies)
         decode = functools.partial(self._decode, slot, position, index, bodies, size)
         try:
