@@ -44,13 +44,10 @@ log = logging.getLogger(__name__)
 def root_config(root: str, args: argparse.Namespace) -> StoreConfig:
     """``root``'s store config, with the S3 options given (a ``ConfigError`` for a root that
     is not on S3)."""
-    options = {
-        "endpoint_url": args.endpoint_url,
-        "region": args.region,
-        "profile": args.profile,
-        "anonymous": args.anonymous,
+    options = ("endpoint_url", "region", "profile", "anonymous")
+    given = {
+        name: getattr(args, name) for name in options if getattr(args, name) not in (None, False)
     }
-    given = {name: value for name, value in options.items() if value not in (None, False)}
     return S3Config.from_url(root, **given) if given else store_config_for(root)
 
 

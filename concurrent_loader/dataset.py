@@ -121,8 +121,7 @@ class ObjectDataset(Closing, Dataset[Any]):
         return len(self.keys)
 
     def __getitem__(self, index: int) -> Any:
-        indices = [self._check_index(index)]
-        return load_samples(self.source, indices, self._acquire, self._blocking_store)[0]
+        return self.__getitems__([index])[0]
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         indices = [self._check_index(i) for i in indices]
