@@ -200,14 +200,6 @@ class CacheDirectory:
                 if handles.pid == os.getpid():
                     handles.close()
 
-    def _forked(self) -> None:
-        self._mutex = threading.Lock()
-        self._reopening = threading.Lock()
-        for handles in [self._handles, *self._retired]:
-            with contextlib.suppress(OSError):
-                handles.close()
-        self._retired = []
-
     def _h(self) -> Handles:
         handles = self._handles
         if handles.pid != os.getpid():
@@ -228,12 +220,10 @@ class CacheDirectory:
 
     # ------------------------------------------------------------------ read side (no lock)
 
-    def path_for(self, name: str) -> str:
-        return entry_path(self.root, name)
-
     def read(self, name: str, source: str, max_bytes: int | None = None) -> Entry | None:
         """The entry ``name`` for ``source``, or None; raises as :func:`~.layout.read_entry_fd`."""
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        path = entry_path(self.root, name)
         try:
             with in_shard(self._h().entries_fd, name, self.root) as shard_fd:
                 fd = os.open(name, flags, dir_fd=shard_fd)
@@ -242,9 +232,9 @@ class CacheDirectory:
         except OSError as exc:
             if exc.errno != errno.ELOOP:
                 raise
-            raise CorruptEntry(f"{self.path_for(name)}: a symbolic link, not an entry") from None
+            raise CorruptEntry(f"{path}: a symbolic link, not an entry") from None
         try:
-            return read_entry_fd(fd, self.path_for(name), source, max_bytes)
+            return read_entry_fd(fd, path, source, max_bytes)
         finally:
             os.close(fd)
 
@@ -335,7 +325,12 @@ def remove_dead_temps(tmp_fd: int) -> None:
 
 def _after_fork_in_child() -> None:
     for directory in list(_OPEN):
-        directory._forked()
+        directory._mutex = threading.Lock()
+        directory._reopening = threading.Lock()
+        for handles in [directory._handles, *directory._retired]:
+            with contextlib.suppress(OSError):
+                handles.close()
+        directory._retired = []
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -58,30 +58,26 @@ def check_transform(transform: object) -> None:
     """``ConfigError`` unless ``transform`` has ``apply``, a usable ``identity`` (no ``>``,
     which ends it in an entry's source; printable, one line in ``DIR/forms``) and a hash."""
     identity = getattr(transform, "identity", None)
-    problem = None
     if not callable(getattr(transform, "apply", None)):
-        problem = (
+        raise ConfigError(
             "cache presize must have apply(data, url) -> bytes and identity (such as "
             f"concurrent_loader.Presize), got {type(transform).__name__}"
         )
-    elif not (
+    if not (
         isinstance(identity, str)
         and 0 < len(identity) <= MAX_IDENTITY
         and identity.isprintable()
         and ">" not in identity
         and identity != ORIGINAL
     ):
-        problem = (
+        raise ConfigError(
             f"cache presize's identity must be a printable name without '>' of 1 to {MAX_IDENTITY} "
             f"characters, got {identity!r}"
         )
-    else:
-        try:
-            hash(transform)
-        except TypeError:
-            problem = "cache presize must be hashable (a frozen dataclass)"
-    if problem is not None:
-        raise ConfigError(problem)
+    try:
+        hash(transform)
+    except TypeError:
+        raise ConfigError("cache presize must be hashable (a frozen dataclass)") from None
 
 
 def form_label(transform: Transform | None) -> str:

@@ -63,10 +63,6 @@ class CacheRefused(ConfigError):
 CACHE_ERRORS: tuple[type[Exception], ...] = (OSError, CacheRefused)
 
 
-def _refuse(path: str, why: str) -> CacheRefused:
-    return CacheRefused(f"{path} {why}")
-
-
 def open_in(dir_fd: int, name: str, flags: int, where: str, mode: int = 0o644) -> int:
     """``name`` under ``dir_fd``, never through a link; errors name its whole path."""
     try:
@@ -74,7 +70,7 @@ def open_in(dir_fd: int, name: str, flags: int, where: str, mode: int = 0o644) -
     except OSError as exc:
         path = os.path.join(where, name)
         if exc.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(dir_fd, name):
-            raise _refuse(path, "is a symbolic link: a cache's files are its own") from None
+            raise CacheRefused(f"{path} is a symbolic link: a cache's files are its own") from None
         raise OSError(exc.errno, exc.strerror, path) from None
 
 
@@ -125,7 +121,7 @@ class Handles:
             except (FileNotFoundError, NotADirectoryError):
                 if create:
                     raise
-                raise _refuse(root, "is not a cache directory (not a directory)") from None
+                raise CacheRefused(f"{root} is not a cache directory (not a directory)") from None
             check_marker(fds[0], root, create=create)
             for sub in ("entries", "tmp"):
                 with contextlib.suppress(FileExistsError):
@@ -135,7 +131,7 @@ class Handles:
                 fd = open_in(fds[0], name, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, root)
                 fds.append(fd)
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    raise _refuse(os.path.join(root, name), "is not a regular file")
+                    raise CacheRefused(f"{os.path.join(root, name)} is not a regular file")
         except BaseException:
             for fd in fds:
                 os.close(fd)
@@ -171,7 +167,7 @@ def check_marker(root_fd: int, root: str, *, create: bool) -> None:
         fd = open_in(root_fd, MARKER, os.O_RDONLY | os.O_NONBLOCK, root)
     except FileNotFoundError:
         if not create:
-            raise _refuse(root, f"is not a cache directory (no {MARKER})") from None
+            raise CacheRefused(f"{root} is not a cache directory (no {MARKER})") from None
         _mark(root_fd, root)
         return
     try:
@@ -182,10 +178,9 @@ def check_marker(root_fd: int, root: str, *, create: bool) -> None:
         return
     line = next((x for x in text.splitlines() if x.startswith(_MARKER_PREFIX)), None)
     if line is None:
-        raise _refuse(root, f"is another program's cache directory ({MARKER}): not used")
-    raise _refuse(
-        root,
-        f"is a concurrent-loader cache of another format ({line.decode(errors='replace')}); "
+        raise CacheRefused(f"{root} is another program's cache directory ({MARKER}): not used")
+    raise CacheRefused(
+        f"{root} is a concurrent-loader cache of another format ({line.decode(errors='replace')}); "
         f"this version reads format {FORMAT}: run `concurrent-loader cache clear {root}` "
         "or name another directory",
     )
@@ -197,9 +192,8 @@ def _mark(root_fd: int, root: str) -> None:
         check_marker(root_fd, root, create=False)
         return
     if any(not _MARKER_TEMP.fullmatch(n) for n in names):
-        raise _refuse(
-            root,
-            f"is not empty and not a cache directory (no {MARKER}): a cache needs a "
+        raise CacheRefused(
+            f"{root} is not empty and not a cache directory (no {MARKER}): a cache needs a "
             "directory of its own",
         )
     temp = f".{MARKER}.{os.getpid()}"

@@ -13,7 +13,13 @@ from pathlib import Path
 import pytest
 
 from concurrent_loader.cache import CacheConfig, clear_cache, describe_cache
-from concurrent_loader.cache.directory import STALE_TEMP_S, CacheDirectory, Ledger, name_for
+from concurrent_loader.cache.directory import (
+    STALE_TEMP_S,
+    CacheDirectory,
+    Ledger,
+    entry_path,
+    name_for,
+)
 from concurrent_loader.cache.layout import data_checksum, footer
 
 from ._entries import read_entry
@@ -46,7 +52,9 @@ def test_fill_adds_until_the_budget_then_refuses(cache_dir):
         info = describe_cache(str(cache_dir))
         assert info["entries"] == 3 and info["bytes"] == info["ledger_bytes"] == 3 * size
         # what is in never goes: the first entries still read back
-        assert read_entry(directory.path_for(name_for("s3://b/00")), "s3://b/00") is not None
+        assert (
+            read_entry(entry_path(directory.root, name_for("s3://b/00")), "s3://b/00") is not None
+        )
     finally:
         directory.close()
 
@@ -67,7 +75,7 @@ def test_a_bad_entry_that_no_longer_fits_is_removed_anyway(cache_dir):
     try:
         assert _put(directory, "s3://b/k", b"a" * 500)
         assert not _put(directory, "s3://b/k", b"b" * 900, replace=True)
-        assert not os.path.exists(directory.path_for(name_for("s3://b/k")))
+        assert not os.path.exists(entry_path(directory.root, name_for("s3://b/k")))
         assert describe_cache(str(cache_dir))["ledger_bytes"] == 0
     finally:
         directory.close()
