@@ -77,17 +77,15 @@ class ImageTransform:
         """Whether ``leaf`` at ``path`` is the image this transform converts."""
         if not self.keys:
             return False
-        at_key = path == () or (len(path) == 1 and _contains(self.keys, path[0]))
+        # bool is an int: key True must not match position 1, nor False position 0
+        at_key = path == () or (
+            len(path) == 1 and any(k == path[0] and type(k) is type(path[0]) for k in self.keys)
+        )
         if not at_key or not isinstance(leaf, torch.Tensor):
             return False
         if leaf.dtype != torch.uint8 or leaf.ndim not in (3, 4):
             return False
         return self.mean is None or leaf.shape[-3] == len(self.mean)
-
-
-def _contains(keys: tuple[Hashable, ...], key: Hashable) -> bool:
-    # bool is an int: key True must not match position 1, nor False position 0
-    return any(k == key and type(k) is type(key) for k in keys)
 
 
 class DeviceImageTransform:

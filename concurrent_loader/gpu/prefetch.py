@@ -20,7 +20,7 @@ import threading
 import weakref
 from collections.abc import Hashable, Iterable, Iterator, Sequence, Sized
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import torch
 
@@ -33,8 +33,6 @@ from .transfer import CUDATransfer, HostTransfer, PinnedRing, Transfer
 __all__ = ["CUDAPrefetcher", "PrefetchIterator"]
 
 log = logging.getLogger(__name__)
-
-S = TypeVar("S")
 
 #: how long closing waits for the producer to finish a ``next()`` call on the source
 JOIN_TIMEOUT_S = 60.0
@@ -52,9 +50,9 @@ class _End:
 _END = _End()
 
 
-class _Run(Generic[S]):
-    def __init__(self, source: Iterable[Any], transfer: Transfer[S], depth: int) -> None:
-        self._items: queue.SimpleQueue[S | _Failure | _End] = queue.SimpleQueue()
+class _Run:
+    def __init__(self, source: Iterable[Any], transfer: Transfer, depth: int) -> None:
+        self._items: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._permits = threading.Semaphore(depth)
         self._stop = threading.Event()
         self._thread = threading.Thread(
@@ -65,7 +63,7 @@ class _Run(Generic[S]):
         )
         self._thread.start()
 
-    def _produce(self, source: Iterable[Any], transfer: Transfer[S]) -> None:
+    def _produce(self, source: Iterable[Any], transfer: Transfer) -> None:
         iterator: Iterator[Any] | None = None
         try:
             with transfer.context():
@@ -105,7 +103,7 @@ class _Run(Generic[S]):
         self._permits.acquire()
         return not self._stop.is_set()
 
-    def get(self) -> S | _Failure | _End:
+    def get(self) -> Any:
         return self._items.get()
 
     def handed_over(self) -> None:
@@ -144,17 +142,17 @@ def _close_source(iterator: Iterator[Any] | None) -> None:
             log.warning("closing the source iterator of CUDAPrefetcher failed", exc_info=True)
 
 
-class PrefetchIterator(Closing, Generic[S]):
+class PrefetchIterator(Closing):
     """One pass over a :class:`CUDAPrefetcher`; yields batches on its device."""
 
-    def __init__(self, source: Iterable[Any], transfer: Transfer[S], depth: int) -> None:
+    def __init__(self, source: Iterable[Any], transfer: Transfer, depth: int) -> None:
         self._transfer = transfer
-        self._run: _Run[S] = _Run(source, transfer, depth)
+        self._run = _Run(source, transfer, depth)
         self._done = False
         # close() when the iterator is dropped (after ``break``), and at interpreter exit
         self._finalizer = weakref.finalize(self, _shutdown, self._run, transfer)
 
-    def __iter__(self) -> PrefetchIterator[S]:
+    def __iter__(self) -> PrefetchIterator:
         return self
 
     def __next__(self) -> Any:
@@ -196,7 +194,7 @@ class PrefetchIterator(Closing, Generic[S]):
         self._finalizer()
 
 
-def _shutdown(run: _Run[Any], transfer: Transfer[Any]) -> None:
+def _shutdown(run: _Run, transfer: Transfer) -> None:
     # The ring may be freed only once no producer can stage into it any more.
     if run.close():
         transfer.close()
@@ -261,16 +259,16 @@ class CUDAPrefetcher(Closing):
                 self._device,
             )
             self._device = torch.device("cpu")
-        self._open: weakref.WeakSet[PrefetchIterator[Any]] = weakref.WeakSet()
+        self._open: weakref.WeakSet[PrefetchIterator] = weakref.WeakSet()
 
     @property
     def device(self) -> torch.device:
         """The device batches go to; a bare ``cuda`` gets its index when a pass starts."""
         return self._device
 
-    def __iter__(self) -> PrefetchIterator[Any]:
+    def __iter__(self) -> PrefetchIterator:
         device = self._device
-        transfer: Transfer[Any]
+        transfer: Transfer
         if device.type == "cuda":
             if device.index is None:
                 # Read now, not at construction: the loop may call set_device() in between.

@@ -1,5 +1,7 @@
-"""Moving one batch to the device: ``stage`` on the producer thread, ``hand_over`` on the
-consumer's. Guarantees of :class:`CUDATransfer`:
+"""Moving one batch to the device (a :data:`Transfer`, the per-batch work of one pass): the
+producer enters ``context()`` for its life and calls ``stage``; the consumer calls
+``hand_over`` for a batch safe on its stream; ``close`` runs after the producer has ended.
+Guarantees of :class:`CUDATransfer`:
 
 * copies and conversions run ``non_blocking`` on their own stream; the consumer's stream
   waits on an event recorded after them: the device is never synchronised whole;
@@ -21,7 +23,7 @@ import contextlib
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 import torch
 
@@ -33,30 +35,6 @@ from .tree import Path, map_batch
 __all__ = ["CUDATransfer", "HostTransfer", "PinnedRing", "RingSlot", "Transfer"]
 
 log = logging.getLogger(__name__)
-
-S = TypeVar("S")
-
-
-class Transfer(Protocol[S]):
-    """The per-batch work of one pass: the producer enters :meth:`context` for its life and
-    calls :meth:`stage`; the consumer calls :meth:`hand_over` for a batch safe on its
-    stream; :meth:`close` runs after the producer has ended."""
-
-    device: torch.device
-
-    def context(self) -> contextlib.AbstractContextManager[None]: ...
-
-    def stage(self, batch: Any) -> S: ...
-
-    def hand_over(self, staged: S) -> Any: ...
-
-    @property
-    def pinned_bytes(self) -> int: ...
-
-    @property
-    def pinned_allocations(self) -> int: ...
-
-    def close(self) -> None: ...
 
 
 class HostTransfer:
@@ -191,6 +169,9 @@ class CUDATransfer:
 
     def close(self) -> None:
         self._ring.close()
+
+
+Transfer = HostTransfer | CUDATransfer
 
 
 def _moved(leaf: Any, device: torch.device) -> Any:
