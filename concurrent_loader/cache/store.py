@@ -192,11 +192,12 @@ class CachedStore:
             held = self._locking and directory.try_fill_lock(name)
         except CACHE_ERRORS as exc:  # a filesystem without locks: go on, without them
             held = self._no_locks(exc)
-        if not held and self._locking:
+        waited = not held and self._locking
+        if waited:
             entry, held = await self._wait_for_filler(directory, name, source)
             if entry is not None:
                 return await self._serve(entry, key, None)
-        elif held and not replace:
+        if held and (waited or not replace):
             # Another process may have put it in place since our lookup.
             entry, _ = await self._lookup(directory, name, source)
             if entry is not None:
@@ -220,8 +221,8 @@ class CachedStore:
         self, directory: CacheDirectory, name: str, source: str
     ) -> tuple[Entry | None, bool]:
         """Wait for the process holding the fill lock: (its entry, False) once in place;
-        (None, True) when the lock came free without one (we hold it now); (None, False)
-        after ``_max_wait_s``. No portable cross-process wake-up exists without a server,
+        (None, True) when the lock came free (we hold it now); (None, False) after
+        ``_max_wait_s``. No portable cross-process wake-up exists without a server,
         so this backs off and looks again."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._max_wait_s
@@ -233,10 +234,6 @@ class CachedStore:
                 return entry, False
             try:
                 if directory.try_fill_lock(name):
-                    entry, _ = await self._lookup(directory, name, source)
-                    if entry is not None:
-                        self._release(directory, name)
-                        return entry, False
                     return None, True
             except CACHE_ERRORS as exc:
                 return None, self._no_locks(exc)

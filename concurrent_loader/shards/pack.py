@@ -114,14 +114,16 @@ def pack(
         stale = destination.check(store, overwrite)
         listed = list_store(store, fetch_config)
         extension = PRESIZED_EXTENSION[presize.format] if presize is not None else None
-        plan = plan_image_folder(store, listed, extension) if image_folder else None
-        plan = plan or plan_objects(store, listed)
+        if image_folder:
+            samples, skipped = plan_image_folder(store, listed, extension)
+        else:
+            samples, skipped = plan_objects(store, listed)
         reader = ObjectDataset(store, keys=[info.key for info in listed], fetch_config=fetch_config)
         pool = process_pool(processes) if presize is not None and processes != 1 else None
         try:
             destination.begin(stale)  # the first write: every check has passed
             position = {info.key: i for i, info in enumerate(listed)}
-            ready = _ready(reader, position, plan.samples, store, presize, pool)
+            ready = _ready(reader, position, samples, store, presize, pool)
             head = next(ready, None)
             shards: list[str] = []
             total = 0
@@ -136,7 +138,7 @@ def pack(
             reader.close()
     finally:
         destination.close()
-    return PackResult(shards, len(plan.samples), total, plan.skipped, stale)
+    return PackResult(shards, len(samples), total, skipped, stale)
 
 
 #: a sample, its members' bytes, and the original sizes of its pre-sized images

@@ -1,14 +1,13 @@
 """What ``concurrent-loader pack`` writes, and where, both checked before anything is written.
 
-The samples (:class:`PackPlan`): member names split into sample key and extension as both
+The samples (a :data:`PackPlan`): member names split into sample key and extension as both
 readers (:class:`~concurrent_loader.ShardDataset` and ``webdataset``) split them, at the
 first dot of the last path component. A plan guarantees that every member is read back as
 the sample and extension it gives it; that no sample has two members with one extension
 (``a.JPG`` and ``a.jpg``; in an image folder ``x.jpg`` and ``x.png``) or a member named as
 a field of webdataset's sample (``__key__``...); that samples are in key order with their
 members adjacent; and that objects no reader makes part of a sample (a dotfile, no
-extension, a metadata name such as ``__meta__/x.json``) are left out and listed in
-:attr:`PackPlan.skipped`.
+extension, a metadata name such as ``__meta__/x.json``) are left out and listed as skipped.
 
 The destination (:class:`Destination`, a local directory or an ``s3://`` prefix):
 ``ShardDataset(DEST)`` reads every ``*.tar`` under its root, so ``DEST`` must not be ``SRC``
@@ -59,12 +58,8 @@ class PackEntry:
 Sample = list[PackEntry]
 
 
-@dataclass(frozen=True)
-class PackPlan:
-    """The samples to write, in order, and the source keys left out (see the module)."""
-
-    samples: list[Sample]
-    skipped: list[str]
+#: the samples to write, in order, and the source keys left out (see the module)
+PackPlan = tuple[list[Sample], list[str]]
 
 
 def plan_objects(store: StoreConfig, listed: Sequence[ObjectInfo]) -> PackPlan:
@@ -149,7 +144,7 @@ def _checked(store: StoreConfig, by_key: dict[str, Sample], skipped: list[str]) 
             url=store.url_for(""),
             cause=Reason.EMPTY_PREFIX,
         )
-    return PackPlan(samples, skipped)
+    return samples, skipped
 
 
 def first_few(items: Sequence[str]) -> str:
