@@ -2,7 +2,10 @@
 
 :func:`s3_checksum` and :func:`http_checksum` pick the cheapest checksum of a response;
 :meth:`Checksum.check` raises :class:`~concurrent_loader.errors.IntegrityError` (retried) on
-a mismatch. What is checked:
+a mismatch. :meth:`Checksum.running` gives the same check as a :class:`RunningChecksum`,
+fed the body piece by piece as it arrives (the transport's ``digest_for``), while the bytes
+are still in the CPU's cache: every algorithm here can (CRCs continue from the previous
+value, hashes ``update``), and gives the digest of the whole body. What is checked:
 
 * S3: ``x-amz-checksum-*`` (crc64nvme, crc32c, crc32, sha1, sha256; not ``COMPOSITE``), on
   a range that part's; opt-in, a single-part ETag as the MD5.
@@ -22,28 +25,37 @@ import anycrc
 
 from ..errors import IntegrityError, Reason
 
-__all__ = ["ALGORITHMS", "Checksum", "covers_whole_object", "http_checksum", "s3_checksum"]
+__all__ = [
+    "ALGORITHMS",
+    "Checksum",
+    "RunningChecksum",
+    "covers_whole_object",
+    "http_checksum",
+    "s3_checksum",
+]
+
+Data = bytes | bytearray | memoryview
 
 
-def _crc(model: str, width: int) -> Callable[[bytes | bytearray | memoryview], bytes]:
+def _crc(model: str, width: int) -> Callable[[Data], bytes]:
     calc = anycrc.Model(model).calc
     size = width // 8
 
-    def digest(data: bytes | bytearray | memoryview) -> bytes:
+    def digest(data: Data) -> bytes:
         return int(calc(data)).to_bytes(size, "big")
 
     return digest
 
 
-def _hash(name: str) -> Callable[[bytes | bytearray | memoryview], bytes]:
-    def digest(data: bytes | bytearray | memoryview) -> bytes:
+def _hash(name: str) -> Callable[[Data], bytes]:
+    def digest(data: Data) -> bytes:
         return hashlib.new(name, data).digest()
 
     return digest
 
 
 #: algorithm -> the digest of a body, cheapest first (``benchmarks/integrity.py``)
-ALGORITHMS: dict[str, Callable[[bytes | bytearray | memoryview], bytes]] = {
+ALGORITHMS: dict[str, Callable[[Data], bytes]] = {
     "crc64nvme": _crc("CRC64-NVME", 64),
     "crc32c": _crc("CRC32C", 32),
     "crc32": _crc("CRC32", 32),
@@ -52,6 +64,9 @@ ALGORITHMS: dict[str, Callable[[bytes | bytearray | memoryview], bytes]] = {
     "md5": _hash("md5"),
 }
 _SIZES = {"crc64nvme": 8, "crc32c": 4, "crc32": 4, "sha1": 20, "sha256": 32, "md5": 16}
+# anycrc's calc(data, init) continues a CRC from the value of the bytes before ``data``.
+_CRC_MODELS = {"crc64nvme": "CRC64-NVME", "crc32c": "CRC32C", "crc32": "CRC32"}
+_CALCS = {name: anycrc.Model(model).calc for name, model in _CRC_MODELS.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,17 +83,82 @@ class Checksum:
             return digest.hex()
         return base64.b64encode(digest).decode("ascii")
 
-    def check(self, data: bytes | bytearray | memoryview, url: str) -> None:
+    def check(self, data: Data, url: str) -> None:
         """Raise ``IntegrityError`` naming ``url`` unless ``data`` has this digest."""
         got = ALGORITHMS[self.algorithm](data)
         if got != self.expected:
-            raise IntegrityError(
-                f"{self.algorithm} of the {len(data)} bytes received is {self._render(got)}, "
-                f"the store's {self.source} says {self._render(self.expected)}",
-                url=url,
-                stage="fetch",
-                cause=Reason.CHECKSUM_MISMATCH,
-            )
+            raise self._mismatch(got, len(data), url)
+
+    def running(self) -> RunningChecksum:
+        """A fresh check of this digest over a body fed in order (one per response)."""
+        calc = _CALCS.get(self.algorithm)
+        if calc is not None:
+            return _RunningCrc(self, calc)
+        return _RunningHash(self)
+
+    def _mismatch(self, got: bytes, length: int, url: str) -> IntegrityError:
+        return IntegrityError(
+            f"{self.algorithm} of the {length} bytes received is {self._render(got)}, "
+            f"the store's {self.source} says {self._render(self.expected)}",
+            url=url,
+            stage="fetch",
+            cause=Reason.CHECKSUM_MISMATCH,
+        )
+
+
+class RunningChecksum:
+    """A :class:`Checksum` computed over a body fed in order (``update``: a transport's
+    ``BodyDigest``); :meth:`check` once the whole body was fed."""
+
+    __slots__ = ("checksum", "length")
+
+    def __init__(self, checksum: Checksum) -> None:
+        self.checksum = checksum
+        self.length = 0  # bytes fed
+
+    def update(self, data: memoryview, /) -> None:
+        raise NotImplementedError
+
+    def digest(self) -> bytes:
+        """The digest of the bytes fed so far."""
+        raise NotImplementedError
+
+    def check(self, url: str) -> None:
+        """Raise ``IntegrityError`` naming ``url`` unless the bytes fed have the digest."""
+        got = self.digest()
+        if got != self.checksum.expected:
+            raise self.checksum._mismatch(got, self.length, url)
+
+
+class _RunningCrc(RunningChecksum):
+    __slots__ = ("_calc", "_value")
+
+    def __init__(self, checksum: Checksum, calc: Callable[[Data, int], int]) -> None:
+        super().__init__(checksum)
+        self._calc = calc
+        self._value = 0  # the CRC of no bytes, for every model here
+
+    def update(self, data: memoryview, /) -> None:
+        self._value = self._calc(data, self._value)
+        self.length += len(data)
+
+    def digest(self) -> bytes:
+        return int(self._value).to_bytes(_SIZES[self.checksum.algorithm], "big")
+
+
+class _RunningHash(RunningChecksum):
+    __slots__ = ("_hash",)
+
+    def __init__(self, checksum: Checksum) -> None:
+        super().__init__(checksum)
+        self._hash = hashlib.new(checksum.algorithm)
+
+    def update(self, data: memoryview, /) -> None:
+        self._hash.update(data)
+        self.length += len(data)
+
+    def digest(self) -> bytes:
+        return self._hash.digest()
 
 
 def _from_base64(algorithm: str, value: str, source: str) -> Checksum | None:

@@ -1,7 +1,8 @@
 """The plain HTTP(S) backend: ``GET {base}{key}`` for keys the caller lists (no listing).
 
 A whole body is checked against the checksum the server sends, if any (:mod:`.checksum`),
-before it is returned; ``verify_checksums=False`` skips it.
+piece by piece as the transport reads it, before it is returned; ``verify_checksums=False``
+skips it.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from urllib.parse import quote, urlsplit
 
 from ..config import FetchConfig
 from ..errors import ConfigError
-from ..transport import Origin, Transport, make_transport
+from ..transport import DigestFor, Origin, Transport, make_transport
 from .base import Body, ByteRange, Capabilities, ObjectInfo
-from .checksum import covers_whole_object, http_checksum
+from .checksum import RunningChecksum, covers_whole_object, http_checksum
 from .shared import error_for_status, ssl_context_for
 
 __all__ = ["HttpConfig", "HttpStore"]
@@ -89,6 +90,10 @@ class HttpStore:
     async def get(self, key: str, byte_range: ByteRange | None = None) -> Body:
         url = self.url_for(key)
         target = quote(self.config.base + key, safe="/-_.~!$&'()*+,;=:@%")
+        verify = self.config.verify_checksums
+        digest_for: DigestFor | None = None
+        if verify:
+            digest_for = self._running_for_range if byte_range else self._running_for_whole
         response = await self._transport.get(
             self._origin,
             target,
@@ -96,19 +101,38 @@ class HttpStore:
             url=url,
             max_bytes=self._max_bytes,
             byte_range=(byte_range.start, byte_range.end) if byte_range else None,
+            digest_for=digest_for,
         )
         if response.status not in (200, 206):
             raise error_for_status(response.status, url)
         body = Body(response.body, response.first_byte_s)
-        if self.config.verify_checksums:
+        if verify:
             headers = response.headers
             whole = byte_range is None or covers_whole_object(headers)
+            digest = response.digest
+            if isinstance(digest, RunningChecksum):
+                digest.check(url)
+                return body
+            # No digest fed (none applied, or a transport without digest_for): all at once.
             checksum = http_checksum(headers, whole=whole)
             if checksum is not None and whole:
                 checksum.check(body.data, url)
             elif checksum is not None:
                 body.object_checksum = checksum
         return body
+
+    def _running_for_whole(self, status: int, headers: dict[str, str]) -> RunningChecksum | None:
+        """The transport's ``digest_for``: a fresh check of each successful whole body, fed
+        as it arrives (a range's checksum is the whole object's: checked once assembled)."""
+        if status not in (200, 206):
+            return None
+        checksum = http_checksum(headers, whole=True)
+        return None if checksum is None else checksum.running()
+
+    def _running_for_range(self, status: int, headers: dict[str, str]) -> RunningChecksum | None:
+        if status not in (200, 206) or not covers_whole_object(headers):
+            return None
+        return self._running_for_whole(status, headers)
 
     async def list(self) -> AsyncIterator[ObjectInfo]:
         raise ConfigError(

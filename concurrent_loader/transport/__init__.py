@@ -12,6 +12,9 @@ end. Every transport guarantees:
 * ``max_bytes`` bounds the body, checked against ``Content-Length`` before any body byte;
 * ``byte_range=(start, end)`` (``end`` exclusive) succeeds only as that exact range (a
   matching ``206``; else ``MALFORMED_RESPONSE``); a ``200`` is refused (``BadRequest``);
+* ``digest_for(status, headers)``, called once the final head is read, may return a
+  :class:`BodyDigest` of its own: it is fed every body byte (after framing), in order,
+  exactly once, as the bytes arrive, and comes back as :attr:`Response.digest`;
 * failures raise the :mod:`concurrent_loader.errors` tree with ``stage="fetch"``, ``url``
   (a label, without credentials) and a ``Reason``; non-2xx statuses are returned;
 * a cancelled ``get`` leaves no half-read connection to reuse; ``close()`` closes every
@@ -31,9 +34,18 @@ from concurrent_loader.config import Timeouts
 from .origin import Origin
 from .pool import ConnectionPool
 from .proxy import Proxy
-from .reader import Response
+from .reader import BodyDigest, DigestFor, Response
 
-__all__ = ["ConnectionPool", "Origin", "Proxy", "Response", "Transport", "make_transport"]
+__all__ = [
+    "BodyDigest",
+    "ConnectionPool",
+    "DigestFor",
+    "Origin",
+    "Proxy",
+    "Response",
+    "Transport",
+    "make_transport",
+]
 
 
 class Transport(Protocol):
@@ -48,6 +60,7 @@ class Transport(Protocol):
         url: str,
         max_bytes: int | None = None,
         byte_range: tuple[int, int] | None = None,
+        digest_for: DigestFor | None = None,
     ) -> Response:
         """GET ``target`` (already URI-encoded, starting with ``/``) from ``origin``."""
         ...

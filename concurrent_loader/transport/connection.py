@@ -24,6 +24,7 @@ from .reader import (
     NO_BODY,
     NO_VIEW,
     UNTIL_CLOSE,
+    DigestFor,
     Response,
     ResponseReader,
 )
@@ -125,7 +126,12 @@ class Connection(ResponseReader):
     # -- requests ---------------------------------------------------------------------
 
     def start(
-        self, request: bytes, url: str, max_bytes: int | None, byte_range: tuple[int, int] | None
+        self,
+        request: bytes,
+        url: str,
+        max_bytes: int | None,
+        byte_range: tuple[int, int] | None,
+        digest_for: DigestFor | None = None,
     ) -> asyncio.Future[Response]:
         """Send ``request`` and return the future of its response."""
         loop = self.loop
@@ -134,6 +140,8 @@ class Connection(ResponseReader):
         self.url = url
         self.max_bytes = max_bytes
         self.byte_range = byte_range
+        self.digest_for = digest_for
+        self.digest = None
         self.state = HEAD
         self.started = False
         self.head_len = 0
@@ -198,9 +206,12 @@ class Connection(ResponseReader):
     # -- endings ----------------------------------------------------------------------
 
     def _complete(self) -> None:
-        response = Response(self.status, self.headers, self.body, self.first_byte_at - self.sent_at)
+        response = Response(
+            self.status, self.headers, self.body, self.first_byte_at - self.sent_at, self.digest
+        )
         self.body = NO_BODY
         self.body_view = NO_VIEW
+        self.digest = None
         waiter = self.waiter
         self.waiter = None
         self.served += 1
@@ -228,6 +239,7 @@ class Connection(ResponseReader):
             self.timer = None
         self.body = NO_BODY
         self.body_view = NO_VIEW
+        self.digest = None
         if self.transport is not None and not self.lost:
             self.transport.abort()
         self.owner.connection_released(self)

@@ -21,7 +21,7 @@ from .connection import Connection, Key
 from .errors import connect_error
 from .origin import Origin
 from .proxy import Proxy
-from .reader import Response
+from .reader import DigestFor, Response
 from .request import build_request
 from .sockets import connect_socket
 
@@ -83,8 +83,10 @@ class ConnectionPool:
         url: str,
         max_bytes: int | None = None,
         byte_range: tuple[int, int] | None = None,
+        digest_for: DigestFor | None = None,
     ) -> Response:
-        """GET ``target`` from ``origin`` and return the whole response (any status)."""
+        """GET ``target`` from ``origin`` and return the whole response (any status);
+        ``digest_for`` picks, per response, what reads its body as it arrives."""
         if self._closed:
             raise RuntimeError("pool is closed")
         proxy = self._proxy
@@ -107,7 +109,8 @@ class ConnectionPool:
         if conn is None:
             conn = await self._acquire(key, url)
         while True:
-            waiter = conn.start(request, url, max_bytes, byte_range)
+            # A retry on a fresh connection calls digest_for again: no digest saw a byte yet.
+            waiter = conn.start(request, url, max_bytes, byte_range, digest_for)
             try:
                 return await waiter
             except ConnectionFailed:

@@ -3,13 +3,20 @@ body is read by the kernel straight into the one ``bytearray`` that becomes
 :attr:`Response.body`. Framing is :mod:`.parser`'s; what an ending means for the socket is
 :class:`.connection.Connection`'s. Bytes past the response mark the connection not to be
 kept alive.
+
+A request may carry a ``digest_for``: called with the final response's status and headers,
+what it returns (a :class:`BodyDigest`, or None) is fed every body byte, in order, exactly
+once, as soon as it is in the body buffer (still in the CPU's cache), and is handed back
+as :attr:`Response.digest`. Each response gets its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from .errors import framing_error, too_large
 from .parser import (
@@ -22,7 +29,19 @@ from .parser import (
     parse_head,
 )
 
-__all__ = ["Response", "ResponseReader"]
+__all__ = ["BodyDigest", "DigestFor", "Response", "ResponseReader"]
+
+
+class BodyDigest(Protocol):
+    """What reads a body as it arrives: ``update`` gets each piece, in order, once. It must
+    not keep ``data`` (the buffer may grow after it returns); if it raises, the GET fails
+    with that error."""
+
+    def update(self, data: memoryview, /) -> None: ...
+
+
+#: ``(status, headers) -> BodyDigest | None``, called once the final head is read
+DigestFor = Callable[[int, dict[str, str]], BodyDigest | None]
 
 
 @dataclass(slots=True)
@@ -36,6 +55,8 @@ class Response:
     body: bytearray | bytes
     #: seconds from the request's send to the first byte of the response, when measured
     first_byte_s: float | None = None
+    #: what the request's ``digest_for`` returned for this response, fed its whole body
+    digest: BodyDigest | None = None
 
 
 # Any S3 response head and the first slice of the body; the rest goes to its final buffer.
@@ -68,6 +89,8 @@ class ResponseReader(asyncio.BufferedProtocol):
         "body_view",
         "byte_range",
         "decoder",
+        "digest",
+        "digest_for",
         "expected",
         "first_byte_at",
         "got",
@@ -92,6 +115,8 @@ class ResponseReader(asyncio.BufferedProtocol):
         self.url = ""
         self.max_bytes: int | None = None
         self.byte_range: tuple[int, int] | None = None
+        self.digest_for: DigestFor | None = None
+        self.digest: BodyDigest | None = None
         self.started = False
         self.last_data = 0.0
         self.first_byte_at = 0.0
@@ -142,7 +167,16 @@ class ResponseReader(asyncio.BufferedProtocol):
         state = self.state
         self.last_data = self.loop.time()
         if state == LENGTH:
-            self.got += nbytes
+            got = self.got
+            self.got = got + nbytes
+            digest = self.digest
+            if digest is not None:
+                # Now, while the bytes the kernel just wrote are still in the CPU's cache.
+                try:
+                    digest.update(self.body_view[got : got + nbytes])
+                except Exception as exc:
+                    self.fail(exc)
+                    return
             if self.got >= self.expected:
                 self._complete()
             return
@@ -157,8 +191,10 @@ class ResponseReader(asyncio.BufferedProtocol):
         if state == CHUNKED_BODY:
             self._feed_chunks(self.scratch[:nbytes])
         elif state == UNTIL_CLOSE:
-            self.body += self.scratch[:nbytes]
-            self._check_body_limit()
+            data = self.scratch[:nbytes]
+            self.body += data
+            if self._digest(data):
+                self._check_body_limit()
         else:
             # Bytes nobody asked for (a response without a request): the framing is lost.
             self.discard()
@@ -185,6 +221,12 @@ class ResponseReader(asyncio.BufferedProtocol):
         self.status = status
         self.headers = headers
         self.keep_alive = keep_alive
+        if self.digest_for is not None:
+            try:
+                self.digest = self.digest_for(status, headers)
+            except Exception as exc:
+                self.fail(exc)
+                return
         extra = self.head_view[body_start : self.head_len]
         if framing >= 0:
             self._start_length_body(framing, extra)
@@ -195,7 +237,21 @@ class ResponseReader(asyncio.BufferedProtocol):
         else:
             self.state = UNTIL_CLOSE
             self.body = bytearray(extra)
-            self._check_body_limit()
+            if self._digest(extra):
+                self._check_body_limit()
+
+    def _digest(self, data: memoryview) -> bool:
+        """Feed ``data`` (just added to the body) to the response's digest, if any; False
+        once the digest failed the response."""
+        digest = self.digest
+        if digest is None or not data:
+            return True
+        try:
+            digest.update(data)
+        except Exception as exc:
+            self.fail(exc)
+            return False
+        return True
 
     def _start_length_body(self, length: int, extra: memoryview) -> None:
         if self.max_bytes is not None and length > self.max_bytes:
@@ -209,20 +265,27 @@ class ResponseReader(asyncio.BufferedProtocol):
             # Bytes past the body: the next response's framing is unknown.
             self.keep_alive = False
         self.body = body
+        view = memoryview(body)
+        if have and not self._digest(view[:have]):
+            return
         if have == length:
             self._complete()
             return
-        self.body_view = memoryview(body)
+        self.body_view = view
         self.got = have
         self.expected = length
         self.state = LENGTH
 
     def _feed_chunks(self, data: memoryview) -> None:
         decoder = self.decoder
+        before = len(decoder.body)
         try:
             done = decoder.feed(data)
         except FramingError as exc:
             self.fail(framing_error(self.url, exc))
+            return
+        # The chunk data just decoded; the view is gone before the body grows again.
+        if self.digest is not None and not self._digest(memoryview(decoder.body)[before:]):
             return
         if done:
             if decoder.overrun:

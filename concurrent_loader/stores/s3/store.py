@@ -6,7 +6,8 @@ when the dataset is made (a worker builds no botocore session unless it must), a
 aiobotocore lists from the same configuration. A ``301`` naming another region re-resolves
 the route once and retries; any other wrong-region answer is ``BadRequest``
 (``WRONG_REGION``). Every GET asks for the object's checksum and checks the body
-(``verify_checksums``, on; ``verify_etag_md5``, off; :mod:`..checksum`).
+(``verify_checksums``, on; ``verify_etag_md5``, off; :mod:`..checksum`), piece by piece
+as the transport reads it (a fresh digest per response: retries and hedges share none).
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from urllib.parse import urlsplit
 
 from ...config import FetchConfig
 from ...errors import BadRequest, ConfigError, FetchError, Reason
-from ...transport import Transport, make_transport
+from ...transport import DigestFor, Response, Transport, make_transport
 from ..base import Body, ByteRange, Capabilities, ObjectInfo
-from ..checksum import covers_whole_object, s3_checksum
+from ..checksum import Checksum, RunningChecksum, covers_whole_object, s3_checksum
 from ..shared import ssl_context_for
 from .credentials import CredentialCache, CredentialSource, redact_botocore_logs
 from .errors import error_for_exception, error_for_response, refused_certificate
@@ -183,6 +184,7 @@ class S3Store:
             None if source.anonymous else CredentialCache(source, self.url_for(""), session)
         )
         self._transport: Transport = self._make_transport(self._route)
+        self._verifying = config.verify_checksums or config.verify_etag_md5
 
     def _signer_for(self, region: str) -> SigV4Signer:
         return SigV4Signer(region, checksum_mode=self.config.verify_checksums)
@@ -217,6 +219,9 @@ class S3Store:
                 headers.append(CHECKSUM_MODE_HEADER)
         else:
             headers = self._signer.headers_for_get(host, path, self._credentials.get())
+        digest_for: DigestFor | None = None
+        if self._verifying:
+            digest_for = self._running_for_range if byte_range else self._running_for_whole
         response = await self._transport.get(
             route.origin,
             path,
@@ -224,12 +229,12 @@ class S3Store:
             url=url,
             max_bytes=self._fetch.max_object_bytes,
             byte_range=(byte_range.start, byte_range.end) if byte_range else None,
+            digest_for=digest_for,
         )
         if response.status in (200, 206):
             body = Body(response.body, response.first_byte_s, response.headers.get("etag"))
-            config = self.config
-            if config.verify_checksums or config.verify_etag_md5:
-                self._verify(body, response.headers, byte_range is not None, url)
+            if digest_for is not None:
+                self._verify(body, response, byte_range is not None, url)
             return body
         region = response.headers.get("x-amz-bucket-region")
         if region and region != route.region and response.status in (301, 400):
@@ -249,23 +254,46 @@ class S3Store:
             )
         raise error
 
-    def _verify(self, body: Body, headers: dict[str, str], ranged: bool, url: str) -> None:
-        """Check a body against S3's checksum (on a range, that part's, as botocore checks
-        it), and a whole body against its ETag as MD5 (kept on a range's body instead)."""
+    def _checksum_for(self, headers: dict[str, str], ranged: bool) -> Checksum | None:
+        """What a body is checked against: S3's checksum (on a range, that part's, as
+        botocore checks it), else, on a whole body, its ETag as MD5."""
         config = self.config
-        whole = not ranged or covers_whole_object(headers)
         if config.verify_checksums:
             checksum = s3_checksum(headers, etag_md5=False)
             if checksum is not None:
+                return checksum
+        if config.verify_etag_md5 and (not ranged or covers_whole_object(headers)):
+            return s3_checksum({"etag": headers.get("etag", "")}, etag_md5=True)
+        return None
+
+    def _running_for_whole(self, status: int, headers: dict[str, str]) -> RunningChecksum | None:
+        """The transport's ``digest_for``: a fresh check of each successful response's
+        body, fed as it arrives, so the bytes are checked while still in the CPU's cache."""
+        if status not in (200, 206):
+            return None
+        checksum = self._checksum_for(headers, False)
+        return None if checksum is None else checksum.running()
+
+    def _running_for_range(self, status: int, headers: dict[str, str]) -> RunningChecksum | None:
+        if status not in (200, 206):
+            return None
+        checksum = self._checksum_for(headers, True)
+        return None if checksum is None else checksum.running()
+
+    def _verify(self, body: Body, response: Response, ranged: bool, url: str) -> None:
+        """Check the body (raise ``IntegrityError``); on a range that is not the whole
+        object, keep its ETag as the object's MD5 for the assembled parts."""
+        headers = response.headers
+        digest = response.digest
+        if isinstance(digest, RunningChecksum):
+            digest.check(url)
+        else:
+            # No digest fed (none applied, or a transport without digest_for): all at once.
+            checksum = self._checksum_for(headers, ranged)
+            if checksum is not None:
                 checksum.check(body.data, url)
-                if whole:
-                    return
-        if config.verify_etag_md5:
-            etag = s3_checksum({"etag": headers.get("etag", "")}, etag_md5=True)
-            if etag is not None and whole:
-                etag.check(body.data, url)
-            elif etag is not None:
-                body.object_checksum = etag
+        if ranged and self.config.verify_etag_md5 and not covers_whole_object(headers):
+            body.object_checksum = s3_checksum({"etag": headers.get("etag", "")}, etag_md5=True)
 
     async def _follow_region(self, region: str) -> None:
         """Switch to ``region``'s route, once per store (redirected GETs share it)."""
