@@ -34,18 +34,8 @@ from .form import Transform, clear_forms, form_label, read_forms, record_form
 from .layout import SHARD_NAME, CacheRefused, Handles, scan_entries, temp_files, unlink_entry
 from .store import CachedStore
 
-__all__ = [
-    "CacheConfig",
-    "CacheDirectory",
-    "CacheRefused",
-    "CachedStore",
-    "CachedStoreConfig",
-    "Transform",
-    "cache_config_for",
-    "clear_cache",
-    "describe_cache",
-    "with_cache",
-]
+__all__ = ["CacheConfig", "CacheDirectory", "CacheRefused", "CachedStore", "CachedStoreConfig"]
+__all__ += ["Transform", "cache_config_for", "clear_cache", "describe_cache", "with_cache"]
 
 log = logging.getLogger(__name__)
 
