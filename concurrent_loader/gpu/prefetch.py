@@ -92,7 +92,10 @@ class _Run:
             self._items.put(_Failure(error))
         finally:
             try:
-                _close_source(iterator)
+                if callable(close := getattr(iterator, "close", None)):
+                    close()
+            except Exception:
+                log.warning("closing the source iterator of CUDAPrefetcher failed", exc_info=True)
             finally:
                 # The traceback of a forwarded error holds this frame: clear the reference
                 # so a DataLoader iterator is released (and its workers shut down) now.
@@ -131,15 +134,6 @@ class _Run:
         # The drain may have taken the end marker a consumer on another thread waits for.
         self._items.put(_END)
         return True
-
-
-def _close_source(iterator: Iterator[Any] | None) -> None:
-    close = getattr(iterator, "close", None)
-    if callable(close):
-        try:
-            close()
-        except Exception:
-            log.warning("closing the source iterator of CUDAPrefetcher failed", exc_info=True)
 
 
 class PrefetchIterator(Closing):

@@ -123,7 +123,10 @@ class StallMeter:
     ) -> None:
         check_count("warmup_steps", warmup_steps, 0)
         self.warmup_steps = warmup_steps
-        self._synchronize = _synchronizer(device)
+        resolved = torch.device(device if device is not None else "cpu")
+        self._synchronize: Callable[[], None] = lambda: None
+        if resolved.type == "cuda" and torch.cuda.is_available():
+            self._synchronize = functools.partial(torch.cuda.synchronize, resolved)
         self._samples_per_batch = samples_per_batch or _default_samples
         self._clock = clock
         self._ledger = StallLedger()
@@ -193,13 +196,13 @@ def measure_stalls(
     check_count("steps", steps)
     total = warmup_steps + steps
 
-    def meter() -> StallMeter:
-        return StallMeter(
-            device=device,
-            warmup_steps=warmup_steps,
-            samples_per_batch=samples_per_batch,
-            clock=clock,
-        )
+    meter = functools.partial(
+        StallMeter,
+        device=device,
+        warmup_steps=warmup_steps,
+        samples_per_batch=samples_per_batch,
+        clock=clock,
+    )
 
     fed = meter()
     first: list[Any] = []
@@ -215,13 +218,6 @@ def measure_stalls(
     for batch in synthetic.iterate(repeat_batch(first[0], ran)):
         train_step(batch)
     return StallComparison(loader=fed.report(), synthetic=synthetic.report())
-
-
-def _synchronizer(device: str | torch.device | None) -> Callable[[], None]:
-    resolved = torch.device(device if device is not None else "cpu")
-    if resolved.type != "cuda" or not torch.cuda.is_available():
-        return lambda: None
-    return functools.partial(torch.cuda.synchronize, resolved)
 
 
 def _default_samples(batch: Any) -> int:

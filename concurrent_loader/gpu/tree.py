@@ -16,24 +16,21 @@ __all__ = ["Path", "first_tensor", "map_batch"]
 Path = tuple[Hashable, ...]
 
 
-def map_batch(batch: Any, fn: Callable[[Path, Any], Any]) -> Any:
-    """The same structure as ``batch`` with every leaf replaced by ``fn(path, leaf)``."""
-    return _map(batch, (), fn)
-
-
-def _map(node: Any, path: Path, fn: Callable[[Path, Any], Any]) -> Any:
+def map_batch(node: Any, fn: Callable[[Path, Any], Any], path: Path = ()) -> Any:
+    """The same structure as ``node`` (a batch, at ``path`` in it) with every leaf replaced by
+    ``fn(path, leaf)``."""
     if isinstance(node, torch.Tensor):
         return fn(path, node)
     if isinstance(node, tuple):
-        items = [_map(item, (*path, i), fn) for i, item in enumerate(node)]
+        items = [map_batch(item, fn, (*path, i)) for i, item in enumerate(node)]
         if hasattr(node, "_fields"):  # a named tuple takes its fields as arguments
             return type(node)(*items)
         return tuple(items) if type(node) is tuple else _rebuild(node, items, tuple)
     if isinstance(node, list):
-        items = [_map(item, (*path, i), fn) for i, item in enumerate(node)]
+        items = [map_batch(item, fn, (*path, i)) for i, item in enumerate(node)]
         return items if type(node) is list else _rebuild(node, items, list)
     if isinstance(node, Mapping):
-        mapped = {key: _map(value, (*path, key), fn) for key, value in node.items()}
+        mapped = {key: map_batch(value, fn, (*path, key)) for key, value in node.items()}
         return mapped if type(node) is dict else _rebuild(node, mapped, dict)
     return fn(path, node)
 
