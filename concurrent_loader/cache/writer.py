@@ -75,9 +75,8 @@ class EntryWriter:
             self.failed(exc)
             skip = True
         with self._lock:
-            if skip or self._pending + size > MAX_PENDING_BYTES:
-                skip = True
-            else:
+            skip = skip or self._pending + size > MAX_PENDING_BYTES
+            if not skip:
                 self._pending += size
         if skip:
             release()

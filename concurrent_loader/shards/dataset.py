@@ -108,6 +108,8 @@ class ShardDataset(ObjectDataset):
         if not self.store.capabilities.remote:
             readahead = None  # shards on local disk are read in place
         self.source = ShardSource(self.store, keys, indexes, sizes, self.fetch_config, decode)
+        #: the shard keys, in the order their samples are numbered, and samples per shard
+        self.shards, self.shard_lengths = self.source.shards, self.source.shard_lengths
         if readahead is not None:
             self.source.store = ReadaheadConfig(
                 self.store,
@@ -124,16 +126,6 @@ class ShardDataset(ObjectDataset):
                 url=self.store.url_for(keys[0]),
                 cause=Reason.EMPTY_PREFIX,
             )
-
-    @property
-    def shards(self) -> list[str]:
-        """The shard keys, in the order their samples are numbered."""
-        return self.source.shards
-
-    @property
-    def shard_lengths(self) -> list[int]:
-        """Samples per shard, in the order of :attr:`shards`."""
-        return self.source.shard_lengths
 
     _items = "samples"
 
