@@ -286,7 +286,10 @@ class CacheDirectory:
                 self._locked_ledger(handles) as ledger,
                 in_shard(handles.entries_fd, name, self.root, create=True) as shard_fd,
             ):
-                old = _size_or_none(shard_fd, name)
+                try:
+                    old = os.stat(name, dir_fd=shard_fd, follow_symlinks=False).st_size
+                except FileNotFoundError:
+                    old = None
                 used = ledger.used - (old or 0)
                 if used + size > self.budget:
                     if replace and old is not None:
@@ -338,13 +341,6 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 def _lock_offset(name: str) -> int:
     return int(name[:8], 16)
-
-
-def _size_or_none(dir_fd: int, name: str) -> int | None:
-    try:
-        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_size
-    except FileNotFoundError:
-        return None
 
 
 def _write_file(dir_fd: int, name: str, data: bytes | bytearray, tail: bytes) -> None:

@@ -44,42 +44,36 @@ def warm_cache(
     With ``store.cache.presize``, objects are put in that form by ``processes`` processes
     (default: one per core)."""
     fetch = config or FetchConfig()
+
+    async def warm(pool: concurrent.futures.Executor | None) -> WarmReport:
+        cached = store.through_client(fetch)
+        if pool is not None:
+            cached.apply = apply_in_pool(pool)
+        hits_before = cache_tally().snapshot()[0]
+        total = 0
+        slots = asyncio.Semaphore(fetch.inflight_cap)
+
+        async def one(key: str) -> None:
+            nonlocal total
+            async with slots:
+                total += len((await cached.get(key)).data)
+            if on_object is not None:
+                on_object()
+
+        try:
+            for start in range(0, len(keys), FLUSH_EVERY):
+                await asyncio.gather(*(one(key) for key in keys[start : start + FLUSH_EVERY]))
+                await cached.flush()
+        finally:
+            await cached.close()
+        return WarmReport(len(keys), total, cache_tally().snapshot()[0] - hits_before)
+
     with contextlib.ExitStack() as stack:
         pool = None
         if store.cache.presize is not None and keys:
             pool = stack.enter_context(process_pool(processes))
         runtime = acquire_runtime()
         try:
-            return runtime.run(_warm(store, keys, fetch, on_object, pool))
+            return runtime.run(warm(pool))
         finally:
             runtime.release()
-
-
-async def _warm(
-    store: CachedStoreConfig,
-    keys: Sequence[str],
-    fetch: FetchConfig,
-    on_object: Callable[[], None] | None,
-    pool: concurrent.futures.Executor | None,
-) -> WarmReport:
-    cached = store.through_client(fetch)
-    if pool is not None:
-        cached.apply = apply_in_pool(pool)
-    hits_before = cache_tally().snapshot()[0]
-    total = 0
-    slots = asyncio.Semaphore(fetch.inflight_cap)
-
-    async def one(key: str) -> None:
-        nonlocal total
-        async with slots:
-            total += len((await cached.get(key)).data)
-        if on_object is not None:
-            on_object()
-
-    try:
-        for start in range(0, len(keys), FLUSH_EVERY):
-            await asyncio.gather(*(one(key) for key in keys[start : start + FLUSH_EVERY]))
-            await cached.flush()
-    finally:
-        await cached.close()
-    return WarmReport(len(keys), total, cache_tally().snapshot()[0] - hits_before)

@@ -213,7 +213,14 @@ class Destination:
                 "next pack of SRC; choose a DEST outside it",
                 url=str(self),
             )
-        listed = self._listed()
+        listed: list[str] = []
+        if self.s3 is not None or os.path.isdir(self.scratch):
+            store = self.s3 or LocalConfig.from_path(self.scratch)
+            try:
+                listed = [info.key for info in list_store(store)]
+            except ConfigError as exc:
+                if exc.cause is not Reason.EMPTY_PREFIX:
+                    raise
         ours = [key for key in listed if _PACK_FILE.fullmatch(key)]
         foreign = [k for k in listed if k.endswith(".tar") and not _PACK_FILE.fullmatch(k)]
         if foreign:
@@ -252,16 +259,6 @@ class Destination:
         if self.s3 is not None:
             os.rmdir(self.scratch)
             self._client.close()
-
-    def _listed(self) -> list[str]:
-        if self.s3 is None and not os.path.isdir(self.scratch):
-            return []
-        try:
-            return [info.key for info in list_store(self.s3 or LocalConfig.from_path(self.scratch))]
-        except ConfigError as exc:
-            if exc.cause is Reason.EMPTY_PREFIX:
-                return []
-            raise
 
     def _call(self, operation: str, name: str, **kwargs: Any) -> None:
         from botocore.exceptions import BotoCoreError, ClientError
