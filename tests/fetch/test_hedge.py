@@ -658,3 +658,131 @@ def test_a_caller_waiting_for_its_hedge_after_its_get_failed_leaves_nothing_in_f
         assert client.limit.hedges_in_flight == 0
 
     asyncio.run(main())
+
+
+# -- checksums over the real transport: one digest per GET ---------------------------------
+
+CHECKED_BODY = bytes(range(256)) * 1200  # 300 KB
+
+
+class TrickledObject:
+    """An S3-like server on the test's loop: GET number ``n`` waits ``head_delays[n]``
+    seconds (0 past the list), then sends the object with its ``x-amz-checksum-crc32`` in 8
+    pieces 15 ms apart; the GETs numbered in ``corrupt`` get one byte inverted."""
+
+    def __init__(self, head_delays: Sequence[float] = (), corrupt: Sequence[int] = ()) -> None:
+        self.head_delays = head_delays
+        self.corrupt = corrupt
+        self.requests = 0
+        self.handlers: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self.handle, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.server.close()
+        for task in self.handlers:
+            task.cancel()
+        await asyncio.gather(*self.handlers, return_exceptions=True)
+        await self.server.wait_closed()
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        import base64
+        import zlib
+
+        task = asyncio.current_task()
+        assert task is not None
+        self.handlers.add(task)
+        crc = base64.b64encode(zlib.crc32(CHECKED_BODY).to_bytes(4, "big")).decode()
+        try:
+            while await reader.readuntil(b"\r\n\r\n"):
+                n = self.requests
+                self.requests += 1
+                await asyncio.sleep(self.head_delays[n] if n < len(self.head_delays) else 0)
+                body = bytearray(CHECKED_BODY)
+                if n in self.corrupt:
+                    body[len(body) // 2] ^= 0xFF
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nx-amz-checksum-crc32: %s\r\n\r\n"
+                    % (len(body), crc.encode())
+                )
+                step = len(body) // 8 + 1
+                for i in range(0, len(body), step):
+                    writer.write(body[i : i + step])
+                    await writer.drain()
+                    await asyncio.sleep(0.015)
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            self.handlers.discard(task)
+            writer.close()
+
+
+def checked_client(endpoint: str, fetch: FetchConfig) -> FetchClient:
+    from concurrent_loader.stores.s3 import S3Config
+
+    config = S3Config.from_url(
+        "s3://bkt/", endpoint_url=endpoint, region="us-east-1", anonymous=True,
+        addressing_style="path",
+    ).resolved()  # fmt: skip
+    return FetchClient(config.open(fetch), fetch)
+
+
+def running_checksums(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Every running checksum a store makes from now on, in order."""
+    from concurrent_loader.stores.checksum import Checksum
+
+    made: list[object] = []
+    running = Checksum.running
+
+    def recorded(self: Checksum) -> object:
+        made.append(running(self))
+        return made[-1]
+
+    monkeypatch.setattr(Checksum, "running", recorded)
+    return made
+
+
+def test_a_hedge_and_its_get_never_share_a_digest(monkeypatch: pytest.MonkeyPatch) -> None:
+    made = running_checksums(monkeypatch)
+    # The GET's head comes after the hedge was sent, so both bodies stream at once: one
+    # digest fed both would see their pieces interleaved and fail the check.
+    fetch = FetchConfig(retry=RetryConfig(max_attempts=1), hedge=pinned(0.03))
+
+    async def main() -> tuple[bytes, int]:
+        server = TrickledObject(head_delays=[0.06])
+        async with server as endpoint:
+            client = checked_client(endpoint, fetch)
+            try:
+                data = await client.get("a.bin")
+            finally:
+                await client.close()
+            return bytes(data), server.requests
+
+    data, requests = asyncio.run(main())
+    assert data == CHECKED_BODY
+    assert requests >= 2  # the GET and its hedge(s)
+    assert 2 <= len(made) <= requests and len({id(m) for m in made}) == len(made)
+
+
+def test_a_retry_after_a_mismatch_gets_a_fresh_digest(monkeypatch: pytest.MonkeyPatch) -> None:
+    made = running_checksums(monkeypatch)
+    retry = RetryConfig(max_attempts=3, base_delay=0.0)
+    fetch = FetchConfig(retry=retry, hedge=HedgeConfig(enabled=False))
+
+    async def main() -> tuple[bytes, int]:
+        server = TrickledObject(corrupt=[0])
+        async with server as endpoint:
+            client = checked_client(endpoint, fetch)
+            try:
+                data = await client.get("a.bin")
+            finally:
+                await client.close()
+            return bytes(data), server.requests
+
+    data, requests = asyncio.run(main())
+    assert data == CHECKED_BODY
+    assert requests == 2
+    assert len(made) == 2 and made[0] is not made[1]
+    assert [m.length for m in made] == [len(CHECKED_BODY)] * 2  # type: ignore[attr-defined]

@@ -1,26 +1,40 @@
 """The checksums a store's response offers, which one is checked, and how a mismatch reads.
 
 The digests are compared with independent implementations (zlib, hashlib) and with the
-published check values of CRC-32C and CRC-64/NVME (the CRC of ``b"123456789"``).
+published check values of CRC-32C and CRC-64/NVME (the CRC of ``b"123456789"``). Every
+algorithm is also checked as the stores check it, piece by piece as the body arrives
+(:class:`RunningChecksum`), through the S3 and HTTP stores against a local server.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
+import http.server
 import os
+import random
+import threading
 import zlib
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
+from concurrent_loader import FetchConfig
 from concurrent_loader.errors import IntegrityError, Reason
+from concurrent_loader.stores import HttpConfig
+from concurrent_loader.stores.base import ByteRange
 from concurrent_loader.stores.checksum import (
     ALGORITHMS,
     Checksum,
+    RunningChecksum,
     covers_whole_object,
     http_checksum,
     s3_checksum,
 )
+from concurrent_loader.stores.s3 import S3Config
+from concurrent_loader.transport import Response
 
 DATA = os.urandom(110_000)
 
@@ -136,3 +150,192 @@ def test_http_a_body_gcs_decompressed_on_its_way_is_not_checked_against_its_stor
     checksum.check(stored, "https://h/k")
     identity = {"x-goog-hash": goog, "x-goog-stored-content-encoding": "identity"}
     assert http_checksum(identity, whole=True) is not None
+
+
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+def test_a_running_checksum_fed_in_pieces_is_the_whole_bodys(algorithm: str) -> None:
+    digest = ALGORITHMS[algorithm]
+    rng = random.Random(algorithm)
+    checksum = Checksum(algorithm, digest(DATA), "x-amz-checksum-" + algorithm)
+    for _ in range(5):
+        running = checksum.running()
+        assert isinstance(running, RunningChecksum)
+        view, pos = memoryview(DATA), 0
+        while pos < len(DATA):
+            step = rng.choice((1, 7, 1000, 16_384, 65_536))
+            running.update(view[pos : pos + step])
+            pos += step
+        assert running.digest() == digest(DATA) and running.length == len(DATA)
+        running.check("s3://bkt/k")
+    corrupted = bytearray(DATA)
+    corrupted[len(DATA) // 2] ^= 0x01
+    running = checksum.running()
+    running.update(memoryview(corrupted)[:500])
+    running.update(memoryview(corrupted)[500:])
+    with pytest.raises(IntegrityError) as caught:
+        running.check("s3://bkt/k")
+    with pytest.raises(IntegrityError) as whole:
+        checksum.check(corrupted, "s3://bkt/k")
+    # The same message as the whole-body check: length, algorithm, both digests, the object.
+    assert str(caught.value) == str(whole.value)
+    assert caught.value.url == "s3://bkt/k" and caught.value.cause == Reason.CHECKSUM_MISMATCH
+    empty = Checksum(algorithm, digest(b""), "x").running()
+    empty.check("s3://bkt/empty")
+
+
+# -- the stores check each body as it arrives -----------------------------------------
+
+#: a key's body: ``<algorithm>-<framing>[-flipped].bin``
+STORED = random.Random(11).randbytes(300_000)
+
+
+def _headers_for(algorithm: str, body: bytes, s3: bool) -> dict[str, str]:
+    digest = ALGORITHMS[algorithm](body)
+    if not s3:
+        if algorithm == "md5":
+            return {"Content-MD5": b64(digest)}
+        return {"x-goog-hash": f"{algorithm}={b64(digest)}"}
+    if algorithm == "md5":
+        return {"ETag": f'"{digest.hex()}"'}
+    return {"x-amz-checksum-" + algorithm: b64(digest)}
+
+
+class _Checksummed(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        store, _, name = self.path.strip("/").partition("/")
+        algorithm, framing, *flipped = name.removesuffix(".bin").split("-")
+        body, status = STORED, 200
+        headers = _headers_for(algorithm, body, store == "s3")
+        ranged = self.headers.get("Range")
+        if ranged is not None:
+            first, _, last = ranged.removeprefix("bytes=").partition("-")
+            start, end = int(first), int(last) + 1
+            body, status = body[start:end], 206
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{len(STORED)}"
+            if store == "s3" and algorithm != "md5":  # as S3 does for a range that is a part
+                headers.update(_headers_for(algorithm, body, True))
+        if flipped:  # one byte inverted on its way
+            body = body[:-100] + bytes((body[-100] ^ 0xFF,)) + body[-99:]
+        self.send_response(status)
+        for header, value in headers.items():
+            self.send_header(header, value)
+        if framing == "chunked":
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for i in range(0, len(body), 40_000):
+                piece = body[i : i + 40_000]
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            self.wfile.write(b"0\r\n\r\n")
+        else:
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def checksummed() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Checksummed)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def _store_config(endpoint: str, s3: bool) -> Any:
+    if s3:
+        return S3Config.from_url(
+            "s3://s3/",
+            endpoint_url=endpoint,
+            region="us-east-1",
+            anonymous=True,
+            addressing_style="path",
+            verify_etag_md5=True,
+        ).resolved()
+    return HttpConfig.from_url(endpoint + "/http/")
+
+
+def _get(config: Any, key: str, byte_range: ByteRange | None = None) -> tuple[Any, list[Response]]:
+    """The store's body for ``key`` and the transport's responses it read."""
+
+    async def main() -> tuple[Any, list[Response]]:
+        store = config.open(FetchConfig())
+        responses: list[Response] = []
+        transport_get = store._transport.get
+
+        async def spied(*args: Any, **kwargs: Any) -> Response:
+            response = await transport_get(*args, **kwargs)
+            responses.append(response)
+            return response
+
+        store._transport.get = spied
+        try:
+            return await store.get(key, byte_range), responses
+        finally:
+            await store.close()
+
+    return asyncio.run(main())
+
+
+S3_ALGORITHMS = list(ALGORITHMS)
+HTTP_ALGORITHMS = ["crc32c", "md5"]
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked"])
+@pytest.mark.parametrize(
+    ("s3", "algorithm"),
+    [(True, a) for a in S3_ALGORITHMS] + [(False, a) for a in HTTP_ALGORITHMS],
+)
+def test_stores_check_each_algorithm_as_the_body_arrives(
+    checksummed: str, s3: bool, algorithm: str, framing: str
+) -> None:
+    config = _store_config(checksummed, s3)
+    key = f"{algorithm}-{framing}.bin"
+    body, [response] = _get(config, key)
+    assert bytes(body.data) == STORED
+    # Checked on the way in: the transport fed the store's running checksum the whole body.
+    assert isinstance(response.digest, RunningChecksum)
+    assert response.digest.checksum.algorithm == algorithm
+    assert response.digest.length == len(STORED)
+    with pytest.raises(IntegrityError) as caught:
+        _get(config, f"{algorithm}-{framing}-flipped.bin")
+    assert caught.value.cause == Reason.CHECKSUM_MISMATCH
+    assert caught.value.url == config.url_for(f"{algorithm}-{framing}-flipped.bin")
+    assert algorithm in str(caught.value)
+
+
+@pytest.mark.parametrize("s3", [True, False])
+def test_a_range_is_checked_as_it_arrives_against_its_own_checksum_only(
+    checksummed: str, s3: bool
+) -> None:
+    config = _store_config(checksummed, s3)
+    part = ByteRange(1000, 201_000)
+    # S3 sends a range's own checksum (a part's) and the ETag: the first is checked on the
+    # way in, the second kept for the assembled object.
+    body, [response] = _get(config, "crc32c-length.bin", part)
+    assert bytes(body.data) == STORED[1000:201_000]
+    if s3:
+        assert isinstance(response.digest, RunningChecksum)
+        with pytest.raises(IntegrityError, match="crc32c"):
+            _get(config, "crc32c-chunked-flipped.bin", part)
+        body, _ = _get(config, "md5-length.bin", part)
+        assert body.object_checksum is not None and body.object_checksum.source == "etag"
+    else:
+        # x-goog-hash is the whole object's: nothing to check a range against on its way.
+        assert response.digest is None
+        assert body.object_checksum is not None
+        assert body.object_checksum.algorithm == "crc32c"
+    whole = ByteRange(0, len(STORED))  # a range that is the whole object is checked as one
+    body, [response] = _get(config, "crc32c-chunked.bin", whole)
+    assert bytes(body.data) == STORED and isinstance(response.digest, RunningChecksum)
+    with pytest.raises(IntegrityError):
+        _get(config, "crc32c-length-flipped.bin", whole)

@@ -334,3 +334,32 @@ def length_response(n: int) -> bytes:
 
 def origin_of(server: Server) -> Origin:
     return Origin("https" if server.ssl_context else "http", "127.0.0.1", server.port)
+
+
+class Recorder:
+    """A ``BodyDigest`` that keeps a copy of every piece it is fed, with the head it was
+    made for."""
+
+    def __init__(self, status: int, headers: dict[str, str]) -> None:
+        self.status = status
+        self.headers = headers
+        self.pieces: list[bytes] = []
+
+    def update(self, data: memoryview, /) -> None:
+        self.pieces.append(bytes(data))
+
+    @property
+    def data(self) -> bytes:
+        return b"".join(self.pieces)
+
+
+class Recorders:
+    """A ``digest_for`` that makes a fresh :class:`Recorder` for every response head."""
+
+    def __init__(self) -> None:
+        self.made: list[Recorder] = []
+
+    def __call__(self, status: int, headers: dict[str, str]) -> Recorder:
+        recorder = Recorder(status, headers)
+        self.made.append(recorder)
+        return recorder

@@ -18,7 +18,7 @@ from concurrent_loader.errors import (
 )
 from concurrent_loader.transport import ConnectionPool, Origin, Response, Timeouts
 
-from ._server import Server, origin_of, payload
+from ._server import Recorders, Server, origin_of, payload
 from .conftest import Runner
 
 
@@ -270,5 +270,78 @@ def test_host_header_comes_from_the_origin(run: Runner) -> None:
                 origin = Origin("http", host, server.port)
                 await pool.get(origin, "/len/1", [("x-a", "1")], url="x")
                 assert server.requests[-1][1]["host"] == f"{host}:{server.port}"
+
+    run(main)
+
+
+@pytest.mark.parametrize(
+    ("path", "byte_range", "size"),
+    [
+        ("/len/0", None, 0),
+        ("/len/100", None, 100),  # the whole body arrives with the head
+        ("/len/1000003", None, 1_000_003),
+        ("/trickle/300000", None, 300_000),  # many reads into the body buffer
+        ("/continue/5000", None, 5000),  # the digest is made for the final head only
+        ("/chunked/300001", None, 300_001),
+        ("/until-close/200000", None, 200_000),
+        ("/range/300000", (1000, 250_000), 249_000),
+        ("/range-chunked/300000", (7, 150_000), 149_993),
+    ],
+)
+def test_a_digest_is_fed_every_body_byte_once_in_order(
+    run: Runner, path: str, byte_range: tuple[int, int] | None, size: int
+) -> None:
+    async def main() -> None:
+        async with Server() as server, ConnectionPool() as pool:
+            for _ in range(2):  # a fresh digest per response on a kept-alive connection
+                recorders = Recorders()
+                response = await get(
+                    pool, server, path, byte_range=byte_range, digest_for=recorders
+                )
+                assert len(response.body) == size
+                [recorder] = recorders.made
+                assert response.digest is recorder
+                assert recorder.status == response.status
+                assert recorder.headers == response.headers
+                assert recorder.data == response.body
+                assert all(recorder.pieces)
+                if path.startswith("/trickle"):
+                    assert len(recorder.pieces) > 1
+
+    run(main)
+
+
+def test_without_a_digest_the_response_has_none(run: Runner) -> None:
+    async def main() -> None:
+        async with Server() as server, ConnectionPool() as pool:
+            assert (await get(pool, server, "/len/10")).digest is None
+            declined = await get(pool, server, "/len/10", digest_for=lambda status, headers: None)
+            assert declined.digest is None and declined.body == payload(10)
+
+    run(main)
+
+
+@pytest.mark.parametrize("fails", ["digest_for", "update"])
+def test_a_digest_that_raises_fails_the_get_and_its_connection(run: Runner, fails: str) -> None:
+    class Broken(Exception):
+        pass
+
+    class Refusing:
+        def update(self, data: memoryview, /) -> None:
+            raise Broken("refused")
+
+    def digest_for(status: int, headers: dict[str, str]) -> Refusing:
+        if fails == "digest_for":
+            raise Broken("no digest")
+        return Refusing()
+
+    async def main() -> None:
+        async with Server() as server, ConnectionPool() as pool:
+            for path in ("/len/110000", "/chunked/5000", "/len/10"):
+                with pytest.raises(Broken):
+                    await get(pool, server, path, digest_for=digest_for)
+            assert (await get(pool, server, "/len/10")).body == payload(10)
+            # Every failed response closed its connection.
+            assert server.connections == 4
 
     run(main)

@@ -21,7 +21,7 @@ from concurrent_loader.errors import (
 )
 from concurrent_loader.transport import ConnectionPool, Origin, Response, Timeouts
 
-from ._server import Server, open_sockets, origin_of, payload
+from ._server import Recorders, Server, open_sockets, origin_of, payload
 from .conftest import Runner
 
 
@@ -88,6 +88,20 @@ def test_stale_reused_connection_is_retried_once(run: Runner) -> None:
             with pytest.raises(ConnectionFailed):
                 await get(pool, server, "/silent-close")
             assert server.connections == before + 1
+
+    run(main)
+
+
+def test_the_stale_connection_retry_feeds_one_fresh_digest_the_whole_body(run: Runner) -> None:
+    async def main() -> None:
+        async with Server() as server, ConnectionPool() as pool:
+            await get(pool, server, "/fail-reused/10")
+            recorders = Recorders()
+            response = await get(pool, server, "/fail-reused/200000", digest_for=recorders)
+            assert server.connections == 2  # the reused connection failed, a fresh one served
+            [recorder] = recorders.made
+            assert response.digest is recorder
+            assert recorder.data == response.body == payload(200_000)
 
     run(main)
 
