@@ -4,6 +4,8 @@ cannot succeed on a retry are not retried."""
 
 from __future__ import annotations
 
+import asyncio
+import random
 import time
 
 import pytest
@@ -16,6 +18,7 @@ from concurrent_loader import (
     FetchConfig,
     FetchTimeout,
     HedgeConfig,
+    IntegrityError,
     ObjectDataset,
     ObjectNotFound,
     ObjectTooLarge,
@@ -25,6 +28,7 @@ from concurrent_loader import (
     Throttled,
     Timeouts,
 )
+from concurrent_loader.fetch import FetchClient
 from concurrent_loader.stores import S3Config
 from concurrent_loader.testing import FaultPlan
 
@@ -213,3 +217,43 @@ def test_only_retryable_errors_are_retried(
         assert sent > EIGHT_ATTEMPTS.max_attempts
     else:
         assert sent == gets
+
+
+def test_a_body_corrupted_in_flight_is_an_integrity_error_naming_the_object(
+    s3_server, reliability_bucket, s3_env, proxy_factory
+):
+    """The body is checked piece by piece as it arrives: a byte inverted by the proxy
+    (the length kept) is still caught, retried, and in the end named in the error."""
+    body = random.Random(5).randbytes(400_000)
+    client = s3_server.client()  # boto3's default checksum: CRC32
+    try:
+        client.put_object(Bucket=reliability_bucket, Key="corrupt/big.bin", Body=body)
+    finally:
+        client.close()
+    fetch = FetchConfig(retry=RetryConfig(max_attempts=6, base_delay=0.01, max_delay=0.02))
+
+    def read(proxy, times: int) -> list[bytes]:
+        root = S3Config.from_url(
+            f"s3://{reliability_bucket}/corrupt/", endpoint_url=proxy.endpoint_url
+        ).resolved()
+
+        async def main() -> list[bytes]:
+            fetcher = FetchClient(root.open(fetch), fetch)
+            try:
+                return [bytes(await fetcher.get("big.bin")) for _ in range(times)]
+            finally:
+                await fetcher.close()
+
+        return asyncio.run(main())
+
+    always = proxy_factory(faults=FaultPlan(seed=1, corrupt=1.0))
+    with pytest.raises(IntegrityError) as caught:
+        read(always, 1)
+    assert caught.value.url == f"s3://{reliability_bucket}/corrupt/big.bin"
+    assert caught.value.cause == Reason.CHECKSUM_MISMATCH
+    assert always.stats()["faults"]["corrupt"] == fetch.retry.max_attempts
+
+    # Half the GETs corrupted: each retry gets a fresh check, and every read is the object.
+    half = proxy_factory(faults=FaultPlan(seed=7, corrupt=0.5))
+    assert read(half, 8) == [body] * 8
+    assert half.stats()["faults"]["corrupt"] > 0
