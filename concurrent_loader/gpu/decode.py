@@ -70,8 +70,7 @@ def cuda_decoder() -> BatchDecoder:
         raise ConfigError(
             "decode_on='cuda' needs torchvision (torchvision.io.decode_jpeg, nvJPEG) in the "
             f"main process, and it cannot be imported ({exc}); install torchvision matching "
-            "your torch, or use decode_on='cpu' or None",
-            cause=Reason.INVALID_ARGUMENT,
+            "your torch, or use decode_on='cpu' or None"
         ) from exc
 
 
@@ -124,7 +123,7 @@ class EncodedBatchDecoder:
         if decode_on == "cpu":
             return self._fallback, torch.device("cpu")
         if decode_on != "cuda":
-            raise ConfigError(f"unknown decode_on {decode_on!r}", cause=Reason.INVALID_ARGUMENT)
+            raise ConfigError(f"unknown decode_on {decode_on!r}")
         if self.device.type != "cuda":
             why = (
                 "CUDA is not available (torch.cuda.is_available() is False)"
@@ -133,8 +132,7 @@ class EncodedBatchDecoder:
             )
             raise ConfigError(
                 f"decode_on='cuda' needs a CUDA device to decode on, but {why}; use "
-                "decode_on='cpu' or None for the dataset",
-                cause=Reason.INVALID_ARGUMENT,
+                "decode_on='cpu' or None for the dataset"
             )
         if self._gpu is None:
             self._gpu = cuda_decoder()
@@ -147,8 +145,7 @@ class EncodedBatchDecoder:
         if len(kinds) != 1:
             raise ConfigError(
                 "a batch mixes encoded images of different sizes, resize_size or decode_on: "
-                f"{sorted(kinds, key=repr)}",
-                cause=Reason.INVALID_ARGUMENT,
+                f"{sorted(kinds, key=repr)}"
             )
         ((size, resize_size, decode_on),) = kinds
         decoder, device = self._target(decode_on)

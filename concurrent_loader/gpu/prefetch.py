@@ -244,24 +244,20 @@ class CUDAPrefetcher(Closing):
             channels_last=channels_last,
             normalize_key=normalize_key,
         )
-        self._device = torch.device(device)
-        if self._device.type == "cuda" and not torch.cuda.is_available():
+        #: the device batches go to; a bare ``cuda`` gets its index when a pass starts
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
             if strict:
                 raise ConfigError(f"device {str(device)!r} was asked for but CUDA is not available")
             log.warning(
                 "CUDA is not available: CUDAPrefetcher delivers batches on the CPU instead of %s",
-                self._device,
+                self.device,
             )
-            self._device = torch.device("cpu")
+            self.device = torch.device("cpu")
         self._open: weakref.WeakSet[PrefetchIterator] = weakref.WeakSet()
 
-    @property
-    def device(self) -> torch.device:
-        """The device batches go to; a bare ``cuda`` gets its index when a pass starts."""
-        return self._device
-
     def __iter__(self) -> PrefetchIterator:
-        device = self._device
+        device = self.device
         transfer: Transfer
         if device.type == "cuda":
             if device.index is None:

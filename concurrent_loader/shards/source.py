@@ -44,10 +44,6 @@ class ShardSource:
         fetch_config: FetchConfig,
         decode: SampleDecoder | None = None,
     ) -> None:
-        if not len(shards) == len(indexes) == len(listed_sizes):
-            raise ValueError(
-                f"{len(shards)} shards, {len(indexes)} indexes, {len(listed_sizes)} sizes"
-            )
         self.store = store
         self.fetch_config = fetch_config
         self.decode_sample = decode
