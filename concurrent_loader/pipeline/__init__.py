@@ -2,7 +2,7 @@
 
 from .batches import BatchPipeline, source_of
 from .options import PipelineOptions, available_cpus
-from .slot import Failure, Partial, SkippedSample, Slot
+from .slot import Failure, Partial, SkippedSample
 
 __all__ = [
     "BatchPipeline",
@@ -10,7 +10,6 @@ __all__ = [
     "Partial",
     "PipelineOptions",
     "SkippedSample",
-    "Slot",
     "available_cpus",
     "source_of",
 ]
