@@ -47,8 +47,6 @@ __all__ = ["ShardOrderSampler"]
 
 T = TypeVar("T")
 
-DEFAULT_BUFFER_SIZE = 4096
-
 
 def world() -> tuple[int, int]:
     """(rank, world size) under torch.distributed, else (0, 1); read when called."""
@@ -71,7 +69,7 @@ class ShardOrderSampler(Sampler[int]):
         shard_lengths: Sequence[int],
         *,
         shuffle: bool = True,
-        buffer_size: int = DEFAULT_BUFFER_SIZE,
+        buffer_size: int = 4096,
         seed: int = 0,
         drop_last: bool = False,
         rank: int | None = None,
@@ -233,8 +231,7 @@ def interleave_batches(streams: Sequence[Iterator[int]], batch_size: int) -> Ite
 
 def shuffle_within_window(stream: Iterable[T], window: int, rng: random.Random) -> Iterator[T]:
     hold = -(-window // 2)
-    # Slots: the buffered (position, item) pairs; emitted slots become None and are dropped
-    # from the left of ``ages`` lazily, so finding the oldest buffered sample is O(1).
+    # Emitted positions leave ``ages`` lazily, from the left: the oldest is found in O(1).
     slots: list[tuple[int, T]] = []
     ages: deque[int] = deque()  # positions in the buffer, oldest first (with stale ones)
     where: dict[int, int] = {}  # position -> index in slots
