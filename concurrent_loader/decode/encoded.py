@@ -92,20 +92,15 @@ def check_decode_on(decode_on: str | None, image_size: Any, transform: Any) -> N
     if decode_on is None:
         return
     if decode_on not in DECODE_ON:
-        raise ConfigError(
-            f"decode_on must be one of {DECODE_ON} or None, got {decode_on!r}",
-            cause=Reason.INVALID_ARGUMENT,
-        )
+        raise ConfigError(f"decode_on must be one of {DECODE_ON} or None, got {decode_on!r}")
     if image_size is None:
         raise ConfigError(
-            f"decode_on={decode_on!r} needs image_size: a batch is decoded to one size",
-            cause=Reason.INVALID_ARGUMENT,
+            f"decode_on={decode_on!r} needs image_size: a batch is decoded to one size"
         )
     if transform is not None:
         raise ConfigError(
             f"decode_on={decode_on!r} cannot take a transform: the worker no longer has a "
-            "PIL image to give it",
-            cause=Reason.INVALID_ARGUMENT,
+            "PIL image to give it"
         )
 
 

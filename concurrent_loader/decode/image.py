@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from PIL import Image, JpegImagePlugin
 
-from ..errors import DecodeError, Reason
+from ..errors import ConfigError, DecodeError, Reason
 from .presize import is_raw, read_raw
 
 __all__ = [
@@ -74,17 +74,17 @@ def center_crop_offsets(width: int, height: int, out_h: int, out_w: int) -> tupl
 
 
 def check_resize_size(resize_size: Any, image_size: tuple[int, int] | None) -> int | None:
-    """``resize_size`` validated against ``image_size`` (the crop): ``ValueError`` when it
+    """``resize_size`` validated against ``image_size`` (the crop): ``ConfigError`` when it
     is not a positive int, given without ``image_size``, or smaller than the crop."""
     if resize_size is None:
         return None
     if isinstance(resize_size, bool) or not isinstance(resize_size, int):
-        raise ValueError(f"resize_size must be an int (the shorter side), got {resize_size!r}")
+        raise ConfigError(f"resize_size must be an int (the shorter side), got {resize_size!r}")
     if image_size is None:
-        raise ValueError(f"resize_size={resize_size} needs image_size (the crop after it)")
+        raise ConfigError(f"resize_size={resize_size} needs image_size (the crop after it)")
     if resize_size < max(image_size):
         # torchvision would pad the crop with zeros; a training pipeline never means that.
-        raise ValueError(
+        raise ConfigError(
             f"resize_size={resize_size} is smaller than the crop image_size={image_size}"
         )
     return resize_size
@@ -248,25 +248,17 @@ class ImageDecoder:
         return image.resize((out_w, out_h), self.resample, box=box), None
 
     def _resize_exactly(self, image: Image.Image) -> tuple[Image.Image, tuple[int, int]]:
-        """torchvision's ``Resize(resize_size)`` then ``CenterCrop(image_size)``, pixel for
-        pixel, as the image and the offsets of the crop.
-
-        PIL resizes in a horizontal pass then a vertical one, each rounded to uint8, so
-        resizing whole rows, keeping the crop's columns and resizing only those equals
-        resizing the whole image, for less. One resize of the crop's box would cost less
-        still, but its sample positions land a float rounding away from the whole image's,
-        which moves some pixels by a level or two."""
+        """torchvision's ``Resize(resize_size)`` then ``CenterCrop(image_size)``: the whole
+        image resized, and the crop's offsets. (Resizing only the crop's box, or rows then
+        the crop's columns, is cheaper but moves some pixels by a level: Pillow's sample
+        positions and its order of passes depend on the box and the aspect.)"""
         assert self.image_size is not None and self.resize_size is not None
         out_h, out_w = self.image_size
         width, height = image.size
         new_w, new_h = resized_size(width, height, self.resize_size)
-        left, top = center_crop_offsets(new_w, new_h, out_h, out_w)
-        if new_w != width:
-            image = image.resize((new_w, height), self.resample)
-        image = image.crop((left, 0, left + out_w, height))
-        if new_h != height:
-            image = image.resize((out_w, new_h), self.resample)
-        return image, (0, top)
+        if (new_w, new_h) != (width, height):
+            image = image.resize((new_w, new_h), self.resample)
+        return image, center_crop_offsets(new_w, new_h, out_h, out_w)
 
     def open(self, data: bytes | bytearray | memoryview, url: str | None = None) -> Image.Image:
         """Decode to a PIL image (resized and cropped when ``image_size`` is set)."""

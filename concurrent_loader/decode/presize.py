@@ -75,7 +75,7 @@ _DRAFT_MARGIN = 2
 
 
 def _invalid(message: str) -> ConfigError:
-    return ConfigError(message, cause=Reason.INVALID_ARGUMENT)
+    return ConfigError(message)
 
 
 @dataclass(frozen=True)

@@ -122,8 +122,20 @@ def _as_jpeg(pixels: np.ndarray) -> bytes:
 @pytest.mark.parametrize(
     ("width", "height"),
     # landscape, portrait, odd sides, a longer side truncated (500 * 256 / 375 = 341.3),
-    # crop offsets of x.5 (rounded half to even, as torchvision's round does), square
-    [(500, 375), (375, 500), (333, 257), (601, 401), (299, 256), (257, 257), (255, 300)],
+    # crop offsets of x.5 (rounded half to even, as torchvision's round does), square, and
+    # tall portraits (for which Pillow resizes vertically first)
+    [
+        (500, 375),
+        (375, 500),
+        (333, 257),
+        (601, 401),
+        (299, 256),
+        (257, 257),
+        (255, 300),
+        (300, 700),
+        (375, 800),
+        (260, 1999),
+    ],
 )
 @pytest.mark.parametrize(("crop", "resize_size"), [((224, 224), 256), ((200, 180), 232)])
 def test_resize_size_equals_torchvision_resize_then_center_crop(width, height, crop, resize_size):
