@@ -231,7 +231,8 @@ class ImageFolder(ObjectDataset):
 
     Classes are the sorted first-level folder names; item ``i`` is ``(image, class_index)``,
     ``image`` a uint8 CHW tensor; ``image_size`` (int or (h, w)) turns on the fused decode
-    (JPEG draft mode, resize and centre crop in one step); ``transform`` receives the PIL
+    (JPEG draft mode, resize and centre crop in one step), with ``resize_size=R``
+    torchvision's ``Resize(R)`` + ``CenterCrop(image_size)``; ``transform`` receives the PIL
     image instead. ``decode_on="cuda"`` (needs ``image_size``, no ``transform``) ships each
     image's bytes undecoded, as an ``EncodedImage``, for ``CUDAPrefetcher`` to decode each
     batch on the GPU in one call (``"cpu"``: by Pillow on its thread, for tests).
