@@ -30,7 +30,7 @@ from .directory import (
     read_ledger,
     remove_dead_temps,
 )
-from .form import Transform, clear_forms, form_label, read_forms, record_form
+from .form import Transform, clear_forms, read_forms, record_form
 from .layout import SHARD_NAME, CacheRefused, Handles, scan_entries, temp_files, unlink_entry
 from .store import CachedStore
 
@@ -61,7 +61,7 @@ def with_cache(
         Handles.open(directory, create=True).close()  # marks a new one; refuses a user's
         resolved = config.resolved(ledger_bytes(directory))
         CacheDirectory(resolved).close()  # lays the directory out; proves it writable
-        record_form(directory, form_label(config.presize))  # for `cache info`
+        record_form(directory, config.presize)  # for `cache info`
     except OSError as exc:
         log.warning(
             "the cache at %s cannot be used (%s): %s is read from the store",

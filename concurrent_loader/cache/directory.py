@@ -136,8 +136,6 @@ class Ledger:
             _LEDGER_MAGIC, self.used, self.entries, self.hits, self.misses, self.bytes_served
         )
 
-    SIZE = _LEDGER.size
-
     @classmethod
     def read(cls, fd: int) -> Ledger | None:
         return cls.unpack(os.pread(fd, _LEDGER.size, 0))

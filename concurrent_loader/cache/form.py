@@ -29,7 +29,7 @@ from ..stores.base import Body
 from .layout import Handles, open_in
 
 __all__ = ["Apply", "Transform", "apply_in_pool", "apply_in_thread", "check_transform"]
-__all__ += ["clear_forms", "form_label", "form_tag", "process_pool", "read_forms", "record_form"]
+__all__ += ["clear_forms", "form_tag", "process_pool", "read_forms", "record_form"]
 __all__ += ["transformed"]
 
 FORMS_FILE = "forms"
@@ -80,10 +80,6 @@ def check_transform(transform: object) -> None:
         raise ConfigError("cache presize must be hashable (a frozen dataclass)") from None
 
 
-def form_label(transform: Transform | None) -> str:
-    return ORIGINAL if transform is None else transform.identity
-
-
 def form_tag(transform: Transform | None) -> str:
     return "" if transform is None else f"<{transform.identity}> "
 
@@ -128,8 +124,9 @@ async def transformed(transform: Transform, body: Body, url: str, run: Apply) ->
     return Body(data, body.first_byte_s, None, round_trip=body.round_trip)
 
 
-def record_form(directory: str, label: str) -> None:
-    """Add ``label`` to the cache's record of forms, once (under its lock)."""
+def record_form(directory: str, transform: Transform | None) -> None:
+    """Add ``transform``'s label to the cache's record of forms, once (under its lock)."""
+    label = ORIGINAL if transform is None else transform.identity
     handles = Handles.open(directory, create=False)
     try:
         flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK

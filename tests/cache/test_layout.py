@@ -163,7 +163,7 @@ def test_a_ledger_linked_to_a_users_file_is_refused_and_the_file_untouched(tmp_p
     with pytest.raises(CacheRefused, match="symbolic link"):
         clear_cache(str(cache))
     assert precious.read_bytes() == b"P" * 100
-    assert Ledger.unpack(precious.read_bytes()[: Ledger.SIZE]) is None
+    assert Ledger.unpack(precious.read_bytes()[: len(Ledger().pack())]) is None
 
 
 def test_a_tmp_linked_elsewhere_is_refused_and_its_files_kept(tmp_path):
