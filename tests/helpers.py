@@ -14,6 +14,8 @@ tested with it.
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import random
 import threading
 from collections.abc import Callable, Iterator
@@ -60,6 +62,22 @@ def unhedged() -> FetchConfig:
     machine a GET can outlast the hedge delay, and its hedge is one more GET (in a slot of
     its own, beyond the limit)."""
     return FetchConfig(hedge=HedgeConfig(enabled=False))
+
+
+@contextlib.contextmanager
+def serve_http(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """``handler`` served on a loopback port by threads, for as long as the block runs; its
+    base URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
 
 
 def no_backoff(**retry: Any) -> FetchConfig:

@@ -17,9 +17,10 @@ from typing import Any, TypeVar
 
 import numpy as np
 import pytest
+from helpers import unhedged
 from PIL import Image
 
-from concurrent_loader import ConcurrentDataLoader, FetchConfig, HedgeConfig, ObjectDataset
+from concurrent_loader import ConcurrentDataLoader, ObjectDataset
 from concurrent_loader.cache import CacheConfig, CachedStoreConfig, describe_cache
 from concurrent_loader.cache.directory import entry_path, name_for
 from concurrent_loader.cli import main
@@ -43,10 +44,6 @@ def _close_datasets() -> Iterator[None]:
     while _MADE:
         _MADE.pop().close()
     gc.collect()
-
-
-#: GET counts are exact only without hedges (a loaded machine can make a GET look slow)
-UNHEDGED = FetchConfig(hedge=HedgeConfig(enabled=False))
 
 
 def _made(dataset: D) -> D:
@@ -87,7 +84,7 @@ def _entry(store: Any, key: str) -> tuple[str, str]:
 
 def _dataset(memory: MemoryConfig, cache_dir: Any, presize: Any) -> ObjectDataset:
     cache = CacheConfig(str(cache_dir), presize=presize)
-    return _made(ObjectDataset(memory, cache=cache, fetch_config=UNHEDGED))
+    return _made(ObjectDataset(memory, cache=cache, fetch_config=unhedged()))
 
 
 def test_entries_and_every_read_hold_the_presized_form(cache_dir):
@@ -167,7 +164,7 @@ def test_a_non_image_fails_its_sample_naming_it_and_is_not_cached(cache_dir):
     objects = {"good.jpg": _jpeg(1, 50, 40), "notes.jpg": b"not an image at all"}
     memory = MemoryConfig(dict(objects))
     cache = CacheConfig(str(cache_dir), presize=SMALL)
-    dataset = _made(ObjectDataset(memory, keys=["notes.jpg"], cache=cache, fetch_config=UNHEDGED))
+    dataset = _made(ObjectDataset(memory, keys=["notes.jpg"], cache=cache, fetch_config=unhedged()))
     for _ in range(2):
         with pytest.raises(DecodeError) as caught:
             _read_all(dataset)

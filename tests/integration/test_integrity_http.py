@@ -10,11 +10,11 @@ import base64
 import hashlib
 import http.server
 import random
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from helpers import serve_http
 
 from concurrent_loader import FetchConfig, ObjectDataset, RetryConfig
 from concurrent_loader.errors import IntegrityError, Reason
@@ -67,16 +67,8 @@ class _Objects(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def origin() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Objects)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serve_http(_Objects) as url:
+        yield url
 
 
 def _dataset(proxy: Any, name: str) -> ObjectDataset:

@@ -14,12 +14,12 @@ import hashlib
 import http.server
 import os
 import random
-import threading
 import zlib
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from helpers import serve_http
 
 from concurrent_loader import FetchConfig
 from concurrent_loader.errors import IntegrityError, Reason
@@ -239,16 +239,8 @@ class _Checksummed(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def checksummed() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Checksummed)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serve_http(_Checksummed) as url:
+        yield url
 
 
 def _store_config(endpoint: str, s3: bool) -> Any:

@@ -13,12 +13,12 @@ import base64
 import hashlib
 import http.server
 import random
-import threading
 import zlib
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from helpers import serve_http
 
 from concurrent_loader import FetchConfig, RetryConfig
 from concurrent_loader.errors import IntegrityError, Reason
@@ -81,16 +81,8 @@ class _MultipartObject(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def endpoint() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _MultipartObject)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serve_http(_MultipartObject) as url:
+        yield url
 
 
 def _config(endpoint: str) -> S3Config:
