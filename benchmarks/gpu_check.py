@@ -2,7 +2,7 @@
 
 Made for a bare CUDA machine with PyTorch, torchvision, Pillow, NumPy and aiohttp installed
 and no network (``scripts/gpu_check.sh`` installs the one wheel it lacks, ``anycrc``, from
-``.whl/``). It runs, each stage on its own so a failing one leaves the others' figures:
+``.bench/wheels``). It runs, each stage on its own so a failing one leaves the others' figures:
 
 1. ``tests/gpu`` under pytest on CUDA: passed / failed / skipped;
 2. an ImageNet-like dataset generated on local disk (``benchmarks.data``, ~110 KB JPEGs);
@@ -11,8 +11,11 @@ and no network (``scripts/gpu_check.sh`` installs the one wheel it lacks, ``anyc
 4. a ResNet-50 training step (torchvision, random weights, bf16 autocast, channels_last)
    fed (a) by a batch replayed on the GPU, (b) by our loader from local disk, (c) by our
    loader over plain HTTP from a local file server behind the latency proxy at +50 ms,
-   and (d, e) the same two with the JPEG decode on the GPU (``decode_on="cuda"``), each
-   through ``CUDAPrefetcher``, timed by :func:`~concurrent_loader.gpu.measure_stalls`.
+   (d, e) the same two with the JPEG decode on the GPU (``decode_on="cuda"``), and
+   (f, g) over HTTP through a pre-sized node cache (``Presize(256)``, JPEG and raw pixels,
+   filled by one epoch first), each through ``CUDAPrefetcher``, timed by
+   :func:`~concurrent_loader.gpu.measure_stalls`. Every loader decodes to torchvision's
+   ``Resize(256) + CenterCrop(224)`` (``--resize-size``).
 
 It writes ``gpu_check.json`` and ``gpu_check.md`` into ``--out`` (default ``$OUT``) after
 every stage. ``--dry-run`` runs the same code on the CPU at toy sizes, so CI keeps it
@@ -29,6 +32,7 @@ import platform
 import re
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable, Generator
@@ -60,6 +64,8 @@ class Sizes:
     warmup_steps: int
     workers: int
     model: str
+    #: the shorter side before the centre crop (torchvision's Resize), None: cover-resize
+    resize_size: int | None
     #: the cores the training process and its workers run on; the file server and the
     #: proxy get the others, as a remote store would not share the client's cores
     client_cpus: int
@@ -69,7 +75,7 @@ def sizes_for(args: argparse.Namespace) -> Sizes:
     cpus = os.cpu_count() or 1
     client = cpus if cpus < 4 else cpus - max(1, cpus // 5)
     if args.dry_run:
-        return Sizes(64, 8, 64, 2, 1, 2, "small", client)
+        return Sizes(64, 8, 64, 2, 1, 2, "small", 72, client)
     # Leave the main process (batch hand-off, CUDA launches) a core of the client's.
     workers = args.workers or max(1, client - 1)
     return Sizes(
@@ -80,6 +86,7 @@ def sizes_for(args: argparse.Namespace) -> Sizes:
         args.warmup_steps,
         workers,
         "resnet50",
+        args.resize_size or None,
         client,
     )
 
@@ -198,7 +205,7 @@ def run_gpu_tests(out: Path, timeout_s: float) -> dict[str, Any]:
 
 def decode_rates(local: LocalDataset, sizes: Sizes) -> dict[str, Any]:
     blobs = [path.read_bytes() for path, _ in iter_local_files(local.train_dir)]
-    decoder = ImageDecoder(sizes.image_size)
+    decoder = ImageDecoder(sizes.image_size, resize_size=sizes.resize_size)
     one = blobs[: max(8, len(blobs) // 8)]
     started = time.perf_counter()
     for blob in one:
@@ -224,7 +231,9 @@ def gpu_decode_rate(blobs: list[bytes], sizes: Sizes) -> dict[str, float]:
     from concurrent_loader.gpu.decode import EncodedBatchDecoder
 
     size = (sizes.image_size, sizes.image_size)
-    encoded = [EncodedImage(b, size, decode_on="cuda") for b in blobs]
+    encoded = [
+        EncodedImage(b, size, decode_on="cuda", resize_size=sizes.resize_size) for b in blobs
+    ]
     batches = [encoded[i : i + sizes.batch_size] for i in range(0, len(encoded), sizes.batch_size)]
     decoder = EncodedBatchDecoder(torch.device("cuda"))
     rates = {}
@@ -343,6 +352,19 @@ def train_synthetic(sizes: Sizes, classes: int, device: torch.device) -> dict[st
     return {"images_per_s": comparison.synthetic.samples_per_s, "stall_share": 0.0}
 
 
+def image_sizes(sizes: Sizes) -> dict[str, Any]:
+    return {"image_size": sizes.image_size, "resize_size": sizes.resize_size}
+
+
+def fill_cache(dataset: ImageFolder, sizes: Sizes) -> float:
+    """One epoch through ``dataset`` (filling its cache); returns its seconds."""
+    loader = ConcurrentDataLoader(dataset, batch_size=sizes.batch_size, num_workers=sizes.workers)
+    started = time.perf_counter()
+    for _ in loader:
+        pass
+    return time.perf_counter() - started
+
+
 def remote_keys(local: LocalDataset) -> list[str]:
     return [f"{label}/{path.name}" for path, label in iter_local_files(local.train_dir)]
 
@@ -357,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-steps", type=int, default=8)
     parser.add_argument("--workers", type=int, default=0, help="default: CPUs - 4")
     parser.add_argument("--latency-ms", type=float, default=50.0)
+    parser.add_argument("--resize-size", type=int, default=256, help="0: cover-resize")
     parser.add_argument("--server-processes", type=int, default=3)
     parser.add_argument("--data-dir", type=Path, default=Path("/tmp/gpu-check-data"))
     parser.add_argument("--skip-tests", action="store_true")
@@ -388,16 +411,14 @@ def main(argv: list[str] | None = None) -> int:
         report.stage("train_synthetic", lambda: train_synthetic(sizes, spec.classes, device))
         report.stage(
             "train_local",
-            lambda: train_fed(
-                ImageFolder(local.train_dir, image_size=sizes.image_size), sizes, device
-            ),
+            lambda: train_fed(ImageFolder(local.train_dir, **image_sizes(sizes)), sizes, device),
         )
         run_remote(report, local, sizes, device, args)
         decode_on = "cuda" if device.type == "cuda" else "cpu"
         report.stage(
             "train_local_gpu_decode",
             lambda: train_fed(
-                ImageFolder(local.train_dir, image_size=sizes.image_size, decode_on=decode_on),
+                ImageFolder(local.train_dir, **image_sizes(sizes), decode_on=decode_on),
                 sizes,
                 device,
             ),
@@ -414,6 +435,8 @@ def run_remote(
     device: torch.device,
     args: argparse.Namespace,
 ) -> None:
+    from concurrent_loader.cache import CacheConfig
+    from concurrent_loader.decode import Presize
     from concurrent_loader.testing.files import FileServer
     from concurrent_loader.testing.proxy import ProxyProcess
 
@@ -428,23 +451,39 @@ def run_remote(
             ProxyProcess(upstream=server.endpoint_url, latency_ms=args.latency_ms, cpus=rig)
         )
         root = f"{proxy.endpoint_url}/"
+        caches = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gpu-check-")))
+        short_side = sizes.resize_size or sizes.image_size
+        presized = {
+            fmt: {"cache": CacheConfig(str(caches / fmt), presize=Presize(short_side, format=fmt))}
+            for fmt in ("jpeg", "raw")
+        }
         for name, extra in (
             ("train_remote", {}),
             ("train_remote_gpu_decode", {"decode_on": "cuda" if device.type == "cuda" else "cpu"}),
+            ("train_remote_presized_jpeg", presized["jpeg"]),
+            ("train_remote_presized_raw", presized["raw"]),
         ):
             before = (server.cpu_seconds(), proxy.cpu_seconds())
             result = report.stage(
                 name,
-                lambda extra=extra: train_fed(  # type: ignore[misc]
-                    ImageFolder(root, keys=keys, image_size=sizes.image_size, **extra),
-                    sizes,
-                    device,
-                ),
+                lambda extra=extra: train_remote(root, keys, extra, sizes, device),  # type: ignore[misc]
             )
             if result is not None:
                 result["server_cpu_s"] = round(server.cpu_seconds() - before[0], 1)
                 result["proxy_cpu_s"] = round(proxy.cpu_seconds() - before[1], 1)
                 report.write()
+
+
+def train_remote(
+    root: str, keys: list[str], extra: dict[str, Any], sizes: Sizes, device: torch.device
+) -> dict[str, Any]:
+    """``train_fed`` over the store at ``root``; with a cache, after one epoch fills it."""
+    dataset = ImageFolder(root, keys=keys, **image_sizes(sizes), **extra)
+    fill_s = fill_cache(dataset, sizes) if "cache" in extra else None
+    result = train_fed(dataset, sizes, device)
+    if fill_s is not None:
+        result["fill_epoch_s"] = round(fill_s, 1)
+    return result
 
 
 if __name__ == "__main__":
