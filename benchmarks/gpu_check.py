@@ -12,8 +12,8 @@ and no network (``scripts/gpu_check.sh`` installs the one wheel it lacks, ``anyc
    fed (a) by a batch replayed on the GPU, (b) by our loader from local disk, (c) by our
    loader over plain HTTP from a local file server behind the latency proxy at +50 ms,
    (d, e) the same two with the JPEG decode on the GPU (``decode_on="cuda"``), and
-   (f, g) over HTTP through a pre-sized node cache (``Presize(256)``, JPEG and raw pixels,
-   filled by one epoch first), each through ``CUDAPrefetcher``, timed by
+   (f, g, h) over HTTP through a pre-sized node cache (``Presize(256)``: JPEG, raw pixels,
+   JPEG decoded on the GPU; filled by one epoch first), each through ``CUDAPrefetcher``, timed by
    :func:`~concurrent_loader.gpu.measure_stalls`. Every loader decodes to torchvision's
    ``Resize(256) + CenterCrop(224)`` (``--resize-size``).
 
@@ -30,6 +30,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -451,17 +452,24 @@ def run_remote(
             ProxyProcess(upstream=server.endpoint_url, latency_ms=args.latency_ms, cpus=rig)
         )
         root = f"{proxy.endpoint_url}/"
-        caches = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gpu-check-")))
+        root_dir = roomiest([args.data_dir.parent, REPO, Path("/dev/shm")])
+        caches = Path(
+            stack.enter_context(tempfile.TemporaryDirectory(prefix="gpu-check-", dir=root_dir))
+        )
+        free_gb = shutil.disk_usage(caches).free / 1e9
+        report.data["cache_root"] = {"path": str(root_dir), "free_gb": round(free_gb, 1)}
         short_side = sizes.resize_size or sizes.image_size
+        gpu = {"decode_on": "cuda" if device.type == "cuda" else "cpu"}
         presized = {
             fmt: {"cache": CacheConfig(str(caches / fmt), presize=Presize(short_side, format=fmt))}
             for fmt in ("jpeg", "raw")
         }
         for name, extra in (
             ("train_remote", {}),
-            ("train_remote_gpu_decode", {"decode_on": "cuda" if device.type == "cuda" else "cpu"}),
+            ("train_remote_gpu_decode", gpu),
             ("train_remote_presized_jpeg", presized["jpeg"]),
             ("train_remote_presized_raw", presized["raw"]),
+            ("train_remote_presized_jpeg_gpu_decode", {**presized["jpeg"], **gpu}),
         ):
             before = (server.cpu_seconds(), proxy.cpu_seconds())
             result = report.stage(
@@ -479,11 +487,28 @@ def train_remote(
 ) -> dict[str, Any]:
     """``train_fed`` over the store at ``root``; with a cache, after one epoch fills it."""
     dataset = ImageFolder(root, keys=keys, **image_sizes(sizes), **extra)
-    fill_s = fill_cache(dataset, sizes) if "cache" in extra else None
+    if "cache" not in extra:
+        return train_fed(dataset, sizes, device)
+    from concurrent_loader.cache import describe_cache
+
+    fill_s = fill_cache(dataset, sizes)
+    filled = describe_cache(extra["cache"].directory)
     result = train_fed(dataset, sizes, device)
-    if fill_s is not None:
-        result["fill_epoch_s"] = round(fill_s, 1)
-    return result
+    after = describe_cache(extra["cache"].directory)
+    hits, misses = after["hits"] - filled["hits"], after["misses"] - filled["misses"]
+    return {
+        **result,
+        "fill_epoch_s": round(fill_s, 1),
+        "cache_entries": filled["entries"],
+        "cache_gb": round(filled["bytes"] / 1e9, 2),
+        "training_hit_rate": round(hits / max(1, hits + misses), 4),
+    }
+
+
+def roomiest(candidates: list[Path]) -> Path:
+    """The existing directory among ``candidates`` with the most free space."""
+    found = [c for c in candidates if c.is_dir()]
+    return max(found, key=lambda c: shutil.disk_usage(c).free)
 
 
 if __name__ == "__main__":
