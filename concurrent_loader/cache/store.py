@@ -208,6 +208,12 @@ class CachedStore:
             body = await self._uncached(key, None)
             if self.cache.presize is not None:  # an error: not cached (the lock released)
                 body = await transformed(self.cache.presize, body, self.url_for(key), self.apply)
+            # A burst of fills (a batch of large entries) waits for the writer, not dropped.
+            while self._writer.backlogged(len(body.data)) and not self._closed:
+                try:
+                    await asyncio.wrap_future(self._leftovers.writer.submit(lambda: None))
+                except RuntimeError:  # shut down
+                    break
         except BaseException:
             release()
             raise

@@ -2,9 +2,10 @@
 what a store leaves to finish when it goes (:class:`Leftovers`).
 
 The object's fill lock is released once its entry is in place or given up. At most
-``MAX_PENDING_BYTES`` wait for the writer (beyond that an object is not cached); a failed
-write pauses writing for ``RETRY_FIRST_S``, doubling per failure in a row up to
-``RETRY_MAX_S``; a retry first reopens a directory removed or made again.
+``MAX_PENDING_BYTES`` wait for the writer: a fill waits for room
+(:meth:`EntryWriter.backlogged`), a larger object is not cached. A failed write pauses writing
+for ``RETRY_FIRST_S``, doubling per failure in a row up to ``RETRY_MAX_S``; a retry first
+reopens a directory removed or made again.
 """
 
 from __future__ import annotations
@@ -49,6 +50,13 @@ class EntryWriter:
 
     def writing(self) -> bool:
         return time.monotonic() >= self._resume_at
+
+    def backlogged(self, size: int) -> bool:
+        """Whether an entry of ``size`` bytes (one the writer takes) waits for the writer to
+        catch up first, so that a burst of fills is written rather than skipped."""
+        with self._lock:
+            ahead = self._pending
+        return 0 < ahead and ahead + size > MAX_PENDING_BYTES >= size and self.writing()
 
     def failed(self, exc: Exception) -> None:
         with self._lock:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from concurrent_loader import ConcurrentDataLoader, ObjectDataset
+from concurrent_loader import ConcurrentDataLoader, FetchConfig, ObjectDataset
 from concurrent_loader.cache import CacheConfig
 from concurrent_loader.testing.memory import MemoryConfig
 
@@ -96,3 +96,25 @@ def test_an_object_larger_than_the_cache_takes_is_still_read_in_parts(cache_dir)
     assert [len(batch[0]) for batch in loader] == [size]
     parts = -(-size // DEFAULT_PART_SIZE)
     assert memory.stats.total == parts + 1  # the parts, and the check that it did not grow
+
+
+def test_a_batch_larger_than_the_write_backlog_is_cached_whole(cache_dir):
+    # A batch of large entries (pre-sized raw pixels, say) arrives at once: the fills wait
+    # for the writer to catch up instead of leaving part of the batch uncached.
+    from concurrent_loader.cache.writer import MAX_PENDING_BYTES
+
+    size = 1 << 20
+    count = 2 * MAX_PENDING_BYTES // size
+    objects = {f"{i:03}.bin": bytes([i]) * size for i in range(count)}
+    memory = MemoryConfig(objects, latency_s=0.05)
+    dataset = ObjectDataset(
+        memory,
+        decode=len,
+        cache=str(cache_dir),
+        fetch_config=FetchConfig(max_inflight_requests=count),
+    )
+    loader = ConcurrentDataLoader(dataset, batch_size=count)
+    for _ in range(2):
+        assert [batch.tolist() for batch in loader] == [[size] * count]
+    assert memory.stats.total == count
+    assert (loader.stats()["cache_hits"], loader.stats()["cache_misses"]) == (count, count)
