@@ -95,11 +95,15 @@ def sizes_for(args: argparse.Namespace) -> Sizes:
 class Report:
     """The figures so far, rewritten to ``out`` after every stage."""
 
-    def __init__(self, out: Path, sizes: Sizes, dry_run: bool) -> None:
+    def __init__(self, out: Path, sizes: Sizes, dry_run: bool, feeds: str = "") -> None:
         self.out = out
+        #: the training feeds to run (``train_`` stages without the prefix); empty: all
+        self.feeds = {f for f in feeds.split(",") if f}
         self.data: dict[str, Any] = {"sizes": sizes.__dict__, "dry_run": dry_run, "stages": {}}
 
     def stage(self, name: str, run: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
+        if self.feeds and name.startswith("train_") and name[6:] not in self.feeds:
+            return None
         started = time.perf_counter()
         print(f"== {name}", flush=True)
         try:
@@ -384,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server-processes", type=int, default=3)
     parser.add_argument("--data-dir", type=Path, default=Path("/tmp/gpu-check-data"))
     parser.add_argument("--skip-tests", action="store_true")
+    parser.add_argument("--feeds", default="", help="comma-separated feeds to train (all)")
     args = parser.parse_args(argv)
     if args.out is None:
         parser.error("--out is required when $OUT is not set")
@@ -391,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() and not args.dry_run else "cpu")
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
-    report = Report(args.out, sizes, args.dry_run)
+    report = Report(args.out, sizes, args.dry_run, args.feeds)
     report.data["environment"] = environment()
     report.write()
     if not args.skip_tests:
