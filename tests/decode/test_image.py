@@ -226,3 +226,52 @@ def test_a_transform_gets_the_resized_and_cropped_image():
 def test_resize_size_that_cannot_work_is_refused(image_size, resize_size, message):
     with pytest.raises(ValueError, match=message):
         ImageDecoder(image_size, resize_size=resize_size)
+
+
+# ------------------------------------------------- simplejpeg: the same pixels as Pillow's
+
+
+def _jpeg_variants() -> dict[str, bytes]:
+    pixels = _noise(341, 256, seed=7)
+    out = {}
+    for name, mode, options in [
+        ("4:2:0", "RGB", {"subsampling": "4:2:0"}),
+        ("4:2:2", "RGB", {"subsampling": "4:2:2"}),
+        ("4:4:4", "RGB", {"subsampling": "4:4:4"}),
+        ("progressive", "RGB", {"progressive": True}),
+        ("greyscale", "L", {}),
+        ("cmyk", "CMYK", {}),
+    ]:
+        buf = io.BytesIO()
+        Image.fromarray(pixels).convert(mode).save(buf, "JPEG", quality=85, **options)
+        out[name] = buf.getvalue()
+    buf = io.BytesIO()
+    Image.fromarray(_noise(333, 257, seed=8)).save(buf, "JPEG", quality=95)
+    out["odd sides"] = buf.getvalue()
+    return out
+
+
+@pytest.mark.parametrize("variant", list(_jpeg_variants()))
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"image_size": 224, "resize_size": 256}, {"image_size": 200}]
+)
+def test_simplejpeg_gives_pillows_pixels(monkeypatch, variant, kwargs):
+    from concurrent_loader.decode import image as image_module
+
+    simplejpeg = pytest.importorskip("simplejpeg")
+    data = _jpeg_variants()[variant]
+    calls, decode = [], simplejpeg.decode_jpeg
+
+    def counting(*args, **options):
+        calls.append(options)
+        return decode(*args, **options)
+
+    decoder = ImageDecoder(**kwargs)
+    monkeypatch.setattr(image_module, "simplejpeg", None)
+    expected, expected_image = decoder(data), np.asarray(decoder.open(data))
+    monkeypatch.setattr(image_module, "simplejpeg", simplejpeg)
+    monkeypatch.setattr(simplejpeg, "decode_jpeg", counting)
+    assert torch.equal(decoder(memoryview(data)), expected)
+    assert np.array_equal(np.asarray(decoder.open(data)), expected_image)
+    # CMYK goes to Pillow (its CMYK-to-RGB differs from libjpeg-turbo's); no other one does.
+    assert len(calls) == (0 if variant == "cmyk" else 2)
