@@ -83,6 +83,10 @@ class ObjectDataset(Closing, Dataset[Any]):
         if isinstance(self.store, CachedStoreConfig):  # it tells when it holds all of them
             self.store = self.store.for_keys(table)
         self.source = ObjectSource(self.store, table, self._decoder(), self.fetch_config, sizes)
+        self._open_nothing()
+
+    def _open_nothing(self) -> None:
+        # What ``ds[i]`` opens in a process (kept until close()): never pickled or forked.
         self._runtime: Runtime | None = None
         self._runtime_lock = threading.Lock()
         self._blocking: tuple[int, BlockingStore] | None = None  # (pid, open store)
@@ -118,7 +122,7 @@ class ObjectDataset(Closing, Dataset[Any]):
         return self.source.url_for(index)
 
     def __len__(self) -> int:
-        return len(self.keys)
+        return len(self.source)
 
     def __getitem__(self, index: int) -> Any:
         return self.__getitems__([index])[0]
@@ -165,8 +169,7 @@ class ObjectDataset(Closing, Dataset[Any]):
         finalizer = getattr(self, "_finalizer", None)
         if finalizer is not None:
             finalizer()
-        self._runtime = None
-        self._blocking = None
+        self._open_nothing()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -176,9 +179,7 @@ class ObjectDataset(Closing, Dataset[Any]):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._runtime = None
-        self._runtime_lock = threading.Lock()
-        self._blocking = None
+        self._open_nothing()
 
     def __repr__(self) -> str:
         keys = getattr(self, "keys", None)  # absent while the constructor is still listing

@@ -154,10 +154,13 @@ class LoaderError(Exception):
             text += f" (stage: {self.stage})"
         return text
 
-    def for_object(self, url: str) -> LoaderError:
-        """A copy of this error naming ``url`` (for errors raised before the object was known)."""
+    def for_object(self, url: str, part: str | None = None) -> LoaderError:
+        """A copy of this error naming ``url`` (for errors raised before the object was known)
+        and, first in its message, ``part``, the part of the object (a shard's sample)."""
         named = copy.copy(self)
         state = {**self.__dict__, "url": url}
+        if part is not None:
+            state["message"] = f"{part}: {self.message}" if self.message else part
         if "__notes__" in state:  # the copy's notes are its own
             state["__notes__"] = list(state["__notes__"])
         named.__setstate__(state)

@@ -80,3 +80,11 @@ def test_naming_an_object_keeps_notes_apart_and_adds_none():
     named = noted.for_object("s3://bucket/key")
     named.add_note("second")
     assert noted.__notes__ == ["first"] and named.__notes__ == ["first", "second"]
+
+
+def test_for_object_can_name_the_part_of_the_object_first_in_its_message():
+    named = errors.ShardError("bad header", stage="decode").for_object("s3://b/a.tar", "sample 'x'")
+    assert named.url == "s3://b/a.tar" and named.message == "sample 'x': bad header"
+    assert named.stage == "decode" and type(named) is errors.ShardError
+    bare = errors.ShardError().for_object("s3://b/a.tar", "sample 'x'")
+    assert bare.message == "sample 'x'"

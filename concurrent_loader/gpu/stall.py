@@ -40,7 +40,6 @@ class StallReport:
     compute_s: float
     step_p50_s: float
     step_p95_s: float
-    wait_p95_s: float
 
     @property
     def total_s(self) -> float:
@@ -172,7 +171,6 @@ class StallMeter:
             compute_s=ledger.compute_s,
             step_p50_s=_or_nan(ledger.step_percentile(50)),
             step_p95_s=_or_nan(ledger.step_percentile(95)),
-            wait_p95_s=_or_nan(ledger.wait_percentile(95)),
         )
 
 

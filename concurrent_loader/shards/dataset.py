@@ -10,7 +10,6 @@ pickles to ``spawn`` workers; ``ds[i]`` and ``__getitems__`` work without our lo
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -21,9 +20,7 @@ from ..decode import EncodedImageDecoder, ImageDecoder, image_decoder
 from ..errors import ConfigError, ObjectNotFound, Reason, ShardError
 from ..listing import list_store
 from ..listing import progress as progress_bar
-from ..runtime import Runtime
 from ..stores import StoreConfig, store_config_for
-from ..stores.base import BlockingStore
 from ..stores.readahead import Readahead, ReadaheadConfig
 from .index import index_shards
 from .source import SampleDecoder, ShardSource
@@ -70,9 +67,7 @@ class ShardDataset(ObjectDataset):
         self.store: StoreConfig = store_config_for(root).resolved()
         self.fetch_config = fetch_config or FetchConfig()
         self.decode = decode
-        self._runtime: Runtime | None = None
-        self._runtime_lock = threading.Lock()
-        self._blocking: tuple[int, BlockingStore] | None = None  # (pid, open store)
+        self._open_nothing()
         listed: dict[str, int] = {}
         if self.store.capabilities.listing:
             with progress_bar(progress, f"listing {self.store}") as tick:
@@ -128,9 +123,6 @@ class ShardDataset(ObjectDataset):
             )
 
     _items = "samples"
-
-    def __len__(self) -> int:
-        return len(self.source)
 
     def __repr__(self) -> str:
         source = getattr(self, "source", None)

@@ -19,9 +19,10 @@ from typing import Any
 import numpy as np
 
 from ..config import FetchConfig
-from ..errors import DecodeError, LoaderError, Reason, ShardError
+from ..errors import LoaderError, Reason, ShardError
 from ..keys import KeyTable
 from ..sources.base import Read
+from ..sources.objects import call_decode
 from ..stores.base import ByteRange, StoreConfig
 from .index import ShardIndex
 from .tar import Member, TarWalk, group_samples, is_sample_member, padded, split_name
@@ -157,19 +158,7 @@ class ShardSource:
         sample = self.sample(index, bodies[0])
         if self.decode_sample is None:
             return sample
-        try:
-            return self.decode_sample(sample)
-        except LoaderError as exc:
-            if exc.url is not None:
-                raise
-            raise self._about(index, exc) from exc.__cause__
-        except Exception as exc:
-            raise DecodeError(
-                f"{self.where(index)}: decode raised {type(exc).__name__}: {exc}",
-                url=self.url_for(index),
-                stage="decode",
-                cause=Reason.UNDECODABLE,
-            ) from exc
+        return call_decode(self.decode_sample, sample, self.url_for(index), self.where(index))
 
     def sample(self, index: int, body: bytes | bytearray) -> dict[str, Any]:
         """Sample ``index`` from the bytes of its span, after checking them against the index."""
@@ -201,7 +190,7 @@ class ShardSource:
         try:
             found = list(walk)
         except ShardError as exc:
-            raise self._about(index, exc) from exc
+            raise exc.for_object(url, self.where(index)) from exc
         self._check(index, found, walk)
         sample: dict[str, Any] = {"__key__": self.sample_keys[index], "__url__": url}
         for j in members:
@@ -278,17 +267,9 @@ class ShardSource:
     # ------------------------------------------------------------------ NamingSource
 
     def read_failed(self, index: int, exc: BaseException) -> BaseException:
-        return self._about(index, exc) if isinstance(exc, LoaderError) else exc
-
-    def _about(self, index: int, exc: LoaderError) -> LoaderError:
-        named = type(exc)(
-            f"{self.where(index)}: {exc.message}" if exc.message else self.where(index),
-            url=self.url_for(index),
-            stage=exc.stage,
-            cause=exc.cause,
-            status=exc.status,
-            code=exc.code,
-        )
+        if not isinstance(exc, LoaderError):
+            return exc
+        named = exc.for_object(self.url_for(index), self.where(index))
         named.__cause__ = exc
         return named
 

@@ -14,7 +14,7 @@ from ..keys import KeyTable
 from ..stores.base import StoreConfig
 from .base import Read
 
-__all__ = ["CallDecoder", "ObjectDecoder", "ObjectSource"]
+__all__ = ["CallDecoder", "ObjectDecoder", "ObjectSource", "call_decode"]
 
 
 class ObjectDecoder(Protocol):
@@ -22,30 +22,36 @@ class ObjectDecoder(Protocol):
         """Sample ``index`` from the bytes of its object ``url``."""
 
 
+def call_decode(decode: Callable[[Any], Any], data: Any, url: str, part: str | None = None) -> Any:
+    """``decode(data)``, for the object ``url`` (``part`` of it). What ``decode`` raises becomes
+    a ``DecodeError`` naming them (the original as ``__cause__``); a ``LoaderError`` without
+    an object gets them."""
+    try:
+        return decode(data)
+    except LoaderError as exc:
+        if exc.url is not None:
+            raise
+        raise exc.for_object(url, part) from exc.__cause__
+    except Exception as exc:
+        message = f"decode raised {type(exc).__name__}: {exc}"
+        raise DecodeError(
+            message if part is None else f"{part}: {message}",
+            url=url,
+            stage="decode",
+            cause=Reason.UNDECODABLE,
+        ) from exc
+
+
 @dataclass
 class CallDecoder:
-    """``decode(data)``, or the bytes themselves when ``decode`` is None. What ``decode``
-    raises becomes a ``DecodeError`` naming the object (the original as ``__cause__``); a
-    ``LoaderError`` without an object gets the object's URL."""
+    """``decode(data)`` (:func:`call_decode`), or the bytes themselves when ``decode`` is None."""
 
     decode: Callable[[bytes | bytearray], Any] | None
 
     def __call__(self, index: int, data: bytes | bytearray, url: str) -> Any:
         if self.decode is None:
             return bytes(data)
-        try:
-            return self.decode(data)
-        except LoaderError as exc:
-            if exc.url is not None:
-                raise
-            raise exc.for_object(url) from exc.__cause__
-        except Exception as exc:
-            raise DecodeError(
-                f"decode raised {type(exc).__name__}: {exc}",
-                url=url,
-                stage="decode",
-                cause=Reason.UNDECODABLE,
-            ) from exc
+        return call_decode(self.decode, data, url)
 
 
 @dataclass(eq=False, repr=False)

@@ -45,7 +45,6 @@ def test_splits_each_step_into_wait_and_compute() -> None:
     # step times 1.5, 3.0, 3.0, 6.5: nearest-rank p50 is the 2nd, p95 the 4th
     assert report.step_p50_s == pytest.approx(3.0)
     assert report.step_p95_s == pytest.approx(6.5)
-    assert report.wait_p95_s == pytest.approx(2.5)
     assert report.mean_wait_s == pytest.approx(1.0)
     assert report.mean_compute_s == pytest.approx(2.5)
     assert "data stall 28.6%" in str(report)
@@ -171,5 +170,5 @@ def test_measure_stalls_with_a_short_source_replays_as_many_steps() -> None:
 
 
 def test_ratio_is_nan_without_synthetic_rate() -> None:
-    empty = StallReport(0, 0, 0.0, 0.0, math.nan, math.nan, math.nan)
+    empty = StallReport(0, 0, 0.0, 0.0, math.nan, math.nan)
     assert math.isnan(StallComparison(loader=empty, synthetic=empty).rate_ratio)
