@@ -22,9 +22,9 @@ from typing import Any, Literal, Protocol
 import torch
 from PIL import Image
 
-from ..errors import ConfigError, DecodeError, Reason
-from .image import ImageDecoder, check_resize_size, to_tensor
-from .presize import is_raw, read_raw
+from ..errors import ConfigError
+from .image import ImageDecoder, check_image_size, check_resize_size, to_tensor
+from .presize import check_not_empty, is_raw, read_raw, undecodable
 
 __all__ = [
     "DECODE_ON",
@@ -116,10 +116,7 @@ class EncodedImageDecoder:
         resize_size: int | None = None,
     ) -> None:
         check_decode_on(decode_on, image_size, None)
-        size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
-        if len(size) != 2 or min(size) < 1:
-            raise ValueError(f"image_size must be a positive int or (h, w), got {image_size!r}")
-        self.image_size: tuple[int, int] = (int(size[0]), int(size[1]))
+        self.image_size = check_image_size(image_size)
         self.decode_on = decode_on
         self.resize_size = check_resize_size(resize_size, self.image_size)
 
@@ -133,10 +130,7 @@ class EncodedImageDecoder:
     def __call__(
         self, data: bytes | bytearray | memoryview, url: str | None = None
     ) -> EncodedImage:
-        if len(data) == 0:
-            raise DecodeError(
-                "the object is empty (0 bytes)", url=url, stage="decode", cause=Reason.EMPTY_OBJECT
-            )
+        check_not_empty(data, url)
         if is_raw(data):
             read_raw(data, url)  # the header and length; the batch decoder's fallback reads it
             return self._encoded(data, url)
@@ -144,12 +138,7 @@ class EncodedImageDecoder:
             with Image.open(io.BytesIO(data)):  # reads the header only
                 pass
         except Exception as exc:
-            raise DecodeError(
-                f"not a decodable image: {type(exc).__name__}: {exc}",
-                url=url,
-                stage="decode",
-                cause=Reason.UNDECODABLE,
-            ) from exc
+            raise undecodable(exc, url) from exc
         return self._encoded(data, url)
 
     def _encoded(self, data: bytes | bytearray | memoryview, url: str | None) -> EncodedImage:

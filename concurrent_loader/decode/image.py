@@ -40,8 +40,8 @@ import numpy as np
 import torch
 from PIL import Image, JpegImagePlugin
 
-from ..errors import ConfigError, DecodeError, Reason
-from .presize import is_raw, read_raw
+from ..errors import ConfigError
+from .presize import check_not_empty, is_raw, read_raw, undecodable
 
 try:
     import simplejpeg
@@ -52,6 +52,7 @@ __all__ = [
     "ImageDecoder",
     "center_crop_box",
     "center_crop_offsets",
+    "check_image_size",
     "check_resize_size",
     "resized_size",
     "to_tensor",
@@ -84,6 +85,14 @@ def center_crop_offsets(width: int, height: int, out_h: int, out_w: int) -> tupl
     """``(left, top)`` of torchvision's ``CenterCrop((out_h, out_w))`` of an image this
     size (Python's ``round``: 37.5 -> 38, 36.5 -> 36)."""
     return round((width - out_w) / 2.0), round((height - out_h) / 2.0)
+
+
+def check_image_size(image_size: int | tuple[int, int]) -> tuple[int, int]:
+    """``image_size`` (an int, or ``(h, w)``) as ``(h, w)``; ``ValueError`` unless positive."""
+    size = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    if len(size) != 2 or min(size) < 1:
+        raise ValueError(f"image_size must be a positive int or (h, w), got {image_size!r}")
+    return int(size[0]), int(size[1])
 
 
 def check_resize_size(resize_size: Any, image_size: tuple[int, int] | None) -> int | None:
@@ -149,12 +158,8 @@ class ImageDecoder:
         resample: int = Image.Resampling.BILINEAR,
         resize_size: int | None = None,
     ) -> None:
-        if isinstance(image_size, int):
-            image_size = (image_size, image_size)
-        if image_size is not None and (len(image_size) != 2 or min(image_size) < 1):
-            raise ValueError(f"image_size must be a positive int or (h, w), got {image_size!r}")
-        self.image_size = image_size
-        self.resize_size = check_resize_size(resize_size, image_size)
+        self.image_size = None if image_size is None else check_image_size(image_size)
+        self.resize_size = check_resize_size(resize_size, self.image_size)
         self.transform = transform
         self.mode = mode
         self.draft = draft
@@ -197,41 +202,21 @@ class ImageDecoder:
     ) -> tuple[Image.Image, tuple[int, int] | None]:
         """The image in ``data``, in ``self.mode``: the output when ``image_size`` is set,
         or, with offsets, the image to crop the output from at those offsets."""
-        if len(data) == 0:
-            raise DecodeError(
-                "the object is empty (0 bytes)", url=url, stage="decode", cause=Reason.EMPTY_OBJECT
-            )
+        check_not_empty(data, url)
         array = self._pixels(data, url)
         if array is not None:
             return self._fit_array(array)
         try:
             image: Image.Image = Image.open(io.BytesIO(data))
-            if self.image_size is None:
-                image = image.convert(self.mode) if image.mode != self.mode else image
-                image.load()
-                return image, None
             width, height = image.size
-            if self.draft and isinstance(image, JpegImagePlugin.JpegImageFile):
+            jpeg = isinstance(image, JpegImagePlugin.JpegImageFile)
+            if jpeg and self.draft and self.image_size is not None:
                 image.draft(self.mode, self._draft_size(width, height))
+            image.load()  # here, so that bad data is named even when only a crop follows
             image = image.convert(self.mode) if image.mode != self.mode else image
             return self._fit(image, (width, height))
-        except Image.DecompressionBombError as exc:
-            raise DecodeError(
-                f"refused as a decompression bomb: {exc} (raise PIL.Image.MAX_IMAGE_PIXELS "
-                "if such images are expected)",
-                url=url,
-                stage="decode",
-                cause=Reason.DECOMPRESSION_BOMB,
-            ) from exc
         except Exception as exc:
-            # Pillow raises many types for bad input (OSError, SyntaxError, ValueError,
-            # struct.error, IndexError, ...): whatever it is, the object is the cause.
-            raise DecodeError(
-                f"not a decodable image: {type(exc).__name__}: {exc}",
-                url=url,
-                stage="decode",
-                cause=Reason.UNDECODABLE,
-            ) from exc
+            raise undecodable(exc, url) from exc
 
     def _fit_array(self, array: np.ndarray) -> tuple[Image.Image, tuple[int, int] | None]:
         image = Image.fromarray(array[:, :, 0] if array.shape[2] == 1 else array)
@@ -317,11 +302,7 @@ class ImageDecoder:
                 return _chw(array)
             _, crop = self.geometry(array.shape[1], array.shape[0])
             if crop is not None:
-                return _chw(self._cropped(array, crop))
+                (left, top), (out_h, out_w) = crop, self.image_size
+                return _chw(array[top : top + out_h, left : left + out_w])
             return to_tensor(self._crop(*self._fit_array(array)))
         return to_tensor(self.open(data, url))
-
-    def _cropped(self, array: np.ndarray, crop: tuple[int, int]) -> np.ndarray:
-        assert self.image_size is not None
-        (left, top), (out_h, out_w) = crop, self.image_size
-        return array[top : top + out_h, left : left + out_w]

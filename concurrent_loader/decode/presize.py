@@ -54,9 +54,11 @@ from typing import cast
 import numpy as np
 from PIL import Image, ImageOps, JpegImagePlugin
 
+from ..config import check_count
 from ..errors import ConfigError, DecodeError, Reason
 
 __all__ = ["FORMATS", "RAW_HEADER_SIZE", "RAW_MAGIC", "Presize", "is_raw", "read_raw", "write_raw"]
+__all__ += ["check_not_empty", "undecodable"]
 
 #: the output forms :class:`Presize` makes
 FORMATS = ("jpeg", "raw")
@@ -74,10 +76,6 @@ _SWAPS_SIDES = (5, 6, 7, 8)  # orientations that transpose the image
 _DRAFT_MARGIN = 2
 
 
-def _invalid(message: str) -> ConfigError:
-    return ConfigError(message)
-
-
 @dataclass(frozen=True)
 class Presize:
     """How images are pre-sized: shorter side ``short_side`` (never upscaled, aspect kept),
@@ -88,16 +86,12 @@ class Presize:
     quality: int = 90
 
     def __post_init__(self) -> None:
-        if isinstance(self.short_side, bool) or not isinstance(self.short_side, int):
-            raise _invalid(f"Presize.short_side must be an int, got {self.short_side!r}")
-        if self.short_side < 1:
-            raise _invalid(f"Presize.short_side must be >= 1, got {self.short_side}")
+        check_count("Presize.short_side", self.short_side)
         if self.format not in FORMATS:
-            raise _invalid(f"Presize.format must be one of {FORMATS}, got {self.format!r}")
-        if isinstance(self.quality, bool) or not isinstance(self.quality, int):
-            raise _invalid(f"Presize.quality must be an int, got {self.quality!r}")
-        if not 1 <= self.quality <= 100:
-            raise _invalid(f"Presize.quality must be in 1..100, got {self.quality}")
+            raise ConfigError(f"Presize.format must be one of {FORMATS}, got {self.format!r}")
+        check_count("Presize.quality", self.quality)
+        if self.quality > 100:
+            raise ConfigError(f"Presize.quality must be in 1..100, got {self.quality}")
 
     @property
     def identity(self) -> str:
@@ -134,7 +128,7 @@ class Presize:
             if size != image.size:
                 image = image.resize(size, Image.Resampling.LANCZOS)
         except Exception as exc:
-            raise _undecodable(exc, url) from exc
+            raise undecodable(exc, url) from exc
         if self.format == "raw":
             return write_raw(np.asarray(image)), original
         out = io.BytesIO()
@@ -154,7 +148,17 @@ class Presize:
         return min(width, w * _DRAFT_MARGIN), min(height, h * _DRAFT_MARGIN)
 
 
-def _undecodable(exc: BaseException, url: str | None) -> DecodeError:
+def check_not_empty(data: bytes | bytearray | memoryview, url: str | None) -> None:
+    if len(data) == 0:
+        raise DecodeError(
+            "the object is empty (0 bytes)", url=url, stage="decode", cause=Reason.EMPTY_OBJECT
+        )
+
+
+def undecodable(exc: BaseException, url: str | None) -> DecodeError:
+    """What Pillow (or a transform) raised for bad input, as the ``DecodeError`` naming the
+    object: Pillow raises many types (OSError, SyntaxError, ValueError, struct.error, ...),
+    and whatever it is, the object is the cause."""
     if isinstance(exc, DecodeError):
         return exc if exc.url is not None or url is None else cast(DecodeError, exc.for_object(url))
     if isinstance(exc, Image.DecompressionBombError):
@@ -180,10 +184,7 @@ def _open_upright(
 ) -> tuple[Image.Image, tuple[int, int]]:
     """Decode ``data`` (an image file or the raw form), fully loaded and EXIF-upright; and
     its upright ``(width, height)`` at full size (a JPEG may be decoded smaller)."""
-    if len(data) == 0:
-        raise DecodeError(
-            "the object is empty (0 bytes)", url=url, stage="decode", cause=Reason.EMPTY_OBJECT
-        )
+    check_not_empty(data, url)
     if is_raw(data):
         array = read_raw(data, url)
         pixels = Image.fromarray(array[:, :, 0] if array.shape[2] == 1 else array)
@@ -200,7 +201,7 @@ def _open_upright(
         upright = ImageOps.exif_transpose(image)
         return (upright if upright is not None else image), (width, height)
     except Exception as exc:
-        raise _undecodable(exc, url) from exc
+        raise undecodable(exc, url) from exc
 
 
 def _to_rgb(image: Image.Image) -> Image.Image:

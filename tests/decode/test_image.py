@@ -275,3 +275,11 @@ def test_simplejpeg_gives_pillows_pixels(monkeypatch, variant, kwargs):
     assert np.array_equal(np.asarray(decoder.open(data)), expected_image)
     # CMYK goes to Pillow (its CMYK-to-RGB differs from libjpeg-turbo's); no other one does.
     assert len(calls) == (0 if variant == "cmyk" else 2)
+
+
+@pytest.mark.parametrize("kwargs", [{"image_size": 224, "resize_size": 256}, {}])
+def test_a_truncated_jpeg_that_needs_only_a_crop_is_a_decode_error(kwargs):
+    data = _as_jpeg(_noise(341, 256, seed=9))  # stored at the resize: a crop, no resample
+    with pytest.raises(DecodeError, match="s3://b/t.jpg") as info:
+        ImageDecoder(**kwargs)(data[: len(data) // 2], "s3://b/t.jpg")
+    assert info.value.cause == "Undecodable"
