@@ -270,13 +270,12 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         if source_of(self.dataset) is None or not (self.persistent_workers and self.in_order):
             return []
         sampler = self._epoch_sampler()  # the next epoch's: the epoch number is counted
-        predicted = predict_next_epoch(
+        return predict_next_epoch(
             sampler,
             batched=self.batch_sampler is not None,
             users=sampler is self.sampler or sampler is self.batch_sampler,
             generators=self._generators,
         )
-        return predicted or []
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader is in its epochs (torchdata's protocol): a loader that loads it

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError, Reason, SkipBudgetExceeded
+from ..gpu.tree import map_batch
 from ..metrics import StallLedger, format_stats
 from ..pipeline import Failure, Partial, SkippedSample
 from . import state as resume
@@ -79,13 +80,7 @@ def mark(batch: Any, skipped: list[SkippedSample]) -> Any:
 
 def pin(batch: Any) -> Any:
     """``batch`` with its tensors in pinned memory (torch's pin thread passes ours through)."""
-    if isinstance(batch, torch.Tensor):
-        return batch.pin_memory()
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(pin(item) for item in batch)
-    if isinstance(batch, dict):
-        return {key: pin(value) for key, value in batch.items()}
-    return batch
+    return map_batch(batch, lambda _, leaf: leaf.pin_memory() if torch.is_tensor(leaf) else leaf)
 
 
 def is_partial(batch: Any) -> bool:

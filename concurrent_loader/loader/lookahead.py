@@ -65,12 +65,12 @@ def _at_next_epoch(sampler: Any) -> Any:
 
 def predict_next_epoch(
     sampler: Iterable[Any], *, batched: bool, users: bool, generators: resume.GeneratorStates
-) -> Batches | None:
-    """The batches ``sampler`` (of batches when ``batched``) yields next epoch, or None when
+) -> Batches:
+    """The batches ``sampler`` (of batches when ``batched``) yields next epoch, or none when
     that cannot be predicted; ``users``: it is the user's own. Every random state drawn from
     is restored."""
     if not _predictable(sampler):
-        return None
+        return []
     if users:
         sampler = _at_next_epoch(sampler)
     states = generators.get()

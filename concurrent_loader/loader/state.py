@@ -24,6 +24,8 @@ STATE_VERSION = 1
 
 @dataclass
 class EpochProgress:
+    """Where an epoch is: what :func:`make_state` saves mid-epoch."""
+
     epoch: int
     generator_states: dict[str, torch.Tensor]
     num_batches: int
@@ -38,12 +40,10 @@ class GeneratorStates:
     (torch's global RNG when it has none and ``use_global``) and a ``generator`` attribute of
     the user's sampler or batch sampler (or of the sampler a batch sampler wraps)."""
 
-    def __init__(
-        self, loader: torch.Generator | None, *samplers: object, use_global: bool = False
-    ) -> None:
+    def __init__(self, loader: torch.Generator | None, *samplers: object) -> None:
         self.loader = loader
         self.samplers = samplers
-        self.use_global = use_global and loader is None
+        self.use_global = False  # set per epoch, from the sampler it draws from
 
     def _generators(self) -> dict[str, torch.Generator]:
         found: dict[str, torch.Generator] = {}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from .stats import histogram_percentiles, percentile
+from .stats import COUNTERS, histogram_percentiles, percentile
 
 __all__ = ["StallLedger", "format_stats", "loader_stats", "verdict"]
 
@@ -110,15 +110,13 @@ def loader_stats(
     """``total`` is :meth:`SharedStats.total`; ``fetch_slots`` and ``decode_slots`` the GETs
     and decode threads allowed over every process."""
     fetch, decode = total["fetch"], total["decode"]
-    out: dict[str, Any] = {
+    # Every counter by its name, but ``objects``: ``requests`` (a cache hit is a read the
+    # fetch client answered too, so it counts hits and misses).
+    out: dict[str, Any] = {name: int(total[name]) for name in COUNTERS if name != "objects"}
+    cache_reads = total["cache_hits"] + total["cache_misses"]
+    out |= {
         "requests": int(total["objects"]),
-        "bytes": int(total["bytes"]),
-        "retries": int(total["retries"]),
-        "throttles": int(total["throttles"]),
-        "hedges": int(total["hedges"]),
-        "hedges_won": int(total["hedges_won"]),
-        "skipped": int(total["skipped"]),
-        "inflight": int(total["inflight"]),
+        "cache_hit_rate": total["cache_hits"] / cache_reads if cache_reads else None,
         "batches": waits.steps + waits.warmup_steps,
         "elapsed_s": elapsed,
         "get_latency_s": histogram_percentiles(fetch["counts"]),
@@ -128,13 +126,6 @@ def loader_stats(
         "bytes_per_s": total["bytes"] / elapsed if elapsed else 0.0,
         "images_per_s": decode["count"] / elapsed if elapsed else 0.0,
     }
-    # The node-local cache (cache=): reads served from local disk and reads that went to the
-    # store. ``requests`` counts both: a hit is a read the fetch client answered too.
-    cache_reads = total["cache_hits"] + total["cache_misses"]
-    out["cache_hits"] = int(total["cache_hits"])
-    out["cache_misses"] = int(total["cache_misses"])
-    out["cache_bytes"] = int(total["cache_bytes"])
-    out["cache_hit_rate"] = total["cache_hits"] / cache_reads if cache_reads else None
     out["verdict"] = verdict(
         wait_share=waits.wait_share,
         fetch_busy=fetch["total"] / elapsed / fetch_slots if elapsed else 0.0,
