@@ -59,7 +59,7 @@ def with_cache(
     try:
         directory = os.path.abspath(os.path.expanduser(config.directory))
         Handles.open(directory, create=True).close()  # marks a new one; refuses a user's
-        resolved = config.resolved(ledger_bytes(directory))
+        resolved = config.resolved(read_ledger(directory).used)
         CacheDirectory(resolved).close()  # lays the directory out; proves it writable
         record_form(directory, config.presize)  # for `cache info`
     except OSError as exc:
@@ -71,10 +71,6 @@ def with_cache(
         )
         return store
     return CachedStoreConfig(store, resolved, client_for=client_for)
-
-
-def ledger_bytes(directory: str) -> int:
-    return read_ledger(directory).used
 
 
 def describe_cache(directory: str) -> dict[str, Any]:

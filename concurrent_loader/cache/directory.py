@@ -155,14 +155,12 @@ def read_ledger(directory: str) -> Ledger:
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         fd = os.open(os.path.join(directory, "ledger"), flags)
+        try:
+            return Ledger.read(fd) or Ledger()
+        finally:
+            os.close(fd)
     except OSError:
         return Ledger()
-    try:
-        return Ledger.read(fd) or Ledger()
-    except OSError:
-        return Ledger()
-    finally:
-        os.close(fd)
 
 
 #: every open directory of this process, so a forked child can let go of its copies
@@ -345,18 +343,10 @@ def _write_file(dir_fd: int, name: str, data: bytes | bytearray, tail: bytes) ->
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(name, flags, 0o644, dir_fd=dir_fd)
     try:
-        try:
-            with memoryview(data) as view:
-                _write_all(fd, view)
-            _write_all(fd, memoryview(tail))
-        finally:
-            os.close(fd)
+        with open(fd, "wb") as file:  # writes all of each, or raises; closes fd
+            file.write(data)
+            file.write(tail)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(name, dir_fd=dir_fd)
         raise
-
-
-def _write_all(fd: int, view: memoryview) -> None:
-    while view:
-        view = view[os.write(fd, view) :]

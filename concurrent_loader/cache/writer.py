@@ -56,7 +56,7 @@ class EntryWriter:
         catch up first, so that a burst of fills is written rather than skipped."""
         with self._lock:
             ahead = self._pending
-        return 0 < ahead and ahead + size > MAX_PENDING_BYTES >= size and self.writing()
+        return ahead > 0 and ahead + size > MAX_PENDING_BYTES >= size and self.writing()
 
     def failed(self, exc: Exception) -> None:
         with self._lock:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import io
 import json
 import os
 import time
@@ -39,13 +40,15 @@ def write_and_hang(config: CachedStoreConfig, key: str, marker: str, where: str)
     from concurrent_loader.cache import directory
 
     if where == "data":
-        write_all = directory._write_all
 
-        def half_then_hang(fd: int, view: memoryview) -> None:
-            write_all(fd, view[: len(view) // 2])
-            _hang(marker)
+        class HalfThenHang(io.FileIO):
+            def write(self, data: Any) -> int:
+                super().write(memoryview(data)[: len(data) // 2])
+                _hang(marker)
+                return 0
 
-        directory._write_all = half_then_hang  # type: ignore[assignment]
+        # The entry's temporary file is opened with open(fd, "wb"): this one writes half.
+        directory.open = lambda fd, mode: HalfThenHang(fd, mode)  # type: ignore[attr-defined]
     else:
 
         def hang_instead(*args: Any, **kwargs: Any) -> None:
