@@ -29,10 +29,9 @@ from typing import Any
 from .cache import CacheConfig, CachedStoreConfig, clear_cache, describe_cache
 from .cache.warm import warm_cache
 from .dataset import IMG_EXTENSIONS, ImageFolder, ObjectDataset
-from .decode.presize import FORMATS, Presize
 from .errors import ConfigError, LoaderError
 from .listing import list_store, progress
-from .shards.pack import add_pack_arguments, run_pack
+from .shards.pack import add_pack_arguments, add_presize_arguments, presize_from, run_pack
 from .stores import S3Config, StoreConfig, store_config_for
 
 __all__ = ["main"]
@@ -156,15 +155,8 @@ def _human_bytes(n: int) -> str:
 def cmd_cache_warm(args: argparse.Namespace) -> int:
     if args.root is None and args.manifest is None:
         raise ConfigError("cache warm needs ROOT or --manifest FILE")
-    presize = None
-    if args.presize is not None:
-        quality = 90 if args.quality is None else args.quality
-        presize = Presize(args.presize, format=args.format or "jpeg", quality=quality)
-    elif args.format is not None or args.quality is not None:
-        raise ConfigError("--format and --quality need --presize")
+    presize = presize_from(args, args.presize, "--presize")
     cache = CacheConfig(args.cache, max_bytes=args.max_bytes, presize=presize)
-    if args.processes is not None and args.processes < 1:
-        raise ConfigError(f"--processes must be >= 1, got {args.processes}")
     options: dict[str, Any] = {"cache": cache, "progress": args.progress}
     if args.manifest is not None:
         # The manifest's folder is the root unless ROOT is given; either takes the options.
@@ -294,9 +286,7 @@ def _cache_commands(commands: Any) -> None:
         help="keep each image pre-sized to this shorter side instead of its bytes "
         "(the dataset must name the same setting: CacheConfig(presize=Presize(...)))",
     )
-    warm.add_argument("--format", choices=FORMATS, help="with --presize: jpeg (default) or raw")
-    warm.add_argument("--quality", type=int, help="with --presize: the JPEG quality (default 90)")
-    warm.add_argument("--processes", type=int, help="with --presize: processes (default: cores)")
+    add_presize_arguments(warm, "--presize")
     _store_options(warm)
     warm.set_defaults(run=cmd_cache_warm)
     info = actions.add_parser("info", help="what a cache holds, and the reads it served")

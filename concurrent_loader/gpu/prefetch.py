@@ -43,11 +43,7 @@ class _Failure:
     error: BaseException
 
 
-class _End:
-    pass
-
-
-_END = _End()
+_END = object()  # the producer's last item
 
 
 class _Run:
@@ -153,7 +149,7 @@ class PrefetchIterator(Closing):
         if self._done:
             raise StopIteration
         item = self._run.get()
-        if isinstance(item, _End):
+        if item is _END:
             self.close()
             raise StopIteration
         if isinstance(item, _Failure):

@@ -48,8 +48,9 @@ class Death(NamedTuple):
 
 
 class WorkerProcesses(BaseContext):
-    """A multiprocessing context that is ``base`` (default: torch's) for all torch asks of it,
-    noting the processes it makes (weakly): worker ``w`` is the ``w``-th."""
+    """A multiprocessing context that is ``base`` (default: torch's) for what torch's workers
+    ask of it (``Process``, ``Queue``, ``Event``), noting the processes it makes (weakly):
+    worker ``w`` is the ``w``-th."""
 
     def __init__(self, base: BaseContext | None = None) -> None:
         self._given = base
@@ -72,12 +73,6 @@ class WorkerProcesses(BaseContext):
 
     def Event(self) -> Any:
         return self._base.Event()
-
-    def get_context(self, method: Any = None) -> Any:
-        return self._base.get_context(method)
-
-    def get_start_method(self, allow_none: Any = False) -> Any:
-        return self._base.get_start_method(allow_none)
 
     def dead(self) -> list[Death]:
         deaths = []

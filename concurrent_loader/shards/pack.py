@@ -45,7 +45,8 @@ from .index import INDEX_SUFFIX, ShardIndex
 from .packplan import Destination, Sample, first_few, on_s3, plan_image_folder, plan_objects
 from .tar import BLOCK, Member, padded
 
-__all__ = ["PackResult", "add_pack_arguments", "pack", "parse_size", "run_pack"]
+__all__ = ["PackResult", "add_pack_arguments", "add_presize_arguments", "pack", "parse_size"]
+__all__ += ["presize_from", "run_pack"]
 
 _UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9}
 _UNITS.update({"GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30})
@@ -85,7 +86,6 @@ def pack(
     shard_size: int = 256 * 10**6,
     image_folder: bool = False,
     overwrite: bool = False,
-    fetch_config: FetchConfig | None = None,
     on_sample: Callable[[], None] | None = None,
     presize: Presize | None = None,
     processes: int | None = None,
@@ -105,7 +105,7 @@ def pack(
         raise ConfigError(
             f"{', '.join(given)} apply to an s3:// SRC or DEST; neither {src!r} nor {dest!r} is"
         )
-    fetch_config = fetch_config or FetchConfig()
+    fetch_config = FetchConfig()
     store = (
         S3Config.from_url(src, **store_options) if on_s3(src) else store_config_for(src)
     ).resolved()
@@ -280,18 +280,7 @@ def add_pack_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --image-folder: store each image pre-sized to this shorter side (never "
         "upscaled, aspect kept) as c/x.jpg, or c/x.raw with --format raw",
     )
-    parser.add_argument(
-        "--format",
-        choices=FORMATS,
-        help="with --resize: a re-encoded JPEG (default) or raw uint8 pixels (no decode "
-        "when read, several times the bytes)",
-    )
-    parser.add_argument("--quality", type=int, help="with --resize: the JPEG quality (default 90)")
-    parser.add_argument(
-        "--processes",
-        type=int,
-        help="with --resize: processes that re-encode (default: one per core)",
-    )
+    add_presize_arguments(parser, "--resize")
     parser.add_argument(
         "--overwrite",
         action="store_true",
@@ -300,16 +289,39 @@ def add_pack_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_presize_arguments(parser: argparse.ArgumentParser, flag: str) -> None:
+    """``--format``, ``--quality`` and ``--processes``, which apply to ``flag`` (pre-sizing to
+    a shorter side), for ``pack`` and ``cache warm``."""
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        help=f"with {flag}: a re-encoded JPEG (default) or raw uint8 pixels (no decode when "
+        "read, several times the bytes)",
+    )
+    parser.add_argument("--quality", type=int, help=f"with {flag}: the JPEG quality (default 90)")
+    parser.add_argument(
+        "--processes", type=int, help=f"with {flag}: processes that re-encode (default: cores)"
+    )
+
+
+def presize_from(args: argparse.Namespace, short_side: int | None, flag: str) -> Presize | None:
+    """The pre-sizing ``args`` ask for with ``flag`` (its value ``short_side``), or None."""
+    given = {"format": args.format, "quality": args.quality}
+    if short_side is None:
+        if args.processes is not None or any(v is not None for v in given.values()):
+            raise ConfigError(
+                f"--format, --quality and --processes apply to {flag}, which is not given"
+            )
+        return None
+    if args.processes is not None:
+        check_count("--processes", args.processes)
+    return Presize(short_side, **{k: v for k, v in given.items() if v is not None})
+
+
 def run_pack(args: argparse.Namespace) -> PackResult:
     """Pack as ``args`` say, naming on stderr what was removed or skipped."""
     shard_size = parse_size(args.shard_size)
-    given = {"format": args.format, "quality": args.quality}
-    if args.resize is None and (args.processes is not None or any(given.values())):
-        raise ConfigError(
-            "--format, --quality and --processes apply to --resize, which is not given"
-        )
-    options = {k: v for k, v in given.items() if v is not None}
-    presize = Presize(args.resize, **options) if args.resize is not None else None
+    presize = presize_from(args, args.resize, "--resize")
     with progress(args.progress, "packing") as tick:
         result = pack(
             args.root,

@@ -17,16 +17,8 @@ Guarantees, for given (``shard_lengths``, ``seed``, epoch, rank, world size):
   are split again, whole, into ``W`` streams, and batch ``k`` comes from stream ``k % W``
   (the batch worker ``k % W`` makes) until the shortest stream runs out near the epoch's end.
 
-The stream is pure functions of (lengths, seed, epoch, world). Samples are numbered shard by
-shard (shard ``s`` holds ``offsets[s] .. offsets[s] + lengths[s] - 1``).
-:func:`shard_permutation` orders the shards (the same on every rank);
-:func:`assign_shards` gives each shard, whole, to exactly one rank, balanced by sample count;
-:func:`rank_stream` lists a rank's indices, equalised to the same count on every rank.
-
-:func:`shuffle_within_window` is a seeded shuffle buffer (WebDataset's) that also bounds how
-far a sample travels: one read at stream position ``q`` is emitted by the time ``q + window``
-is read. The buffer holds ``ceil(window / 2)`` samples; each emission is a uniform draw among
-them unless one reaches the window's end (about 14 %); every element is emitted exactly once.
+Samples are numbered shard by shard (shard ``s`` holds ``offsets[s] .. offsets[s] +
+lengths[s] - 1``); the functions below the sampler compute the stream.
 """
 
 from __future__ import annotations
@@ -174,6 +166,7 @@ def epoch_random(purpose: str, seed: int, epoch: int, rank: int = 0) -> random.R
 
 
 def shard_permutation(num_shards: int, *, shuffle: bool, seed: int, epoch: int) -> list[int]:
+    """The epoch's order of the shards, the same on every rank."""
     order = list(range(num_shards))
     if shuffle:
         epoch_random("shards", seed, epoch).shuffle(order)
@@ -230,6 +223,10 @@ def interleave_batches(streams: Sequence[Iterator[int]], batch_size: int) -> Ite
 
 
 def shuffle_within_window(stream: Iterable[T], window: int, rng: random.Random) -> Iterator[T]:
+    """A seeded shuffle buffer (WebDataset's) that also bounds how far a sample travels: one
+    read at stream position ``q`` is emitted by the time ``q + window`` is read. The buffer
+    holds ``ceil(window / 2)`` samples; each emission is a uniform draw among them unless one
+    reaches the window's end (about 14 %); every element is emitted exactly once."""
     hold = -(-window // 2)
     # Emitted positions leave ``ages`` lazily, from the left: the oldest is found in O(1).
     slots: list[tuple[int, T]] = []

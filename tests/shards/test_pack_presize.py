@@ -178,7 +178,7 @@ def test_the_command_packs_presized_and_refuses_options_without_resize(folder, t
     assert main([*base, "--resize", "64"]) == 1
     assert "needs --image-folder" in capsys.readouterr().err
     assert main([*base, "--image-folder", "--resize", "0"]) == 1
-    assert "short_side must be >= 1" in capsys.readouterr().err
+    assert "short_side must be an int >= 1" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 
 
