@@ -37,7 +37,6 @@ from .stores import S3Config, StoreConfig, store_config_for
 __all__ = ["main"]
 
 PROG = "concurrent-loader"
-log = logging.getLogger(__name__)
 
 
 def root_config(root: str, args: argparse.Namespace) -> StoreConfig:
@@ -76,7 +75,6 @@ def cmd_manifest(args: argparse.Namespace) -> int:
     else:
         _write_atomically(args.output, text)
     total = sum(item.size for item in found)
-    log.info("listed %d objects (%d bytes) under %s", len(found), total, store)
     print(
         f"wrote {len(found)} keys ({_human_bytes(total)}) under {store} to {args.output}",
         file=sys.stderr,

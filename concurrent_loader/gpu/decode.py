@@ -32,14 +32,8 @@ from ..decode.image import center_crop_offsets, resized_size
 from ..errors import ConfigError, DecodeError, Reason
 from .tree import Path
 
-__all__ = [
-    "EncodedBatchDecoder",
-    "TorchvisionDecoder",
-    "cuda_decoder",
-    "decode_images",
-    "is_encoded_list",
-    "resize_crop",
-]
+__all__ = ["EncodedBatchDecoder", "TorchvisionDecoder", "decode_images", "is_encoded_list"]
+__all__ += ["resize_crop"]
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 #: images resized in one call at most (32 images of 500 x 375 are 72 MB as float32)
@@ -47,31 +41,26 @@ _RESIZE_GROUP = 32
 
 
 class TorchvisionDecoder:
-    """nvJPEG through ``torchvision.io.decode_jpeg``: a list in, one batched call."""
+    """nvJPEG through ``torchvision.io.decode_jpeg``: a list in, one batched call; a
+    :class:`ConfigError` when torchvision cannot be imported."""
 
     name = "torchvision"
 
     def __init__(self) -> None:
-        from torchvision.io import ImageReadMode, decode_jpeg
-
+        try:
+            from torchvision.io import ImageReadMode, decode_jpeg
+        except ImportError as exc:
+            raise ConfigError(
+                "decode_on='cuda' needs torchvision (torchvision.io.decode_jpeg, nvJPEG) in "
+                f"the main process, and it cannot be imported ({exc}); install torchvision "
+                "matching your torch, or use decode_on='cpu' or None"
+            ) from exc
         self._decode_jpeg = decode_jpeg
         self._mode = ImageReadMode.RGB
 
     def decode(self, data: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
         out = self._decode_jpeg(list(data), mode=self._mode, device=device)
         return list(out) if isinstance(out, (list, tuple)) else [out]
-
-
-def cuda_decoder() -> BatchDecoder:
-    """The GPU batch decoder; :class:`ConfigError` when none is installed."""
-    try:
-        return TorchvisionDecoder()
-    except ImportError as exc:
-        raise ConfigError(
-            "decode_on='cuda' needs torchvision (torchvision.io.decode_jpeg, nvJPEG) in the "
-            f"main process, and it cannot be imported ({exc}); install torchvision matching "
-            "your torch, or use decode_on='cpu' or None"
-        ) from exc
 
 
 def resize_crop(
@@ -107,10 +96,6 @@ def is_encoded_list(value: Any) -> bool:
     )
 
 
-def _is_jpeg(data: bytes) -> bool:
-    return data[:3] == _JPEG_MAGIC
-
-
 class EncodedBatchDecoder:
     """Decodes lists of :class:`EncodedImage` for batches delivered on ``device``."""
 
@@ -135,7 +120,7 @@ class EncodedBatchDecoder:
                 "decode_on='cpu' or None for the dataset"
             )
         if self._gpu is None:
-            self._gpu = cuda_decoder()
+            self._gpu = TorchvisionDecoder()
         return self._gpu, self.device
 
     def __call__(self, images: Sequence[EncodedImage]) -> torch.Tensor:
@@ -151,9 +136,10 @@ class EncodedBatchDecoder:
         decoder, device = self._target(decode_on)
         data = [image.tensor() for image in images]
         out = torch.empty((len(images), 3, *size), dtype=torch.uint8, device=device)
-        on_device = [i for i, im in enumerate(images) if decoder is self._fallback or _is_jpeg(im)]
-        on_device_set = set(on_device)
-        rest = [i for i in range(len(data)) if i not in on_device_set]
+        # The GPU decoder takes JPEGs only: other images go to the fallback.
+        jpeg = [decoder is self._fallback or image.startswith(_JPEG_MAGIC) for image in images]
+        on_device = [i for i, ok in enumerate(jpeg) if ok]
+        rest = [i for i, ok in enumerate(jpeg) if not ok]
         for indices, chosen in ((on_device, decoder), (rest, self._fallback)):
             if not indices:
                 continue

@@ -85,18 +85,14 @@ class StallComparison:
             return math.nan
         return self.loader.samples_per_s / self.synthetic.samples_per_s
 
-    @property
-    def differential_stall(self) -> float:
-        """Share of the loader-fed run's time lost to data (``1 - rate_ratio``; noise can
-        make it slightly negative)."""
-        return 1.0 - self.rate_ratio
-
     def __str__(self) -> str:
+        # 1 - rate_ratio is the share of the loader-fed run lost to data (noise can make it
+        # slightly negative).
         return (
             f"loader-fed: {self.loader}\n"
             f"synthetic:  {self.synthetic}\n"
             f"loader-fed rate / synthetic rate: {self.rate_ratio:.3f} "
-            f"(differential data stall {self.differential_stall:.1%})"
+            f"(differential data stall {1.0 - self.rate_ratio:.1%})"
         )
 
 
@@ -129,10 +125,6 @@ class StallMeter:
         self._samples_per_batch = samples_per_batch or _default_samples
         self._clock = clock
         self._ledger = StallLedger()
-
-    def reset(self) -> None:
-        """Forget every step, warm-up included."""
-        self._ledger.reset()
 
     def iterate(self, batches: Iterable[T], *, max_steps: int | None = None) -> Iterator[T]:
         """Yield from ``batches`` (at most ``max_steps``), timing each step; an iterator made

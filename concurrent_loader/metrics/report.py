@@ -37,11 +37,6 @@ class StallLedger:
             self.computes.append(compute)
             self.samples += samples
 
-    def reset(self) -> None:
-        with self._lock:
-            self.waits, self.computes = [], []
-            self.samples = self.warmup_steps = 0
-
     @property
     def steps(self) -> int:
         return len(self.waits)

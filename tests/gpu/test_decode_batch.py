@@ -21,7 +21,7 @@ from concurrent_loader import ConcurrentDataLoader, ImageFolder
 from concurrent_loader.decode import EncodedImage, ImageDecoder
 from concurrent_loader.errors import ConfigError, DecodeError
 from concurrent_loader.gpu import CUDAPrefetcher, EncodedBatchDecoder, resize_crop
-from concurrent_loader.gpu.decode import cuda_decoder, decode_images
+from concurrent_loader.gpu.decode import TorchvisionDecoder, decode_images
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -123,7 +123,7 @@ def test_decode_on_cuda_without_torchvision_is_a_config_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "torchvision", None)
     monkeypatch.setitem(sys.modules, "torchvision.io", None)
     with pytest.raises(ConfigError, match="needs torchvision"):
-        cuda_decoder()
+        TorchvisionDecoder()
 
 
 def test_mixed_sizes_in_one_batch_are_refused():

@@ -41,10 +41,7 @@ def test_warmup_steps_do_not_reach_the_percentiles():
     assert ledger.samples == 0
 
 
-def test_reset_forgets_everything():
+def test_an_empty_ledger_has_no_wait_share():
     ledger = StallLedger()
-    ledger.record(1.0, 1.0, samples=4)
-    ledger.record(1.0, 1.0, warmup=True)
-    ledger.reset()
     assert (ledger.steps, ledger.samples, ledger.warmup_steps) == (0, 0, 0)
     assert ledger.wait_share == 0.0
