@@ -31,7 +31,7 @@ from .directory import (
     remove_dead_temps,
 )
 from .form import Transform, clear_forms, read_forms, record_form
-from .layout import SHARD_NAME, CacheRefused, Handles, scan_entries, temp_files, unlink_entry
+from .layout import SHARD_NAME, CacheRefused, Handles, on_entry, scan_entries, temp_files
 from .store import CachedStore
 
 __all__ = ["CacheConfig", "CacheDirectory", "CacheRefused", "CachedStore", "CachedStoreConfig"]
@@ -108,15 +108,14 @@ def clear_cache(directory: str) -> int:
     root, entries_fd = handles.root, handles.entries_fd
     try:
         fcntl.flock(handles.ledger_fd, fcntl.LOCK_EX)
-        removed = sum(
-            unlink_entry(entries_fd, name, root) for name, _ in list(scan_entries(entries_fd, root))
-        )
+        names = [name for name, _ in scan_entries(entries_fd, root)]
+        removed = sum(on_entry(entries_fd, name, root, os.unlink) for name in names)
         with os.scandir(entries_fd) as shards:
             for shard in [s.name for s in shards if SHARD_NAME.fullmatch(s.name)]:
                 with contextlib.suppress(OSError):  # not empty, or a link (never followed)
                     os.rmdir(shard, dir_fd=entries_fd)
         remove_dead_temps(handles.tmp_fd)
-        clear_forms(handles.root_fd, root)
+        clear_forms(handles.root_fd)
         os.pwrite(handles.ledger_fd, Ledger().pack(), 0)
         return removed
     finally:

@@ -8,6 +8,7 @@ directories' path).
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from ..runtime import Runtime
 from ..stores.base import Body, ByteRange, Capabilities, StoreConfig
 from .directory import CacheConfig, name_for, read_ledger
 from .form import form_tag
-from .layout import CACHE_ERRORS, Handles, has_entry
+from .layout import CACHE_ERRORS, Handles, on_entry
 from .store import CachedStore, Read
 from .writer import MAX_PENDING_BYTES
 
@@ -80,10 +81,8 @@ class CachedStoreConfig:
         try:
             handles = Handles.open(directory, create=False)
             try:
-                found = all(
-                    has_entry(handles.entries_fd, name_for(prefix + self.url_for(key)), directory)
-                    for key in self.sample_keys
-                )
+                names = (name_for(prefix + self.url_for(key)) for key in self.sample_keys)
+                found = all(on_entry(handles.entries_fd, n, directory, os.lstat) for n in names)
             finally:
                 handles.close()
         except CACHE_ERRORS:

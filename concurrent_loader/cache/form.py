@@ -152,10 +152,9 @@ def read_forms(root_fd: int, directory: str) -> list[str]:
         os.close(fd)
 
 
-def clear_forms(root_fd: int, directory: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        fd = open_in(root_fd, FORMS_FILE, os.O_WRONLY | os.O_TRUNC | os.O_NONBLOCK, directory)
-        os.close(fd)
+def clear_forms(root_fd: int) -> None:
+    with contextlib.suppress(FileNotFoundError):  # a link in its place goes, not its target
+        os.unlink(FORMS_FILE, dir_fd=root_fd)
 
 
 def _labels(raw: bytes) -> list[str]:

@@ -27,15 +27,15 @@ import os
 import re
 import stat
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import anycrc
 
 from ..errors import ConfigError
 
-__all__ = ["CACHE_ERRORS", "SHARD_NAME", "CacheRefused", "Handles", "has_entry", "in_shard"]
-__all__ += ["open_in", "scan_entries", "temp_files", "unlink_entry"]
+__all__ = ["CACHE_ERRORS", "SHARD_NAME", "CacheRefused", "Handles", "in_shard", "on_entry"]
+__all__ += ["open_in", "scan_entries", "temp_files"]
 __all__ += ["CorruptEntry", "Entry", "TooLarge", "data_checksum", "footer", "read_entry_fd"]
 
 MARKER = "CACHEDIR.TAG"
@@ -234,19 +234,11 @@ def scan_entries(entries_fd: int, where: str) -> Iterator[tuple[str, int]]:
             os.close(shard_fd)
 
 
-def unlink_entry(entries_fd: int, name: str, where: str) -> bool:
+def on_entry(entries_fd: int, name: str, where: str, op: Callable[..., object]) -> bool:
+    """Whether the entry ``name`` is there for ``op`` (``os.lstat``, ``os.unlink``) to act on."""
     try:
         with in_shard(entries_fd, name, where) as shard_fd:
-            os.unlink(name, dir_fd=shard_fd)
-    except FileNotFoundError:
-        return False
-    return True
-
-
-def has_entry(entries_fd: int, name: str, where: str) -> bool:
-    try:
-        with in_shard(entries_fd, name, where) as shard_fd:
-            os.stat(name, dir_fd=shard_fd, follow_symlinks=False)
+            op(name, dir_fd=shard_fd)
     except FileNotFoundError:
         return False
     return True

@@ -23,7 +23,7 @@ import torch
 from PIL import Image
 
 from ..errors import ConfigError
-from .image import ImageDecoder, check_image_size, check_resize_size, to_tensor
+from .image import ImageDecoder, check_image_size, check_resize_size
 from .presize import check_not_empty, is_raw, read_raw, undecodable
 
 __all__ = [
@@ -184,8 +184,4 @@ class PILBatchDecoder:
         self._decoder = ImageDecoder(None)
 
     def decode(self, data: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-        out = []
-        for item in data:
-            image = self._decoder.open(item.numpy().tobytes())  # RGB, pixels loaded
-            out.append(to_tensor(image).to(device))
-        return out
+        return [self._decoder(item.numpy().tobytes()).to(device) for item in data]
