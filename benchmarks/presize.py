@@ -16,7 +16,10 @@ fresh subprocess pinned to the client CPUs (its worker inherits the pinning); ``
 - ``jpegS``: ``ConcurrentDataLoader`` over ``ImageFolder(s3://..., image_size=224,
   resize_size=256, cache=CacheConfig(dir, presize=Presize(S)))``, S3 through the +50 ms
   latency proxy: with S = 256, a decode and a crop, no resample;
-- ``rawS``: the same with ``Presize(S, format="raw")``: a crop only.
+- ``rawS``: the same with ``Presize(S, format="raw")``: a crop only;
+- ``jpegS-pillow`` (with ``--pillow-row``): ``jpegS`` with ``simplejpeg`` hidden from the
+  run (``sys.modules``), so every JPEG is decoded by Pillow: what the optional decoder
+  gains, within one run.
 
 Setup as in the other benchmarks: the generated ImageNet-like JPEGs (:mod:`benchmarks.data`,
 500x375, about 110 KB), the local S3 server and the latency proxy pinned to the storage
@@ -75,9 +78,14 @@ def cached_configs(short_side: int) -> dict[str, str]:
     return {f"{fmt}{short_side}": fmt for fmt in FORMATS}
 
 
-def configs(short_side: int) -> tuple[str, ...]:
+#: the suffix of a cached configuration decoded by Pillow alone
+PILLOW = "-pillow"
+
+
+def configs(short_side: int, pillow_row: bool = False) -> tuple[str, ...]:
     """The configurations, in the order of an even repeat (an odd one runs them reversed)."""
-    return ("stock", "local", *cached_configs(short_side))
+    extra = (f"jpeg{short_side}{PILLOW}",) if pillow_row else ()
+    return ("stock", "local", *cached_configs(short_side), *extra)
 
 
 def title(config: str, short_side: int) -> str:
@@ -86,9 +94,10 @@ def title(config: str, short_side: int) -> str:
         return "DataLoader + PIL, original JPEGs (local disk)"
     if config == "local":
         return "ConcurrentDataLoader, original JPEGs (local disk)"
-    if cached_configs(short_side)[config] == "raw":
+    if cached_configs(short_side)[config.removesuffix(PILLOW)] == "raw":
         return f'ConcurrentDataLoader, S3 + cache of Presize({short_side}, format="raw")'
-    return f"ConcurrentDataLoader, S3 + cache of Presize({short_side}) JPEGs"
+    pillow = ", decoded by Pillow alone" if config.endswith(PILLOW) else ""
+    return f"ConcurrentDataLoader, S3 + cache of Presize({short_side}) JPEGs{pillow}"
 
 
 #: the configurations at the default short side
@@ -180,9 +189,8 @@ def _loader(spec: dict[str, Any]) -> Any:
         from concurrent_loader.cache import CacheConfig
         from concurrent_loader.decode import Presize
 
-        presize = Presize(
-            spec["short_side"], format=cached_configs(spec["short_side"])[spec["config"]]
-        )
+        form = cached_configs(spec["short_side"])[spec["config"].removesuffix(PILLOW)]
+        presize = Presize(spec["short_side"], format=form)
         # The endpoint and credentials come from the environment (AWS_ENDPOINT_URL: the
         # latency proxy).
         dataset = ImageFolder(
@@ -196,6 +204,8 @@ def _loader(spec: dict[str, Any]) -> Any:
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     """One configuration's epochs, in this (pinned) process: what ``--run`` executes."""
+    if spec["config"].endswith(PILLOW):
+        sys.modules["simplejpeg"] = None  # type: ignore[assignment]  # import fails: Pillow
     from benchmarks.measure import _check_batch, buffered_batches, pin_to, process_tree_usage
 
     affinity = pin_to(spec["client_cpus"])
@@ -346,7 +356,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "storage_cpus": args.storage_cpus,
     }
     cached = cached_configs(args.short_side)
-    names = configs(args.short_side)
+    names = configs(args.short_side, args.pillow_row)
     args.cache_root.mkdir(parents=True, exist_ok=True)
     with (
         _storage(args) as where,
@@ -369,7 +379,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 "short_side": args.short_side,
                 "s3_url": where["s3_url"],
                 "local_dir": where["local_dir"],
-                "cache_dir": str(Path(caches) / config),
+                "cache_dir": str(Path(caches) / config.removesuffix(PILLOW)),
             }
 
         # The fills (and a local epoch for the page cache), then their entries on disk.
@@ -414,7 +424,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         gets = int(proxy.stats()["requests_by_method"].get("GET", 0))
         # Each cached run lists the root when its dataset is made (a GET per 1000 keys);
         # the rest would be objects fetched, which a filled cache never does.
-        listings = args.repeats * len(cached) * -(-args.images // 1000)
+        listings = args.repeats * (len(names) - 2) * -(-args.images // 1000)
         report["timed_runs_gets"] = gets
         report["timed_runs_listing_gets"] = listings
         report["timed_runs_object_gets"] = gets - listings
@@ -447,7 +457,7 @@ def _ratios(rows: Sequence[dict[str, Any]], cached: dict[str, str]) -> list[dict
     repeat (the two runs of one repeat)."""
     by = {r["config"]: r for r in rows}
     out = []
-    for config in ("local", *cached):
+    for config in ("local", *cached, *(r["config"] for r in rows if r["config"].endswith(PILLOW))):
         for base in ("stock", "local"):
             if base == config:
                 continue
@@ -553,6 +563,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resize-size", type=int, default=256, help="Resize's shorter side")
     p.add_argument("--short-side", type=int, default=256, help="Presize's shorter side")
     p.add_argument("--persistent-workers", action="store_true")
+    p.add_argument(
+        "--pillow-row",
+        action="store_true",
+        help="also the JPEG cache decoded by Pillow alone (simplejpeg hidden from that run)",
+    )
     p.add_argument("--warmup-batches", type=int, default=1, help="at least, per epoch")
     p.add_argument(
         "--max-inflight-requests", type=int, default=0, help="per process (0: self-tuned)"
