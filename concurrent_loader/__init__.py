@@ -18,25 +18,7 @@ from .stores.s3 import S3Config
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "IMG_EXTENSIONS",
-    "ConcurrentDataLoader",
-    "EncodedImage",
-    "FetchConfig",
-    "HedgeConfig",
-    "ImageFolder",
-    "ImageSample",
-    "ObjectDataset",
-    "PartialBatch",
-    "PartialDict",
-    "PartialList",
-    "PartsConfig",
-    "Readahead",
-    "RetryConfig",
-    "S3Config",
-    "ShardDataset",
-    "SkippedSample",
-    "Timeouts",
-    "is_partial",
-    *errors.__all__,
-]
+__all__ = ["IMG_EXTENSIONS", "ConcurrentDataLoader", "EncodedImage", "FetchConfig", "HedgeConfig"]
+__all__ += ["ImageFolder", "ImageSample", "ObjectDataset", "PartialBatch", "PartialDict"]
+__all__ += ["PartialList", "PartsConfig", "Readahead", "RetryConfig", "S3Config", "ShardDataset"]
+__all__ += ["SkippedSample", "Timeouts", "is_partial", *errors.__all__]

@@ -36,29 +36,10 @@ import copy
 from enum import StrEnum
 from typing import Any
 
-__all__ = [
-    "AccessDenied",
-    "BadRequest",
-    "BucketNotFound",
-    "CertificateRefused",
-    "ConfigError",
-    "ConnectionFailed",
-    "DecodeError",
-    "FetchError",
-    "FetchTimeout",
-    "IncompleteBody",
-    "IntegrityError",
-    "LoaderError",
-    "LoaderStalled",
-    "ObjectNotFound",
-    "ObjectTooLarge",
-    "Reason",
-    "ServerError",
-    "ShardError",
-    "SkipBudgetExceeded",
-    "Throttled",
-    "WorkerError",
-]
+__all__ = ["AccessDenied", "BadRequest", "BucketNotFound", "CertificateRefused", "ConfigError"]
+__all__ += ["ConnectionFailed", "DecodeError", "FetchError", "FetchTimeout", "IncompleteBody"]
+__all__ += ["IntegrityError", "LoaderError", "LoaderStalled", "ObjectNotFound", "ObjectTooLarge"]
+__all__ += ["Reason", "ServerError", "ShardError", "SkipBudgetExceeded", "Throttled", "WorkerError"]
 
 
 class Reason(StrEnum):

@@ -29,15 +29,8 @@ from ..pipeline import Failure, Partial, SkippedSample
 from . import state as resume
 from .processes import drop_tracebacks
 
-__all__ = [
-    "EpochIterator",
-    "PartialBatch",
-    "PartialDict",
-    "PartialList",
-    "Skips",
-    "check_max_skipped",
-    "is_partial",
-]
+__all__ = ["EpochIterator", "PartialBatch", "PartialDict", "PartialList", "Skips"]
+__all__ += ["check_max_skipped", "is_partial"]
 
 log = logging.getLogger(__name__)
 

@@ -3,13 +3,5 @@
 from .report import StallLedger, format_stats, loader_stats, verdict
 from .stats import SharedStats, StageStats, histogram_percentiles, percentile
 
-__all__ = [
-    "SharedStats",
-    "StageStats",
-    "StallLedger",
-    "format_stats",
-    "histogram_percentiles",
-    "loader_stats",
-    "percentile",
-    "verdict",
-]
+__all__ = ["SharedStats", "StageStats", "StallLedger", "format_stats", "histogram_percentiles"]
+__all__ += ["loader_stats", "percentile", "verdict"]

@@ -18,16 +18,8 @@ import torch
 
 from ..errors import FetchError
 
-__all__ = [
-    "COUNTERS",
-    "HISTOGRAMS",
-    "CacheTally",
-    "SharedStats",
-    "StageStats",
-    "cache_tally",
-    "histogram_percentiles",
-    "percentile",
-]
+__all__ = ["COUNTERS", "HISTOGRAMS", "CacheTally", "SharedStats", "StageStats", "cache_tally"]
+__all__ += ["histogram_percentiles", "percentile"]
 
 _PER_DECADE = 10
 _LOW = 1e-6

@@ -4,12 +4,5 @@ from .batches import BatchPipeline, source_of
 from .options import PipelineOptions, available_cpus
 from .slot import Failure, Partial, SkippedSample
 
-__all__ = [
-    "BatchPipeline",
-    "Failure",
-    "Partial",
-    "PipelineOptions",
-    "SkippedSample",
-    "available_cpus",
-    "source_of",
-]
+__all__ = ["BatchPipeline", "Failure", "Partial", "PipelineOptions", "SkippedSample"]
+__all__ += ["available_cpus", "source_of"]

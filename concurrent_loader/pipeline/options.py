@@ -90,15 +90,14 @@ def available_cpus() -> int:
 
 
 class StallWatch:
-    """Waits that warn after ``warn_s`` and fail after ``timeout_s`` (None: never)."""
+    """Waits that warn after ``warn_s`` and fail after ``timeout_s`` (None: never), saying
+    what ``describe()`` says is in progress."""
 
-    def __init__(
-        self, timeout_s: float | None, *, where: str, describe: Callable[[], str] = lambda: ""
-    ) -> None:
+    def __init__(self, timeout_s: float | None, *, where: str) -> None:
         self.timeout_s = timeout_s
         self.warn_s = min(60.0, timeout_s / 5) if timeout_s else 60.0
         self.where = where
-        self.describe = describe
+        self.describe: Callable[[], str] = lambda: ""
 
     def wait(self, future: concurrent.futures.Future[Any], what: str) -> None:
         waited = 0.0
