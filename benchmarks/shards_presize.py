@@ -145,11 +145,22 @@ BUILDERS = {"ours": build_ours, "webdataset": build_webdataset}
 # ---------------------------------------------------------------------------- measuring
 
 
-def run_row(args: argparse.Namespace, endpoint_url: str, loader_name: str, form: str) -> Any:
-    """``--epochs`` epochs of one row: whole-epoch images/s and the first batch's seconds."""
+def run_row(
+    args: argparse.Namespace,
+    endpoint_url: str,
+    loader_name: str,
+    form: str,
+    storage_cpu: Any = lambda: 0.0,
+) -> Any:
+    """``--epochs`` epochs of one row: whole-epoch images/s, the first batch's seconds, and
+    the CPU the client side (this process tree less the storage) and the storage side
+    (server and proxy: ``storage_cpu()``, seconds so far) used per second of the epochs."""
     import torch
 
+    from benchmarks.measure import process_tree_usage
+
     loader = BUILDERS[loader_name](args, endpoint_url, form)
+    cpu_before, storage_before = process_tree_usage()[0], storage_cpu()
     expected = sorted(i % args.classes for i in range(args.images))
     images = 0
     seconds = 0.0
@@ -168,8 +179,15 @@ def run_row(args: argparse.Namespace, endpoint_url: str, loader_name: str, form:
             raise AssertionError(f"{loader_name}-{form} did not yield every sample once")
         images += args.images
         first.append((arrived or started) - started)
+    storage = storage_cpu() - storage_before
+    client = process_tree_usage()[0] - cpu_before - storage
     del loader
-    return {"images_per_s": images / seconds, "first_batch_s": statistics.median(first)}
+    return {
+        "images_per_s": images / seconds,
+        "first_batch_s": statistics.median(first),
+        "client_cpu_share": client / seconds,
+        "storage_cpu_share": storage / seconds,
+    }
 
 
 def _pack(args: argparse.Namespace, src: Path, work: Path, s3: Any, bucket: str) -> dict[str, Any]:
@@ -201,6 +219,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from benchmarks.measure import pin_to
     from benchmarks.shards_peers import BUCKET
     from concurrent_loader.testing import LocalS3Server, ProxyProcess
+    from concurrent_loader.testing.subprocesses import process_cpu_seconds
 
     spec = DatasetSpec(images=args.images, classes=args.classes, seed=0)
     local, _ = ensure_local(spec, args.data_dir)
@@ -223,7 +242,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             # Reversed in odd rounds: a drift in the machine's load hits every row alike.
             order = rows(args.short_side)
             for name, form in order if round_ % 2 == 0 else reversed(order):
-                figures = run_row(args, proxy.endpoint_url, name, form)
+                figures = run_row(
+                    args,
+                    proxy.endpoint_url,
+                    name,
+                    form,
+                    lambda: proxy.cpu_seconds() + process_cpu_seconds(s3.pid),
+                )
                 results[f"{name}-{form}"].append(figures)
                 print(f"{name}-{form}: {figures['images_per_s']:.0f} img/s", flush=True)
     report: dict[str, Any] = {
@@ -235,10 +260,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     for row, figures in results.items():
         rates = [f["images_per_s"] for f in figures]
         median = statistics.median(rates)
+        form = row.split("-", 1)[1]
         report["rows"][row] = {
             "images_per_s": median,
             "images_per_s_rounds": rates,
             "first_batch_s": statistics.median(f["first_batch_s"] for f in figures),
+            # the shards' bytes each second (a sample's share of its shard, index included)
+            "mb_per_s": median * packed[form]["bytes_per_sample"] / 1e6,
+            "client_cpu_share": statistics.median(f["client_cpu_share"] for f in figures),
+            "storage_cpu_share": statistics.median(f["storage_cpu_share"] for f in figures),
         }
     report["ratios"] = _ratios(report["rows"], args.short_side)
     return report
@@ -270,12 +300,17 @@ def format_report(report: dict[str, Any]) -> str:
         f"Resize({a['resize_size']}) + CenterCrop({a['image_size']}), S3 at "
         f"+{a['latency_ms']:g} ms, {a['epochs']} epochs per run, {a['rounds']} rounds",
         "",
-        "| row | img/s, whole epochs: median (rounds) | first batch, s |",
-        "|---|---|---|",
+        "| row | img/s, whole epochs: median (rounds) | first batch, s | MB/s | client CPU "
+        "(cores) | server + proxy CPU (cores) |",
+        "|---|---|---|---|---|---|",
     ]
     for row, r in report["rows"].items():
         rounds = ", ".join(f"{v:.0f}" for v in r["images_per_s_rounds"])
-        lines.append(f"| {row} | {r['images_per_s']:.0f} ({rounds}) | {r['first_batch_s']:.2f} |")
+        lines.append(
+            f"| {row} | {r['images_per_s']:.0f} ({rounds}) | {r['first_batch_s']:.2f} "
+            f"| {r['mb_per_s']:.0f} | {r['client_cpu_share']:.2f} "
+            f"| {r['storage_cpu_share']:.2f} |"
+        )
     lines += ["", "| row | against | ratio | target |", "|---|---|---|---|"]
     for c in report["ratios"]:
         goal = f">= {c['target']:g}x" if c["against"] == "ours-full" else "> 1x"
