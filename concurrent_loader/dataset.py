@@ -24,7 +24,7 @@ from .closing import Closing
 from .config import FetchConfig
 from .decode import EncodedImageDecoder, ImageDecoder, image_decoder
 from .errors import ConfigError, Reason
-from .fetch import client_for, fetch_blocking
+from .fetch import client_for
 from .fetch.parts import PartsConfig
 from .keys import KeyTable
 from .listing import list_store
@@ -204,13 +204,8 @@ def _read_manifest(
     store = store_config_for(parent + "/")
     if isinstance(root, S3Config) and isinstance(store, S3Config):
         store = root.with_root(parent + "/")
-    if not store.capabilities.remote:
-        return store.open(config).get_blocking(name).decode("utf-8")  # type: ignore[attr-defined]
-    runtime = acquire_runtime()
-    try:
-        return fetch_blocking(runtime, store, config, name).decode("utf-8")
-    finally:
-        runtime.release()
+    with ObjectDataset(store, keys=[name], fetch_config=config) as manifest_object:
+        return bytes(manifest_object[0]).decode("utf-8")
 
 
 @dataclass(eq=False)
@@ -252,7 +247,6 @@ class ImageFolder(ObjectDataset):
         resize_size: int | None = None,
         **kwargs: Any,
     ) -> None:
-        self.decode_on = decode_on
         self.decoder: ImageDecoder | EncodedImageDecoder = image_decoder(
             image_size, transform=transform, decode_on=decode_on, resize_size=resize_size
         )

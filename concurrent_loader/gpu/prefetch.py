@@ -161,10 +161,6 @@ class PrefetchIterator(Closing):
             self._run.handed_over()
 
     @property
-    def device(self) -> torch.device:
-        return self._transfer.device
-
-    @property
     def pinned_bytes(self) -> int:
         """Pinned host memory this pass holds for staging."""
         return self._transfer.pinned_bytes

@@ -131,7 +131,6 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         self.max_skipped = max_skipped
         self.log_every_s = log_every_s
         self.stall_timeout_s = stall_timeout_s
-        self.options = options
         self.skipped: list[SkippedSample] = []
 
         self._iterable = isinstance(dataset, IterableDataset)

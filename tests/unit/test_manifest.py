@@ -3,11 +3,14 @@ keys, or the CLI refuses the key up front."""
 
 from __future__ import annotations
 
+import http.server
+
 import pytest
+from helpers import serve_http
 
 from concurrent_loader import ObjectDataset
 from concurrent_loader.cli import manifest_text
-from concurrent_loader.errors import ConfigError
+from concurrent_loader.errors import ConfigError, ObjectNotFound
 from concurrent_loader.stores import store_config_for
 
 # Characters str.splitlines() also splits on, and other awkward but valid key characters.
@@ -43,3 +46,29 @@ def test_keys_that_would_not_read_back_are_refused_naming_the_object(tmp_path, k
     with pytest.raises(ConfigError, match="cannot be written to a line-based manifest") as caught:
         manifest_text(["fine.bin", key], store)
     assert caught.value.url == store.url_for(key)
+
+
+class _ManifestAndObjects(http.server.BaseHTTPRequestHandler):
+    FILES = {"/m/keys.txt": b"a.bin\r\n# a comment\nsub/b.bin\n", "/m/a.bin": b"A"}
+    FILES["/m/sub/b.bin"] = b"BB"
+
+    def do_GET(self) -> None:
+        body = self.FILES.get(self.path)
+        self.send_response(200 if body is not None else 404)
+        self.send_header("Content-Length", str(len(body or b"")))
+        self.end_headers()
+        self.wfile.write(body or b"")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_remote_manifest_is_read_and_its_folder_is_the_root():
+    with serve_http(_ManifestAndObjects) as origin:
+        dataset = ObjectDataset.from_manifest(f"{origin}/m/keys.txt")
+        with dataset:
+            assert list(dataset.keys) == ["a.bin", "sub/b.bin"]
+            assert dataset.__getitems__([0, 1]) == [b"A", b"BB"]
+        with pytest.raises(ObjectNotFound) as missing:
+            ObjectDataset.from_manifest(f"{origin}/m/none.txt")
+        assert missing.value.url == f"{origin}/m/none.txt"
