@@ -26,6 +26,8 @@ import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import numpy as np
+
 from .cache import CacheConfig, CachedStoreConfig, clear_cache, describe_cache
 from .cache.warm import warm_cache
 from .dataset import IMG_EXTENSIONS, ImageFolder, ObjectDataset
@@ -111,9 +113,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if args.image_folder:
         # The same rules as ImageFolder itself: class folders, image extensions.
         folder = ImageFolder(store, keys=[item.key for item in found])
-        counts = [0] * len(folder.classes)
-        for target in folder.targets.tolist():
-            counts[target] += 1
+        counts = np.bincount(folder.targets, minlength=len(folder.classes)).tolist()
         report["images"] = len(folder)
         report["classes"] = dict(zip(folder.classes, counts, strict=True))
     if args.json:

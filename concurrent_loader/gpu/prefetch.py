@@ -19,7 +19,6 @@ import queue
 import threading
 import weakref
 from collections.abc import Hashable, Iterable, Iterator, Sequence, Sized
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,6 +26,7 @@ import torch
 from ..closing import Closing
 from ..config import check_count
 from ..errors import ConfigError
+from ..pipeline import Failure
 from .normalize import DEFAULT_IMAGE_KEYS, ImageTransform
 from .transfer import CUDATransfer, HostTransfer, PinnedRing, Transfer
 
@@ -36,11 +36,6 @@ log = logging.getLogger(__name__)
 
 #: how long closing waits for the producer to finish a ``next()`` call on the source
 JOIN_TIMEOUT_S = 60.0
-
-
-@dataclass(frozen=True)
-class _Failure:
-    error: BaseException
 
 
 _END = object()  # the producer's last item
@@ -85,7 +80,7 @@ class _Run:
                     del batch, staged
                     index += 1
         except BaseException as error:
-            self._items.put(_Failure(error))
+            self._items.put(Failure(error))
         finally:
             try:
                 if callable(close := getattr(iterator, "close", None)):
@@ -152,9 +147,9 @@ class PrefetchIterator(Closing):
         if item is _END:
             self.close()
             raise StopIteration
-        if isinstance(item, _Failure):
+        if isinstance(item, Failure):
             self.close()
-            raise item.error
+            raise item.exc
         try:
             return self._transfer.hand_over(item)
         finally:

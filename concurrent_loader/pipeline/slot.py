@@ -34,14 +34,12 @@ class Partial:
     skipped: list[SkippedSample]
 
 
+@dataclass(frozen=True, slots=True)
 class Failure:
     """A batch that failed: the exception, carried as data (also from a worker process to the
     main one, where it is raised with its type and attributes intact)."""
 
-    __slots__ = ("exc",)
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
+    exc: BaseException
 
 
 class Slot:
