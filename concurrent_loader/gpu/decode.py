@@ -20,7 +20,6 @@ copy stream). Guarantees of :class:`EncodedBatchDecoder`:
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -30,7 +29,7 @@ import torch.nn.functional as F
 from ..decode.encoded import BatchDecoder, EncodedImage, PILBatchDecoder
 from ..decode.image import center_crop_offsets, resized_size
 from ..errors import ConfigError, DecodeError, Reason
-from .tree import Path
+from .tree import Path, rebuild
 
 __all__ = ["EncodedBatchDecoder", "TorchvisionDecoder", "decode_images", "is_encoded_list"]
 __all__ += ["resize_crop"]
@@ -211,33 +210,18 @@ def decode_images(batch: Any, decoder: EncodedBatchDecoder) -> tuple[Any, frozen
     of the tensors that replaced them. A batch without one is returned as it is."""
     if is_encoded_list(batch):
         return decoder(batch), frozenset({()})
+    items: dict[Any, Any] | list[Any]
     if isinstance(batch, Mapping):
-        keys = [k for k, v in batch.items() if is_encoded_list(v)]
-        if not keys:
-            return batch, frozenset()
-        out = copy.copy(batch)
-        for key in keys:
-            out[key] = decoder(batch[key])  # type: ignore[index]
-        return out, frozenset((k,) for k in keys)
-    if isinstance(batch, (list, tuple)):
-        positions = [i for i, v in enumerate(batch) if is_encoded_list(v)]
-        if not positions:
-            return batch, frozenset()
+        items = dict(batch)
+        keys: list[Any] = list(items)
+    elif isinstance(batch, (list, tuple)):
         items = list(batch)
-        for i in positions:
-            items[i] = decoder(batch[i])
-        return _same_type(batch, items), frozenset((i,) for i in positions)
-    return batch, frozenset()
-
-
-def _same_type(batch: list[Any] | tuple[Any, ...], items: list[Any]) -> Any:
-    if isinstance(batch, list):
-        out = copy.copy(batch)  # keeps a list subclass and its attributes (partial batches)
-        out[:] = items
-        return out
-    if hasattr(batch, "_fields"):
-        return type(batch)(*items)
-    try:
-        return type(batch)(items)
-    except TypeError:
-        return tuple(items)
+        keys = list(range(len(items)))
+    else:
+        return batch, frozenset()
+    where = [key for key in keys if is_encoded_list(items[key])]
+    if not where:
+        return batch, frozenset()
+    for key in where:
+        items[key] = decoder(items[key])
+    return rebuild(batch, items), frozenset((key,) for key in where)

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Path", "first_tensor", "map_batch"]
+__all__ = ["Path", "first_tensor", "map_batch", "rebuild"]
 
 Path = tuple[Hashable, ...]
 
@@ -21,26 +21,27 @@ def map_batch(node: Any, fn: Callable[[Path, Any], Any], path: Path = ()) -> Any
     ``fn(path, leaf)``."""
     if isinstance(node, torch.Tensor):
         return fn(path, node)
-    if isinstance(node, tuple):
-        items = [map_batch(item, fn, (*path, i)) for i, item in enumerate(node)]
-        if hasattr(node, "_fields"):  # a named tuple takes its fields as arguments
-            return type(node)(*items)
-        return tuple(items) if type(node) is tuple else _rebuild(node, items, tuple)
-    if isinstance(node, list):
-        items = [map_batch(item, fn, (*path, i)) for i, item in enumerate(node)]
-        return items if type(node) is list else _rebuild(node, items, list)
+    if isinstance(node, (tuple, list)):
+        return rebuild(node, [map_batch(item, fn, (*path, i)) for i, item in enumerate(node)])
     if isinstance(node, Mapping):
-        mapped = {key: map_batch(value, fn, (*path, key)) for key, value in node.items()}
-        return mapped if type(node) is dict else _rebuild(node, mapped, dict)
+        return rebuild(node, {key: map_batch(v, fn, (*path, key)) for key, v in node.items()})
     return fn(path, node)
 
 
-def _rebuild(node: Any, contents: Any, fallback: Callable[[Any], Any]) -> Any:
-    # A subclass whose constructor takes other arguments: the data matters more than the type.
+def rebuild(node: Any, contents: list[Any] | dict[Any, Any]) -> Any:
+    """``contents`` in ``node``'s container type, with ``node``'s attributes (a partial
+    batch's ``skipped``); in a plain one when that type's constructor takes other arguments
+    (the data matters more than the type)."""
+    if hasattr(node, "_fields"):  # a named tuple takes its fields as arguments
+        return type(node)(*contents)
     try:
-        return type(node)(contents)
+        out = type(node)(contents)
     except TypeError:
-        return fallback(contents)
+        plain = dict if isinstance(node, Mapping) else list if isinstance(node, list) else tuple
+        return plain(contents)
+    if hasattr(node, "__dict__"):
+        out.__dict__.update(vars(node))
+    return out
 
 
 def first_tensor(batch: Any) -> torch.Tensor | None:

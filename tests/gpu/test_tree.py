@@ -3,8 +3,10 @@ from __future__ import annotations
 from collections import OrderedDict, namedtuple
 from typing import Any
 
+import pytest
 import torch
 
+from concurrent_loader import PartialBatch, PartialDict, PartialList
 from concurrent_loader.gpu.tree import Path, first_tensor, map_batch
 
 Pair = namedtuple("Pair", ["image", "label"])
@@ -84,3 +86,19 @@ def test_first_tensor() -> None:
     assert first_tensor(("a", {"k": t})) is t
     assert first_tensor(["a", 1]) is None
     assert first_tensor([[], {"a": "b", "c": (1, t)}]) is t
+
+
+@pytest.mark.parametrize("kind", [PartialBatch, PartialList])
+def test_a_partial_batch_keeps_its_type_and_marks(kind: type) -> None:
+    batch = kind([torch.ones(2), "label"])
+    batch.skipped = ["sample 3"]
+    out = map_batch(batch, lambda path, leaf: leaf * 2 if isinstance(leaf, torch.Tensor) else leaf)
+    assert type(out) is kind and out.skipped == ["sample 3"] and out[1] == "label"
+    assert torch.equal(out[0], torch.full((2,), 2.0))
+
+
+def test_a_partial_dict_keeps_its_type_and_marks() -> None:
+    batch = PartialDict(image=torch.ones(1))
+    batch.skipped = ["sample 3"]
+    out = map_batch(batch, lambda path, leaf: leaf)
+    assert type(out) is PartialDict and out.skipped == ["sample 3"] and set(out) == {"image"}
