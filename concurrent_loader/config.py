@@ -169,9 +169,8 @@ class FetchConfig:
     hedge: HedgeConfig = field(default_factory=HedgeConfig)
 
     def __post_init__(self) -> None:
-        n = self.max_inflight_requests
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-            raise ConfigError(f"max_inflight_requests must be an int >= 1 or None, got {n!r}")
+        if self.max_inflight_requests is not None:  # None: self-tuned
+            check_count("max_inflight_requests", self.max_inflight_requests)
         check_count("max_inflight_bytes", self.max_inflight_bytes)
         check_count("max_object_bytes", self.max_object_bytes)
 

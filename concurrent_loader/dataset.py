@@ -23,11 +23,11 @@ from .cache import CacheConfig, CachedStoreConfig, with_cache
 from .closing import Closing
 from .config import FetchConfig
 from .decode import EncodedImageDecoder, ImageDecoder, image_decoder
-from .errors import ConfigError, Reason
+from .errors import ConfigError
 from .fetch import client_for
 from .fetch.parts import PartsConfig
 from .keys import KeyTable
-from .listing import list_store
+from .listing import empty_root, list_store
 from .listing import progress as progress_bar
 from .runtime import Runtime, acquire_runtime
 from .sources import CallDecoder, ObjectDecoder, ObjectSource
@@ -263,11 +263,8 @@ class ImageFolder(ObjectDataset):
             if "/" in key and key.lower().endswith(self.extensions)
         )
         if not chosen:
-            raise ConfigError(
-                f"no images ({', '.join(self.extensions)}) in class folders under {self.store}",
-                url=self.store.url_for(""),
-                cause=Reason.EMPTY_PREFIX,
-            )
+            found = f"no images ({', '.join(self.extensions)}) in class folders"
+            raise empty_root(self.store, f"{found} under {self.store}")
         images = [key for key, _ in chosen]
         self.classes = sorted({k.split("/", 1)[0] for k in images})
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}

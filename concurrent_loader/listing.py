@@ -16,7 +16,7 @@ from .errors import ConfigError, Reason
 from .runtime import acquire_runtime
 from .stores.base import BlockingStore, ObjectInfo, StoreConfig
 
-__all__ = ["list_store", "progress"]
+__all__ = ["empty_root", "list_store", "progress"]
 
 
 def list_store(
@@ -60,10 +60,14 @@ def list_store(
             runtime.release()
     found.sort(key=lambda item: item.key)
     if not found:
-        raise ConfigError(
-            f"no objects under {store}", url=store.url_for(""), cause=Reason.EMPTY_PREFIX
-        )
+        raise empty_root(store, f"no objects under {store}")
     return found
+
+
+def empty_root(store: StoreConfig, message: str, key: str = "") -> ConfigError:
+    """The error (``EmptyPrefix``) for a root ``store`` that holds nothing to read: ``message``
+    names the root (or its object ``key``)."""
+    return ConfigError(message, url=store.url_for(key), cause=Reason.EMPTY_PREFIX)
 
 
 @contextmanager

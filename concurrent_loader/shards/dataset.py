@@ -18,7 +18,7 @@ from ..config import FetchConfig
 from ..dataset import ObjectDataset
 from ..decode import EncodedImageDecoder, ImageDecoder, image_decoder
 from ..errors import ConfigError, ObjectNotFound, Reason, ShardError
-from ..listing import list_store
+from ..listing import empty_root, list_store
 from ..listing import progress as progress_bar
 from ..stores import StoreConfig, store_config_for
 from ..stores.readahead import Readahead, ReadaheadConfig
@@ -78,11 +78,7 @@ class ShardDataset(ObjectDataset):
         if shards is None:
             keys = [key for key in listed if key.endswith(".tar")]
             if not keys:
-                raise ConfigError(
-                    f"no tar shards (*.tar) under {self.store}",
-                    url=self.store.url_for(""),
-                    cause=Reason.EMPTY_PREFIX,
-                )
+                raise empty_root(self.store, f"no tar shards (*.tar) under {self.store}")
         else:
             keys = list(shards)
             if not keys:
@@ -116,11 +112,8 @@ class ShardDataset(ObjectDataset):
                 {key: self.source.sample_ranges(s) for s, key in enumerate(keys)},
             )
         if len(self.source) == 0:
-            raise ConfigError(
-                f"the {len(keys)} shards under {self.store} hold no samples",
-                url=self.store.url_for(keys[0]),
-                cause=Reason.EMPTY_PREFIX,
-            )
+            message = f"the {len(keys)} shards under {self.store} hold no samples"
+            raise empty_root(self.store, message, keys[0])
 
     _items = "samples"
 

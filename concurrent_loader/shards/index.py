@@ -66,13 +66,9 @@ class ShardIndex:
         return cls(size, kept, presize, dict(original_sizes or {}))
 
     def to_json(self) -> bytes:
-        members = [[m.name, m.header_offset, m.offset, m.size] for m in self.members]
-        document: dict[str, object] = {
-            "format": INDEX_FORMAT,
-            "version": INDEX_VERSION,
-            "size": self.size,
-            "members": members,
-        }
+        document: dict[str, object] = {"format": INDEX_FORMAT, "version": INDEX_VERSION}
+        document["size"] = self.size
+        document["members"] = [[m.name, m.header_offset, m.offset, m.size] for m in self.members]
         if self.presize is not None:
             document["presize"] = self.presize
         if self.original_sizes:

@@ -30,7 +30,7 @@ from typing import Any
 
 from ..dataset import ImageFolder
 from ..errors import ConfigError, Reason
-from ..listing import list_store
+from ..listing import empty_root, list_store
 from ..stores import LocalConfig, ObjectInfo, S3Config, StoreConfig
 from ..stores.s3.errors import error_for_exception
 from .index import INDEX_SUFFIX
@@ -138,11 +138,10 @@ def _checked(store: StoreConfig, by_key: dict[str, Sample], skipped: list[str]) 
         )
     samples = [by_key[key] for key in sorted(by_key)]
     if not samples:
-        raise ConfigError(
+        raise empty_root(
+            store,
             f"nothing to pack under {store}: none of its {len(skipped)} objects is part of a "
             f"sample (skipped: {first_few(skipped)})",
-            url=store.url_for(""),
-            cause=Reason.EMPTY_PREFIX,
         )
     return samples, skipped
 
