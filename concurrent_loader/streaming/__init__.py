@@ -1,6 +1,4 @@
-"""Streaming reads of sharded datasets, as a sampler the loader already knows how to use:
-:class:`ShardOrderSampler` (:mod:`.sampler`).
-"""
+"""Streaming reads of sharded datasets, as a sampler: :class:`ShardOrderSampler`."""
 
 from .sampler import ShardOrderSampler
 

@@ -198,12 +198,8 @@ def rank_stream(
 ) -> Iterator[int]:
     """The global indices of ``shards``, in order, cut or padded to ``count`` (padding starts
     again at the rank's first shard, not another rank's)."""
-
-    def once() -> Iterator[int]:
-        for s in shards:
-            yield from range(offsets[s], offsets[s] + lengths[s])
-
-    return itertools.islice(itertools.cycle(once()) if count else iter(()), count)
+    once = itertools.chain.from_iterable(range(offsets[s], offsets[s] + lengths[s]) for s in shards)
+    return itertools.islice(itertools.cycle(once), count)
 
 
 def interleave_batches(streams: Sequence[Iterator[int]], batch_size: int) -> Iterator[int]:
