@@ -22,20 +22,13 @@ from ..config import FetchConfig
 from ..runtime import Runtime
 from ..stores.base import StoreConfig
 from .cached import CachedStoreConfig, Client
-from .directory import (
-    CacheConfig,
-    CacheDirectory,
-    Ledger,
-    cache_config_for,
-    read_ledger,
-    remove_dead_temps,
-)
+from .directory import CacheConfig, CacheDirectory, Ledger, read_ledger, remove_dead_temps
 from .form import Transform, clear_forms, read_forms, record_form
 from .layout import SHARD_NAME, CacheRefused, Handles, on_entry, scan_entries, temp_files
 from .store import CachedStore
 
 __all__ = ["CacheConfig", "CacheDirectory", "CacheRefused", "CachedStore", "CachedStoreConfig"]
-__all__ += ["Transform", "cache_config_for", "clear_cache", "describe_cache", "with_cache"]
+__all__ += ["Transform", "clear_cache", "describe_cache", "with_cache"]
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +45,9 @@ def with_cache(
     ``client_for``: see :attr:`CachedStoreConfig.client_for`."""
     if cache is None:
         return store
-    config = cache_config_for(cache)
+    if not isinstance(cache, CacheConfig):  # a directory: the defaults (CacheConfig checks it)
+        cache = CacheConfig(os.fspath(cache) if isinstance(cache, os.PathLike) else cache)
+    config = cache
     if not store.capabilities.remote:
         log.info("%s is on local disk: not cached", store)
         return store

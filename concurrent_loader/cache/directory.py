@@ -45,7 +45,7 @@ from ..errors import ConfigError
 from .form import Transform, check_transform
 from .layout import CorruptEntry, Entry, Handles, in_shard, read_entry_fd, scan_entries, temp_files
 
-__all__ = ["CacheConfig", "CacheDirectory", "Ledger", "cache_config_for", "entry_path", "name_for"]
+__all__ = ["CacheConfig", "CacheDirectory", "Ledger", "entry_path", "name_for"]
 __all__ += ["read_ledger", "remove_dead_temps"]
 
 #: the share of the disk's free space (plus what the cache already holds) that a cache
@@ -94,15 +94,6 @@ class CacheConfig:
         if self.max_bytes is None:
             raise ValueError("the cache's budget is resolved when a dataset is made")
         return self.max_bytes
-
-
-def cache_config_for(cache: str | os.PathLike[str] | CacheConfig) -> CacheConfig:
-    """``cache=`` as given to a dataset: a directory (the defaults) or a ``CacheConfig``."""
-    if isinstance(cache, CacheConfig):
-        return cache
-    if isinstance(cache, (str, os.PathLike)):
-        return CacheConfig(os.fspath(cache))
-    raise ConfigError(f"cache must be a directory or a CacheConfig, got {type(cache).__name__}")
 
 
 _LEDGER = struct.Struct("<4sqqqqq")
