@@ -122,24 +122,21 @@ class ShardOrderSampler(Sampler[int]):
         rank, _ = self._world()
         shards, count = self.plan()
         nonempty = [s for s in shards if self.shard_lengths[s] > 0]
+        # Equal counts across ranks: pad by starting the rank's order again, or cut.
         if self.workers == 1 or len(nonempty) < self.workers:
-            return self._mixed(rank_stream(self.shard_lengths, self.offsets, shards, count), rank)
+            padded = itertools.islice(itertools.cycle(self._indices(shards)), count)
+            return self._mixed(padded, rank)
         # One stream per worker, each over whole shards of its own, batch k from stream
         # k % workers: the loader's worker k % workers reads only its own shards.
         per_worker = assign_shards(self.shard_lengths, nonempty, self.workers)
-        streams = [
-            self._mixed(
-                rank_stream(
-                    self.shard_lengths, self.offsets, own, sum(self.shard_lengths[s] for s in own)
-                ),
-                rank,
-                worker,
-            )
-            for worker, own in enumerate(per_worker)
-        ]
+        streams = [self._mixed(self._indices(own), rank, w) for w, own in enumerate(per_worker)]
         once = interleave_batches(streams, self.batch_size)
-        # Equal counts across ranks: pad by starting the rank's order again, or cut.
         return itertools.islice(itertools.cycle(once), count)
+
+    def _indices(self, shards: Sequence[int]) -> Iterator[int]:
+        """The global indices of ``shards``, in order."""
+        ranges = (range(self.offsets[s], self.offsets[s] + self.shard_lengths[s]) for s in shards)
+        return itertools.chain.from_iterable(ranges)
 
     def _mixed(self, stream: Iterator[int], rank: int, worker: int = 0) -> Iterator[int]:
         if not self.shuffle:
@@ -191,15 +188,6 @@ def assign_shards(lengths: Sequence[int], order: Sequence[int], world_size: int)
         shards[rank].append(s)
         loads[rank] += lengths[s]
     return shards
-
-
-def rank_stream(
-    lengths: Sequence[int], offsets: Sequence[int], shards: Sequence[int], count: int
-) -> Iterator[int]:
-    """The global indices of ``shards``, in order, cut or padded to ``count`` (padding starts
-    again at the rank's first shard, not another rank's)."""
-    once = itertools.chain.from_iterable(range(offsets[s], offsets[s] + lengths[s]) for s in shards)
-    return itertools.islice(itertools.cycle(once), count)
 
 
 def interleave_batches(streams: Sequence[Iterator[int]], batch_size: int) -> Iterator[int]:
