@@ -195,17 +195,15 @@ def measure_stalls(
     )
 
     fed = meter()
-    first: list[Any] = []
     ran = 0
-    for batch in fed.iterate(batches, max_steps=total):
-        if not first:
-            first.append(batch)
+    for ran, batch in enumerate(fed.iterate(batches, max_steps=total), 1):
+        if ran == 1:
+            first = batch
         train_step(batch)
-        ran += 1
-    if not first:
+    if not ran:
         raise ConfigError("measure_stalls: batches yielded no batch")
     synthetic = meter()
-    for batch in synthetic.iterate(repeat_batch(first[0], ran)):
+    for batch in synthetic.iterate(repeat_batch(first, ran)):
         train_step(batch)
     return StallComparison(loader=fed.report(), synthetic=synthetic.report())
 

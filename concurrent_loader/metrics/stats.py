@@ -187,11 +187,8 @@ class StageStats:
                 v[first + i] += value - base
         return v
 
-    def __getstate__(self) -> list[float]:
-        return self.vector()
-
-    def __setstate__(self, state: list[float]) -> None:
-        self.__init__(state)  # type: ignore[misc]
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (StageStats, (self.vector(),))
 
 
 class SharedStats:
