@@ -182,8 +182,8 @@ class ObjectDataset(Closing, Dataset[Any]):
         self._open_nothing()
 
     def __repr__(self) -> str:
-        keys = getattr(self, "keys", None)  # absent while the constructor is still listing
-        count = f"{len(keys)} objects" if keys is not None else "not listed"
+        source = getattr(self, "source", None)  # absent while the constructor is still listing
+        count = f"{len(source)} {self._items}" if source is not None else "not listed"
         return f"{type(self).__name__}({getattr(self, 'store', '?')}, {count})"
 
 

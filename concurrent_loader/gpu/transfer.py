@@ -50,10 +50,8 @@ class HostTransfer:
         self._convert = DeviceImageTransform(transform, device)
         self._images = EncodedBatchDecoder(device)
 
-    @contextlib.contextmanager
-    def context(self) -> Iterator[None]:
-        with torch.no_grad():
-            yield
+    def context(self) -> contextlib.AbstractContextManager[Any]:
+        return torch.no_grad()
 
     def stage(self, batch: Any) -> Any:
         batch, _ = decode_images(batch, self._images)

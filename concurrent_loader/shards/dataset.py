@@ -117,12 +117,6 @@ class ShardDataset(ObjectDataset):
 
     _items = "samples"
 
-    def __repr__(self) -> str:
-        source = getattr(self, "source", None)
-        if source is None:
-            return f"ShardDataset({getattr(self, 'store', '?')}, not indexed)"
-        return f"ShardDataset({self.store}, {len(source.shards)} shards, {len(source)} samples)"
-
 
 class ImageSample:
     """``decode=`` for image classification shards: ``(image, label)`` from a sample with

@@ -45,8 +45,7 @@ from .index import INDEX_SUFFIX, ShardIndex
 from .packplan import Destination, Sample, first_few, on_s3, plan_image_folder, plan_objects
 from .tar import BLOCK, Member, padded
 
-__all__ = ["PackResult", "add_pack_arguments", "add_presize_arguments", "pack", "parse_size"]
-__all__ += ["presize_from", "run_pack"]
+__all__ = ["PackResult", "add_pack_arguments", "pack", "parse_size", "presize_from", "run_pack"]
 
 _UNITS = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9}
 _UNITS.update({"GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30})
