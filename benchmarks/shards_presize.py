@@ -111,7 +111,9 @@ def build_ours(args: argparse.Namespace, endpoint_url: str, form: str) -> Any:
     dataset = ShardDataset(
         S3Config.from_url(f"s3://{BUCKET}/presize/{form}/", endpoint_url=endpoint_url),
         decode=ImageSample(args.image_size, resize_size=args.resize_size),
-        readahead=Readahead(),
+        readahead=Readahead(
+            **({"max_bytes": args.readahead_mib * MiB} if args.readahead_mib else {})
+        ),
         fetch_config=FetchConfig(max_inflight_requests=64),
     )
     sampler = ShardOrderSampler(dataset.shard_lengths, buffer_size=args.buffer, seed=0)
@@ -151,16 +153,18 @@ def run_row(
     loader_name: str,
     form: str,
     storage_cpu: Any = lambda: 0.0,
+    proxy_stats: Any = lambda: {},
 ) -> Any:
-    """``--epochs`` epochs of one row: whole-epoch images/s, the first batch's seconds, and
-    the CPU the client side (this process tree less the storage) and the storage side
-    (server and proxy: ``storage_cpu()``, seconds so far) used per second of the epochs."""
+    """``--epochs`` epochs of one row: whole-epoch images/s, the first batch's seconds, the
+    CPU the client side (this process tree less the storage) and the storage side (server
+    and proxy: ``storage_cpu()``, seconds so far) used per second of the epochs, and the
+    GETs and bytes the proxy sent per sample (``proxy_stats()``, its counters so far)."""
     import torch
 
     from benchmarks.measure import process_tree_usage
 
     loader = BUILDERS[loader_name](args, endpoint_url, form)
-    cpu_before, storage_before = process_tree_usage()[0], storage_cpu()
+    cpu_before, storage_before, proxy_before = process_tree_usage()[0], storage_cpu(), proxy_stats()
     expected = sorted(i % args.classes for i in range(args.images))
     images = 0
     seconds = 0.0
@@ -181,12 +185,19 @@ def run_row(
         first.append((arrived or started) - started)
     storage = storage_cpu() - storage_before
     client = process_tree_usage()[0] - cpu_before - storage
+    proxy_after = proxy_stats()
+
+    def per_sample(counter: Any) -> float:
+        return (counter(proxy_after) - counter(proxy_before)) / images if proxy_after else 0.0
+
     del loader
     return {
         "images_per_s": images / seconds,
         "first_batch_s": statistics.median(first),
         "client_cpu_share": client / seconds,
         "storage_cpu_share": storage / seconds,
+        "gets_per_sample": per_sample(lambda s: s["requests_by_method"].get("GET", 0)),
+        "proxy_bytes_per_sample": per_sample(lambda s: s["bytes_sent"]),
     }
 
 
@@ -248,6 +259,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     name,
                     form,
                     lambda: proxy.cpu_seconds() + process_cpu_seconds(s3.pid),
+                    proxy.stats,
                 )
                 results[f"{name}-{form}"].append(figures)
                 print(f"{name}-{form}: {figures['images_per_s']:.0f} img/s", flush=True)
@@ -269,6 +281,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "mb_per_s": median * packed[form]["bytes_per_sample"] / 1e6,
             "client_cpu_share": statistics.median(f["client_cpu_share"] for f in figures),
             "storage_cpu_share": statistics.median(f["storage_cpu_share"] for f in figures),
+            "gets_per_sample": statistics.median(f["gets_per_sample"] for f in figures),
+            "proxy_bytes_per_sample": statistics.median(
+                f["proxy_bytes_per_sample"] for f in figures
+            ),
         }
     report["ratios"] = _ratios(report["rows"], args.short_side)
     return report
@@ -301,15 +317,16 @@ def format_report(report: dict[str, Any]) -> str:
         f"+{a['latency_ms']:g} ms, {a['epochs']} epochs per run, {a['rounds']} rounds",
         "",
         "| row | img/s, whole epochs: median (rounds) | first batch, s | MB/s | client CPU "
-        "(cores) | server + proxy CPU (cores) |",
-        "|---|---|---|---|---|---|",
+        "(cores) | server + proxy CPU (cores) | GETs per sample | proxy bytes per sample |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row, r in report["rows"].items():
         rounds = ", ".join(f"{v:.0f}" for v in r["images_per_s_rounds"])
         lines.append(
             f"| {row} | {r['images_per_s']:.0f} ({rounds}) | {r['first_batch_s']:.2f} "
             f"| {r['mb_per_s']:.0f} | {r['client_cpu_share']:.2f} "
-            f"| {r['storage_cpu_share']:.2f} |"
+            f"| {r['storage_cpu_share']:.2f} | {r['gets_per_sample']:.3f} "
+            f"| {r['proxy_bytes_per_sample']:.0f} |"
         )
     lines += ["", "| row | against | ratio | target |", "|---|---|---|---|"]
     for c in report["ratios"]:
@@ -341,6 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--short-side", type=int, default=256, help="the pre-sized shorter side")
     p.add_argument("--shard-mib", type=int, default=16, help="shard size (MiB)")
     p.add_argument("--buffer", type=int, default=512, help="shuffle buffer (samples)")
+    p.add_argument(
+        "--readahead-mib", type=int, default=0, help="ours: Readahead.max_bytes (0: its default)"
+    )
     p.add_argument("--latency-ms", type=float, default=50.0, help="first-byte delay per GET")
     p.add_argument("--epochs", type=int, default=2, help="epochs per run")
     p.add_argument("--rounds", type=int, default=3, help="interleaved runs per row")
