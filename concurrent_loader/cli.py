@@ -299,8 +299,7 @@ def _cache_commands(commands: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, stream=sys.stderr)
     try:
         status: int = args.run(args)

@@ -127,7 +127,7 @@ class _Run:
         return True
 
 
-class PrefetchIterator(Closing):
+class PrefetchIterator(Closing, Iterator[Any]):
     """One pass over a :class:`CUDAPrefetcher`; yields batches on its device."""
 
     def __init__(self, source: Iterable[Any], transfer: Transfer, depth: int) -> None:
@@ -136,9 +136,6 @@ class PrefetchIterator(Closing):
         self._done = False
         # close() when the iterator is dropped (after ``break``), and at interpreter exit
         self._finalizer = weakref.finalize(self, _shutdown, self._run, transfer)
-
-    def __iter__(self) -> PrefetchIterator:
-        return self
 
     def __next__(self) -> Any:
         if self._done:

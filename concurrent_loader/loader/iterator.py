@@ -149,9 +149,6 @@ class EpochIterator(Iterator[Any]):
         if progress.done:
             self._finish(done=True)
 
-    def __iter__(self) -> EpochIterator:
-        return self
-
     def __len__(self) -> int:
         return self._progress.num_batches
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections import deque
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -84,7 +84,7 @@ def predict_next_epoch(
         torch.set_rng_state(global_state)
 
 
-class Feed:
+class Feed(Iterator[list[Any]]):
     """The batches a pipeline starts, taken one at a time: the share of this epoch, then the
     predicted share of the next one (recorded as ``guessed`` as they are taken)."""
 
@@ -92,9 +92,6 @@ class Feed:
         self._share = deque(share)
         self._predicted = deque(predicted)
         self.guessed: Batches = []
-
-    def __iter__(self) -> Feed:
-        return self
 
     def __next__(self) -> list[Any]:
         if self._share:

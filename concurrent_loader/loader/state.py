@@ -24,8 +24,6 @@ STATE_VERSION = 1
 
 @dataclass
 class EpochProgress:
-    """Where an epoch is: what :func:`make_state` saves mid-epoch."""
-
     epoch: int
     generator_states: dict[str, torch.Tensor]
     num_batches: int
