@@ -68,7 +68,9 @@ class AttemptLayer:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def get(self, request: Request) -> Body:
-        await self.limit.acquire()
+        limit = self.limit
+        if not limit.try_acquire():
+            await limit.acquire()
         try:
             attempt = self._start(request)
             try:
@@ -85,7 +87,7 @@ class AttemptLayer:
             )
             return body
         finally:
-            self.limit.release()
+            limit.release()
 
     def _start(self, request: Request) -> _Running:
         loop, task = running_task(self._loop)
@@ -181,7 +183,9 @@ class RetryLayer:
     """Retries transient errors per :class:`~concurrent_loader.config.RetryConfig`. A throttle
     does not count towards ``max_attempts``: it is retried after its backoff, or once another
     GET succeeds. The object's budget (a timer armed after a first failure) ends it with
-    ``FetchTimeout`` (``DEADLINE_EXCEEDED``) caused by the last failed attempt."""
+    ``FetchTimeout`` (``DEADLINE_EXCEEDED``) caused by the last failed attempt. Entered only
+    once a first attempt failed (:meth:`after`): a GET that succeeds at once passes no frame
+    of it."""
 
     def __init__(self, inner: Getter, config: RetryConfig, limit: AdaptiveLimit) -> None:
         self.inner = inner
@@ -193,7 +197,10 @@ class RetryLayer:
         try:
             return await self.inner.get(request)
         except FetchError as exc:
-            error = exc
+            return await self.after(request, exc)
+
+    async def after(self, request: Request, error: FetchError) -> Body:
+        """The body of ``request``, whose first attempt failed with ``error``."""
         retry = self.config
         loop = asyncio.get_running_loop()
         if request.deadline is None:  # failed before it was sent
@@ -273,7 +280,7 @@ class FetchClient:
         self._attempts = AttemptLayer(
             getter, self.limit, config.timeouts.attempt, config.retry.max_total_seconds
         )
-        self._getter: Getter = RetryLayer(self._attempts, config.retry, self.limit)
+        self._retry = RetryLayer(self._attempts, config.retry, self.limit)
 
     @property
     def in_flight(self) -> int:
@@ -296,7 +303,11 @@ class FetchClient:
         observer: FetchObserver = NO_OBSERVER,
     ) -> bytes | bytearray:
         request = Request(key, byte_range, self.store.url_for(key), observer)
-        return (await self._getter.get(request)).data  # not through get_body: a frame less
+        try:  # not through get_body, nor RetryLayer.get: two frames less per GET
+            body = await self._attempts.get(request)
+        except FetchError as exc:
+            body = await self._retry.after(request, exc)
+        return body.data
 
     async def get_body(
         self,
@@ -307,7 +318,7 @@ class FetchClient:
     ) -> Body:
         """Like :meth:`get`, with what the store said of the body (ETag, object checksum)."""
         request = Request(key, byte_range, self.store.url_for(key), observer)
-        return await self._getter.get(request)
+        return await self._retry.get(request)
 
     async def close(self) -> None:
         await self.store.close()

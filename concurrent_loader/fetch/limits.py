@@ -53,11 +53,17 @@ class AdaptiveLimit:
         """Whether the store throttled most GETs of the last round (then no hedging)."""
         return self.controller.last_throttled_fraction >= 0.5
 
-    async def acquire(self) -> None:
+    def try_acquire(self) -> bool:
+        """Take a free slot now, if there is one and nobody waits for one."""
         if self.in_flight < self.limit and not self._waiters:
             self.in_flight += 1
             if self.in_flight >= self.limit:
                 self.controller.limit_reached()
+            return True
+        return False
+
+    async def acquire(self) -> None:
+        if self.try_acquire():
             return
         self.controller.limit_reached()
         waiter = asyncio.get_running_loop().create_future()

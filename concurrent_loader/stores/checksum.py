@@ -134,7 +134,8 @@ class _RunningCrc(RunningChecksum):
     __slots__ = ("_calc", "_value")
 
     def __init__(self, checksum: Checksum, calc: Callable[[Data, int], int]) -> None:
-        super().__init__(checksum)
+        self.checksum = checksum  # not through super(): one per GET
+        self.length = 0
         self._calc = calc
         self._value = 0  # the CRC of no bytes, for every model here
 

@@ -70,14 +70,16 @@ def parse_head(buffer: bytearray, search_from: int, end: int) -> Head | None:
         raise ProtocolError(f"bad status line {lines[0][:100]!r}")
     status = int(status_text)
     headers: dict[str, str] = {}
-    for line in lines[1:]:
+    del lines[0]
+    for line in lines:
         name, sep, value = line.partition(":")
         if not sep:
             raise ProtocolError(f"bad header line {line[:100]!r}")
         name = name.strip().lower()
-        value = value.strip()
-        previous = headers.get(name)
-        headers[name] = value if previous is None else f"{previous}, {value}"
+        if name in headers:
+            headers[name] += ", " + value.strip()
+        else:
+            headers[name] = value.strip()
     body_start = stop + 4
     if 100 <= status < 200 and status != 101:
         return status, headers, True, INTERIM, body_start

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import time
 from dataclasses import dataclass, field
 from urllib.parse import quote
@@ -43,8 +44,14 @@ class Credentials:
         return f"Credentials(access_key={self.access_key[:4]!r}..., secret_key=<hidden>{token})"
 
 
+# Characters ``quote`` leaves as they are: a key made only of them is its own encoding.
+_UNENCODED = re.compile(r"[A-Za-z0-9/\-_.~]*")
+
+
 def encode_s3_key(key: str) -> str:
     """``key`` URI-encoded as S3 and botocore encode it in a path (``/`` kept)."""
+    if _UNENCODED.fullmatch(key):
+        return key  # most keys: a quarter of quote's cost
     return quote(key, safe="/-_.~")
 
 
@@ -67,7 +74,8 @@ class _DayKey:
         "auth_prefix",
         "credentials",
         "datestamp",
-        "hmac_template",
+        "inner",
+        "outer",
         "scope",
         "signed_headers",
         "token",
@@ -85,8 +93,11 @@ class _DayKey:
         self.datestamp = datestamp
         k_date = _hmac(("AWS4" + credentials.secret_key).encode(), datestamp)
         k_signing = _hmac(_hmac(_hmac(k_date, region), "s3"), "aws4_request")
-        # Copying a keyed HMAC object skips re-hashing the key pads on every call.
-        self.hmac_template = hmac.new(k_signing, digestmod=hashlib.sha256)
+        # HMAC-SHA256 (RFC 2104) as two SHA-256 states after the key pads, copied per call:
+        # half the cost of copying a keyed ``hmac`` object.
+        padded = k_signing.ljust(64, b"\0")
+        self.inner = hashlib.sha256(bytes(b ^ 0x36 for b in padded))
+        self.outer = hashlib.sha256(bytes(b ^ 0x5C for b in padded))
         self.scope = f"{datestamp}/{region}/s3/aws4_request"
         signed = "host;x-amz-checksum-mode;" if checksum_mode else "host;"
         signed += "x-amz-content-sha256;x-amz-date"
@@ -177,8 +188,10 @@ class SigV4Signer:
                 f"{day_key.signed_headers}\n{EMPTY_SHA256}"
             )
         request_hash = hashlib.sha256(canonical_request.encode("utf-8")).hexdigest()
-        mac = day_key.hmac_template.copy()
-        mac.update(f"{_ALGORITHM}\n{amz_date}\n{day_key.scope}\n{request_hash}".encode())
+        inner = day_key.inner.copy()
+        inner.update(f"{_ALGORITHM}\n{amz_date}\n{day_key.scope}\n{request_hash}".encode())
+        mac = day_key.outer.copy()
+        mac.update(inner.digest())
         headers = [
             ("x-amz-date", amz_date),
             ("x-amz-content-sha256", EMPTY_SHA256),
