@@ -17,12 +17,14 @@ rounded as torchvision's ``CenterCrop`` rounds them. Pillow releases the GIL, so
 scale.
 
 With the optional ``simplejpeg`` installed (the ``jpeg`` extra), a YCbCr or greyscale JPEG
-decoded to RGB at full scale (no draft reduction) is decoded by it, straight to an array:
-the same libjpeg-turbo with the same settings (accurate integer DCT, fancy upsampling), so
-the same pixels (tests compare them), without Pillow's chunked feed and 4-byte pixels (0.71
-against 0.96 ms for a 341x256 JPEG, measured). Anything else (CMYK, which Pillow converts
-its own way; a file libjpeg-turbo warns about, such as a truncated one) goes to Pillow,
-whose error names the object.
+made into a tensor with no resample (the whole image, or a crop: one stored pre-sized) is
+decoded by it, straight to an array: the same libjpeg-turbo with the same settings
+(accurate integer DCT, fancy upsampling), so the same pixels (tests compare them), without
+Pillow's chunked feed and 4-byte pixels (0.71 against 0.96 ms for a 341x256 JPEG,
+measured). An image to resize stays with Pillow (making a PIL image of the array costs
+what the decode saves), and so does anything else (CMYK, which Pillow converts its own
+way; a file libjpeg-turbo warns about, such as a truncated one), whose error names the
+object.
 
 The raw form of :mod:`.presize` (uint8 pixels with their shape) is read without a decode:
 the fused path crops (and resizes when it must) from the array with the same geometry as
@@ -203,9 +205,8 @@ class ImageDecoder:
         """The image in ``data``, in ``self.mode``: the output when ``image_size`` is set,
         or, with offsets, the image to crop the output from at those offsets."""
         check_not_empty(data, url)
-        array = self._pixels(data, url)
-        if array is not None:
-            return self._fit_array(array)
+        if is_raw(data):
+            return self._fit_array(read_raw(data, url))
         try:
             image: Image.Image = Image.open(io.BytesIO(data))
             width, height = image.size
@@ -274,7 +275,8 @@ class ImageDecoder:
 
     def _pixels(self, data: bytes | bytearray | memoryview, url: str | None) -> Any:
         """The ``(h, w, c)`` uint8 pixels of the raw form, or of a JPEG that ``simplejpeg``
-        decodes as Pillow would (see the module docstring); None for Pillow to decode."""
+        decodes as Pillow would and that needs no resample (see the module docstring);
+        None for Pillow to decode."""
         if is_raw(data):
             return read_raw(data, url)
         if simplejpeg is None or self.mode != "RGB" or bytes(data[:2]) != b"\xff\xd8":
@@ -284,10 +286,8 @@ class ImageDecoder:
             limit = Image.MAX_IMAGE_PIXELS
             if colorspace not in ("YCbCr", "Gray") or (limit and width * height > limit):
                 return None  # Pillow converts CMYK its own way; its refusal names a bomb
-            if self.image_size is not None and self.draft:
-                draft_w, draft_h = self._draft_size(width, height)
-                if width // draft_w >= 2 and height // draft_h >= 2:
-                    return None  # Pillow's draft decodes it at a reduced scale
+            if self.image_size is not None and self.geometry(width, height)[1] is None:
+                return None  # a resample (and perhaps a draft) by Pillow
             return simplejpeg.decode_jpeg(data, colorspace="RGB")
         except ValueError:
             return None
