@@ -101,7 +101,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             prefetch_batches=prefetch_batches,
             on_error=on_error,
             stall_timeout_s=stall_timeout_s,
-            parts=getattr(dataset, "parts", None),
+            parts=getattr(dataset, "parts", None) if source else None,  # checked by the dataset
         )
         super().__init__(
             dataset,
@@ -171,9 +171,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
                 if self.batch_size is None:
                     return sampler
                 return BatchSampler(sampler, self.batch_size, self.drop_last)
-        if self.batch_sampler is not None:
-            return self.batch_sampler
-        return self.sampler
+        return self.batch_sampler if self.batch_sampler is not None else self.sampler
 
     def __len__(self) -> int:
         if self._shards_itself and resume.world()[1] > 1:

@@ -45,8 +45,6 @@ class PipelineOptions:
             raise ConfigError(f"stall_timeout_s must be > 0 or None, got {self.stall_timeout_s}")
         for name in ("decode_threads", "getitem_threads", "prefetch_batches"):
             check_count(name, getattr(self, name))
-        if not isinstance(self.parts, PartsConfig):
-            raise ConfigError(f"parts must be a PartsConfig, got {type(self.parts).__name__}")
         if self.on_error not in ("raise", "skip"):
             raise ConfigError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
 

@@ -223,14 +223,12 @@ def index_shards(
         return ShardIndex.of_members(scan_members(read, size, url, _SCAN_WINDOW), size)
 
     missing = [i for i, document in enumerate(documents) if document is None]
-    scanned: dict[int, ShardIndex] = {}
-    if missing:
-        # A scan is a chain of dependent GETs: scanning shards side by side hides latency.
-        with concurrent.futures.ThreadPoolExecutor(
-            max_workers=min(_SCANS_IN_PARALLEL, len(missing)),
-            thread_name_prefix="concurrent-loader-scan",
-        ) as pool:
-            scanned = dict(zip(missing, pool.map(scan, missing), strict=True))
+    # A scan is a chain of dependent GETs: scanning shards side by side hides latency.
+    with concurrent.futures.ThreadPoolExecutor(
+        max_workers=max(1, min(_SCANS_IN_PARALLEL, len(missing))),
+        thread_name_prefix="concurrent-loader-scan",
+    ) as pool:
+        scanned = dict(zip(missing, pool.map(scan, missing), strict=True))
     return [
         ShardIndex.from_json(document, store.url_for(shards[i] + INDEX_SUFFIX))
         if document is not None

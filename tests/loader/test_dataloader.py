@@ -372,3 +372,18 @@ def test_an_error_from_user_code_notes_where_it_was_raised(num_workers):
     notes = "\n".join(caught.value.__notes__)
     assert "while loading item 3 of _Failing" in notes
     assert "Original traceback in" in notes and "raise_for_three" in notes
+
+
+class _WithItsOwnParts(Dataset[int]):
+    parts = ["head", "tail"]  # the dataset's own attribute, not a PartsConfig
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+def test_a_foreign_datasets_parts_attribute_is_left_to_it():
+    loader = ConcurrentDataLoader(_WithItsOwnParts(), batch_size=2)
+    assert [batch.tolist() for batch in loader] == [[0, 1], [2, 3]]
