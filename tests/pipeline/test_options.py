@@ -16,7 +16,6 @@ from concurrent_loader.pipeline import PipelineOptions, available_cpus
         {"prefetch_batches": 0},
         {"on_error": "ignore"},
         {"stall_timeout_s": 0},
-        {"parts": 8},
     ],
 )
 def test_invalid_options_are_refused(kwargs):

@@ -153,3 +153,8 @@ def test_a_backends_options_are_its_config_given_as_the_root(tmp_path):
         ObjectDataset(tmp_path, endpoint_url="http://127.0.0.1:9000")  # type: ignore[call-arg]
     with pytest.raises(ConfigError, match="S3 options apply to an s3://"):
         ObjectDataset(S3Config.from_url(str(tmp_path), region="eu-west-1"))
+
+
+def test_parts_must_be_a_parts_config():
+    with pytest.raises(ConfigError, match="parts must be a PartsConfig, got int"):
+        ObjectDataset(MemoryConfig({"a.bin": b"x"}), parts=8)  # type: ignore[arg-type]
