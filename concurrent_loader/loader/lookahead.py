@@ -76,9 +76,7 @@ def predict_next_epoch(
     states = generators.get()
     global_state = torch.get_rng_state()
     try:
-        if batched:
-            return [list(batch) for batch in sampler]
-        return [[index] for index in sampler]
+        return [list(batch) for batch in sampler] if batched else [[index] for index in sampler]
     finally:
         generators.set(states)
         torch.set_rng_state(global_state)

@@ -47,9 +47,7 @@ def draw_batches(
         torch.empty((), dtype=torch.int64).random_(generator=generator)
         if seed_into is not None:
             seed_into.set_state(seed_state)
-    if batched:
-        return [list(batch) for batch in indices]
-    return [[index] for index in indices]
+    return [list(batch) for batch in indices] if batched else [[index] for index in indices]
 
 
 def tell_sampler(

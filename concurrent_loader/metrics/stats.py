@@ -208,6 +208,4 @@ class SharedStats:
         summed = StageStats(self.rows.sum(0).tolist())
         vector = summed.vector()
         out: dict[str, Any] = {name: vector[i] for i, name in enumerate(COUNTERS)}
-        for name in HISTOGRAMS:
-            out[name] = summed.histogram(name)
-        return out
+        return out | {name: summed.histogram(name) for name in HISTOGRAMS}

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from ..cache.form import process_pool
-from ..config import FetchConfig, check_count
+from ..config import check_count
 from ..dataset import ObjectDataset
 from ..decode.presize import FORMATS, Presize
 from ..errors import ConfigError
@@ -104,20 +104,19 @@ def pack(
         raise ConfigError(
             f"{', '.join(given)} apply to an s3:// SRC or DEST; neither {src!r} nor {dest!r} is"
         )
-    fetch_config = FetchConfig()
     store = (
         S3Config.from_url(src, **store_options) if on_s3(src) else store_config_for(src)
     ).resolved()
     destination = Destination(dest, **(store_options if on_s3(dest) else {}))
     try:
         stale = destination.check(store, overwrite)
-        listed = list_store(store, fetch_config)
+        listed = list_store(store)
         extension = PRESIZED_EXTENSION[presize.format] if presize is not None else None
         if image_folder:
             samples, skipped = plan_image_folder(store, listed, extension)
         else:
             samples, skipped = plan_objects(store, listed)
-        reader = ObjectDataset(store, keys=[info.key for info in listed], fetch_config=fetch_config)
+        reader = ObjectDataset(store, keys=[info.key for info in listed])
         pool = process_pool(processes) if presize is not None and processes != 1 else None
         try:
             destination.begin(stale)  # the first write: every check has passed
