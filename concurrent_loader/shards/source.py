@@ -111,9 +111,8 @@ class ShardSource:
     def sample_ranges(self, shard: int) -> tuple[np.ndarray, np.ndarray]:
         first = int(self._shard_starts[shard])
         spans = [self._span(i) for i in range(first, first + self.shard_lengths[shard])]
-        starts = np.fromiter((s.start for s in spans), dtype=np.int64, count=len(spans))
-        ends = np.fromiter((s.end for s in spans), dtype=np.int64, count=len(spans))
-        return starts, ends
+        bounds = np.array([(s.start, s.end) for s in spans], dtype=np.int64).reshape(-1, 2)
+        return bounds[:, 0].copy(), bounds[:, 1].copy()
 
     def url_for(self, index: int) -> str:
         return self.store.url_for(self.shards[self.shard_of(index)])
