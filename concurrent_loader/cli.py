@@ -105,11 +105,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     store = root_config(args.root, args)
     with progress(args.progress, "listing") as tick:
         found = list_store(store, on_object=tick)
-    report: dict[str, Any] = {
-        "root": str(store),
-        "objects": len(found),
-        "bytes": sum(item.size for item in found),
-    }
+    report: dict[str, Any] = {"root": str(store), "objects": len(found)}
+    report["bytes"] = sum(item.size for item in found)
     if args.image_folder:
         # The same rules as ImageFolder itself: class folders, image extensions.
         folder = ImageFolder(store, keys=[item.key for item in found])
