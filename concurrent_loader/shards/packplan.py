@@ -94,7 +94,7 @@ def plan_image_folder(
         extension = image_extension or extension
         key = f"{directory}/{stem.replace('.', '_')}"
         label = str(target).encode("ascii")
-        entries = by_key.setdefault(key, [])  # two images may map to one key: _checked says
+        entries = by_key.setdefault(key, [])  # two images of one key: _checked refuses them
         entries.append(PackEntry(f"{key}.{extension}", image, size_of[image]))
         entries.append(PackEntry(f"{key}.cls", image, len(label), label))
     return _checked(store, by_key, [])
