@@ -1,7 +1,8 @@
 """The fetch client: a store wrapped in policies, one per (store, fetch config) per process.
 
 A GET goes through layers, outermost first, each a :class:`Getter` around the next (each
-costs a coroutine frame per wake-up, so there are few)::
+costs a coroutine frame per wake-up, so there are few; the retry layer is entered only
+after a first attempt failed)::
 
     RetryLayer    transient FetchErrors retried with backoff, within the object's time budget
     AttemptLayer  at most ``limit`` attempts in flight (FIFO slots); attempt timeout; timing
@@ -184,20 +185,13 @@ class RetryLayer:
     does not count towards ``max_attempts``: it is retried after its backoff, or once another
     GET succeeds. The object's budget (a timer armed after a first failure) ends it with
     ``FetchTimeout`` (``DEADLINE_EXCEEDED``) caused by the last failed attempt. Entered only
-    once a first attempt failed (:meth:`after`): a GET that succeeds at once passes no frame
-    of it."""
+    once a first attempt failed: a GET that succeeds at once passes no frame of it."""
 
     def __init__(self, inner: Getter, config: RetryConfig, limit: AdaptiveLimit) -> None:
         self.inner = inner
         self.config = config
         self.limit = limit
         self._rng = random.Random()
-
-    async def get(self, request: Request) -> Body:
-        try:
-            return await self.inner.get(request)
-        except FetchError as exc:
-            return await self.after(request, exc)
 
     async def after(self, request: Request, error: FetchError) -> Body:
         """The body of ``request``, whose first attempt failed with ``error``."""
@@ -303,7 +297,7 @@ class FetchClient:
         observer: FetchObserver = NO_OBSERVER,
     ) -> bytes | bytearray:
         request = Request(key, byte_range, self.store.url_for(key), observer)
-        try:  # not through get_body, nor RetryLayer.get: two frames less per GET
+        try:  # not through get_body: a frame less per GET
             body = await self._attempts.get(request)
         except FetchError as exc:
             body = await self._retry.after(request, exc)
@@ -318,7 +312,10 @@ class FetchClient:
     ) -> Body:
         """Like :meth:`get`, with what the store said of the body (ETag, object checksum)."""
         request = Request(key, byte_range, self.store.url_for(key), observer)
-        return await self._retry.get(request)
+        try:
+            return await self._attempts.get(request)
+        except FetchError as exc:
+            return await self._retry.after(request, exc)
 
     async def close(self) -> None:
         await self.store.close()

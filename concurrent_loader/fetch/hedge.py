@@ -105,6 +105,20 @@ class _Attempt:
     hedges in tasks of their own. ``key`` orders the watched attempts: the send of its
     youngest GET, or the last time a hedge could not be sent; it is due ``delay`` later."""
 
+    __slots__ = (
+        "cancelling",
+        "cut",
+        "done",
+        "error",
+        "hedges",
+        "interrupted",
+        "key",
+        "owner",
+        "request",
+        "started",
+        "wake",
+    )
+
     def __init__(self, request: Request, owner: asyncio.Task[Any], now: float) -> None:
         self.request = request
         self.owner: asyncio.Task[Any] | None = owner

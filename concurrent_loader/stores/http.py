@@ -13,7 +13,7 @@ from urllib.parse import quote, urlsplit
 
 from ..config import FetchConfig
 from ..errors import ConfigError
-from ..transport import DigestFor, Origin, Transport, make_transport
+from ..transport import ConnectionPool, DigestFor, Origin, Proxy
 from .base import Body, ByteRange, Capabilities, ObjectInfo
 from .checksum import RunningChecksum, covers_whole_object, http_checksum
 from .shared import error_for_status, ssl_context_for
@@ -77,11 +77,12 @@ class HttpStore:
         self.config = config
         self._max_bytes = fetch.max_object_bytes
         self._origin = Origin.from_url(f"{config.scheme}://{config.netloc}")
-        self._transport: Transport = make_transport(
+        proxy = _environ_proxy(self._origin)
+        self._transport = ConnectionPool(
             max_connections=fetch.max_connections,
             timeouts=fetch.timeouts,
             ssl_context=ssl_context_for(fetch, config.ca_bundle),
-            proxy=_environ_proxy(self._origin),
+            proxy=Proxy.from_url(proxy) if proxy else None,
         )
 
     def url_for(self, key: str) -> str:

@@ -1,6 +1,7 @@
-"""HTTP clients for the GET of every object: HTTP only, nothing about any store. A transport
-sends ``GET target`` to an :class:`Origin` and returns the :class:`Response` read to the
-end. Every transport guarantees:
+"""HTTP clients for the GET of every object: HTTP only, nothing about any store. The transport,
+:class:`ConnectionPool` (HTTP/1.1, over TCP or TLS, through a :class:`Proxy`), sends ``GET
+target`` to an :class:`Origin` and returns the :class:`Response` read to the end. It
+guarantees:
 
 * it writes ``Host`` itself (:attr:`Origin.host_header`, what a signer signs); a caller's
   ``Host``, or a target or header value that could break framing, is a ``ConfigError``;
@@ -19,70 +20,13 @@ end. Every transport guarantees:
   (a label, without credentials) and a ``Reason``; non-2xx statuses are returned;
 * a cancelled ``get`` leaves no half-read connection to reuse; ``close()`` closes every
   socket before it returns; ``get`` after it raises ``RuntimeError``.
-
-The one transport is :class:`ConnectionPool` (HTTP/1.1, over TCP or TLS, through a proxy).
 """
 
 from __future__ import annotations
-
-import ssl
-from collections.abc import Sequence
-from typing import Protocol
-
-from concurrent_loader.config import Timeouts
 
 from .origin import Origin
 from .pool import ConnectionPool
 from .proxy import Proxy
 from .reader import BodyDigest, DigestFor, Response
 
-__all__ = [
-    "BodyDigest",
-    "ConnectionPool",
-    "DigestFor",
-    "Origin",
-    "Proxy",
-    "Response",
-    "Transport",
-    "make_transport",
-]
-
-
-class Transport(Protocol):
-    """A pooled, bounded HTTP client for GETs (see the module docstring for its contract)."""
-
-    async def get(
-        self,
-        origin: Origin,
-        target: str,
-        headers: Sequence[tuple[str, str]],
-        *,
-        url: str,
-        max_bytes: int | None = None,
-        byte_range: tuple[int, int] | None = None,
-        digest_for: DigestFor | None = None,
-    ) -> Response:
-        """GET ``target`` (already URI-encoded, starting with ``/``) from ``origin``."""
-        ...
-
-    async def close(self) -> None:
-        """Close every connection. Idempotent."""
-        ...
-
-
-def make_transport(
-    *,
-    max_connections: int,
-    timeouts: Timeouts,
-    ssl_context: ssl.SSLContext | None,
-    proxy: str | None = None,
-) -> Transport:
-    """A pooled HTTP/1.1 transport. ``ssl_context`` None: the system's trust store.
-    ``proxy``: an ``http://[user:password@]host`` every request goes through (the caller
-    applies ``NO_PROXY``)."""
-    return ConnectionPool(
-        max_connections=max_connections,
-        timeouts=timeouts,
-        ssl_context=ssl_context,
-        proxy=Proxy.from_url(proxy) if proxy else None,
-    )
+__all__ = ["BodyDigest", "ConnectionPool", "DigestFor", "Origin", "Proxy", "Response"]

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from concurrent_loader.config import Timeouts
 from concurrent_loader.errors import (
     BadRequest,
     ConnectionFailed,
@@ -16,7 +17,7 @@ from concurrent_loader.errors import (
     IncompleteBody,
     ObjectTooLarge,
 )
-from concurrent_loader.transport import ConnectionPool, Origin, Response, Timeouts
+from concurrent_loader.transport import ConnectionPool, Origin, Response
 
 from ._server import Recorders, Server, origin_of, payload
 from .conftest import Runner

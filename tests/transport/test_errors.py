@@ -58,7 +58,6 @@ def test_a_refused_certificate_is_not_retried_and_says_what_to_do(exc: BaseExcep
     assert "ca_bundle=" in str(error)
 
 
-
 def test_framing_errors() -> None:
     malformed = framing_error(URL, ProtocolError("bad chunk size"))
     assert type(malformed) is ConnectionFailed and malformed.cause == "MalformedResponse"

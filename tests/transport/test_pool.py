@@ -13,13 +13,14 @@ from typing import Any
 
 import pytest
 
+from concurrent_loader.config import Timeouts
 from concurrent_loader.errors import (
     CertificateRefused,
     ConfigError,
     ConnectionFailed,
     FetchTimeout,
 )
-from concurrent_loader.transport import ConnectionPool, Origin, Response, Timeouts
+from concurrent_loader.transport import ConnectionPool, Origin, Response
 
 from ._server import Recorders, Server, open_sockets, origin_of, payload
 from .conftest import Runner

@@ -10,7 +10,7 @@ import pytest
 
 from concurrent_loader.config import Timeouts
 from concurrent_loader.errors import AccessDenied, ConfigError
-from concurrent_loader.transport import Proxy, Transport, make_transport
+from concurrent_loader.transport import ConnectionPool, Proxy
 
 from ._proxy import ForwardProxy
 from ._server import Server, origin_of, payload
@@ -21,9 +21,9 @@ SECRET = "s3cret"
 BASIC = "Basic dXNlcjpzM2NyZXQ="
 
 
-def make(proxy: str, ssl_context: ssl.SSLContext | None = None) -> Transport:
-    return make_transport(
-        max_connections=4, timeouts=Timeouts(), ssl_context=ssl_context, proxy=proxy
+def make(proxy: str, ssl_context: ssl.SSLContext | None = None) -> ConnectionPool:
+    return ConnectionPool(
+        max_connections=4, timeouts=Timeouts(), ssl_context=ssl_context, proxy=Proxy.from_url(proxy)
     )
 
 

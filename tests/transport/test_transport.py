@@ -1,4 +1,4 @@
-"""The Transport contract, checked on the transport make_transport builds, against the
+"""The transport contract (the package docstring), checked on ConnectionPool against the
 local test server; and that the package knows HTTP only."""
 
 from __future__ import annotations
@@ -27,30 +27,18 @@ from concurrent_loader.transport import (
     ConnectionPool,
     Origin,
     Response,
-    Transport,
-    make_transport,
 )
 
 from ._server import Server, origin_of, payload
 from .conftest import Runner
 
 
-def make() -> Transport:
-    return make_transport(max_connections=8, timeouts=Timeouts(), ssl_context=None)
+def make() -> ConnectionPool:
+    return ConnectionPool(max_connections=8, timeouts=Timeouts(), ssl_context=None)
 
 
-async def get(transport: Transport, server: Server, path: str, **kwargs: Any) -> Response:
+async def get(transport: ConnectionPool, server: Server, path: str, **kwargs: Any) -> Response:
     return await transport.get(origin_of(server), path, [], url=f"test://{path}", **kwargs)
-
-
-def test_make_transport(run: Runner) -> None:
-    async def main() -> None:
-        pool = make()
-        assert isinstance(pool, ConnectionPool)
-        assert pool.max_connections == 8
-        await pool.close()
-
-    run(main)
 
 
 def test_whole_objects_and_their_headers(run: Runner) -> None:
@@ -227,7 +215,7 @@ def test_a_clean_server_keeps_one_connection(
 
     async def main() -> None:
         async with Server(server_context) as server:
-            transport = make_transport(
+            transport = ConnectionPool(
                 max_connections=8, timeouts=Timeouts(), ssl_context=client_context
             )
             try:
@@ -331,8 +319,8 @@ def test_a_failed_lookup_leaves_no_exception_unretrieved(run: Runner) -> None:
         unhandled: list[dict[str, Any]] = []
         loop.set_exception_handler(lambda _, context: unhandled.append(context))
         origin = Origin("http", UNRESOLVABLE, 9000)
-        transport = make_transport(max_connections=4, timeouts=Timeouts(), ssl_context=None)
-        hurried = make_transport(
+        transport = ConnectionPool(max_connections=4, timeouts=Timeouts(), ssl_context=None)
+        hurried = ConnectionPool(
             max_connections=4, timeouts=Timeouts(connect=0.0001), ssl_context=None
         )
         try:

@@ -17,12 +17,13 @@ import dataclasses
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
 from ...config import FetchConfig
 from ...errors import BadRequest, ConfigError, FetchError, Reason
-from ...transport import DigestFor, Response, Transport, make_transport
+from ...transport import ConnectionPool, DigestFor, Proxy, Response
 from ..base import Body, ByteRange, Capabilities, ObjectInfo
 from ..checksum import Checksum, RunningChecksum, covers_whole_object, s3_checksum
 from ..shared import ssl_context_for
@@ -183,19 +184,22 @@ class S3Store:
         self._credentials = (
             None if source.anonymous else CredentialCache(source, self.url_for(""), session)
         )
-        self._transport: Transport = self._make_transport(self._route)
-        self._verifying = config.verify_checksums or config.verify_etag_md5
+        self._transport = self._make_transport(self._route)
+        # The transport's digest_for, for a whole body and for a range.
+        self._digest_for: tuple[DigestFor, DigestFor] | None = None
+        if config.verify_checksums or config.verify_etag_md5:
+            self._digest_for = (partial(self._running, False), partial(self._running, True))
 
     def _signer_for(self, region: str) -> SigV4Signer:
         return SigV4Signer(region, checksum_mode=self.config.verify_checksums)
 
-    def _make_transport(self, route: S3Route) -> Transport:
+    def _make_transport(self, route: S3Route) -> ConnectionPool:
         tls = route.origin.scheme == "https"
-        return make_transport(
+        return ConnectionPool(
             max_connections=self._fetch.max_connections,
             timeouts=self._fetch.timeouts,
             ssl_context=ssl_context_for(self._fetch, route.ca_bundle) if tls else None,
-            proxy=route.proxy,
+            proxy=Proxy.from_url(route.proxy) if route.proxy else None,
         )
 
     def __repr__(self) -> str:
@@ -219,9 +223,9 @@ class S3Store:
                 headers.append(CHECKSUM_MODE_HEADER)
         else:
             headers = self._signer.headers_for_get(host, path, self._credentials.get())
-        digest_for: DigestFor | None = None
-        if self._verifying:
-            digest_for = self._running_for_range if byte_range else self._running_for_whole
+        digest_for = None
+        if self._digest_for is not None:
+            digest_for = self._digest_for[byte_range is not None]
         response = await self._transport.get(
             route.origin,
             path,
@@ -266,18 +270,14 @@ class S3Store:
             return s3_checksum({"etag": headers.get("etag", "")}, etag_md5=True)
         return None
 
-    def _running_for_whole(self, status: int, headers: dict[str, str]) -> RunningChecksum | None:
-        """The transport's ``digest_for``: a fresh check of each successful response's
-        body, fed as it arrives, so the bytes are checked while still in the CPU's cache."""
+    def _running(
+        self, ranged: bool, status: int, headers: dict[str, str]
+    ) -> RunningChecksum | None:
+        """A fresh check of each successful response's body, fed as it arrives, so the
+        bytes are checked while still in the CPU's cache."""
         if status not in (200, 206):
             return None
-        checksum = self._checksum_for(headers, False)
-        return None if checksum is None else checksum.running()
-
-    def _running_for_range(self, status: int, headers: dict[str, str]) -> RunningChecksum | None:
-        if status not in (200, 206):
-            return None
-        checksum = self._checksum_for(headers, True)
+        checksum = self._checksum_for(headers, ranged)
         return None if checksum is None else checksum.running()
 
     def _verify(self, body: Body, response: Response, ranged: bool, url: str) -> None:
