@@ -23,7 +23,7 @@ import logging
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -182,7 +182,7 @@ def cmd_cache_warm(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_info(args: argparse.Namespace) -> int:
-    info = _cache_call(describe_cache, args.directory)
+    info = describe_cache(args.directory)  # CacheRefused (a ConfigError) if it is not a cache
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -200,16 +200,9 @@ def cmd_cache_info(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_clear(args: argparse.Namespace) -> int:
-    removed = _cache_call(clear_cache, args.directory)
+    removed = clear_cache(args.directory)
     print(f"removed {removed} entries from {os.path.abspath(args.directory)}", file=sys.stderr)
     return 0
-
-
-def _cache_call(function: Callable[[str], Any], directory: str) -> Any:
-    try:
-        return function(directory)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
