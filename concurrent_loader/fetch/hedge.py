@@ -9,7 +9,9 @@ the throttle accounting), so an attempt is one object to the layers above. Guara
 - a hedge needs a :class:`HedgeBudget` token, a store that did not throttle most GETs of
   the last round, and a free hedge slot (never queued), so GETs in flight stay within
   ``limit + max_hedges_in_flight``; else the GET is looked at again one delay later;
-- hedges are paced, one per ``delay / PACE`` at most, oldest GET first;
+- hedges are paced, one per ``delay / PACE`` at most, oldest GET first; a due GET is
+  hedged at most ``delay / LATENESS`` late, so the watch wakes the loop at most once per
+  that (not once per GET that answers near its delay);
 - at most two GETs of an object in flight (a second hedge replaces the first GET); the
   first with bytes wins, the others are cancelled and awaited. An error a retry cannot
   mend, or a transient one of the youngest GET, ends the attempt at once;
@@ -44,6 +46,8 @@ BURST = 10.0
 MAX_HEDGES = 2
 #: hedges per delay at most: turns are ``delay / PACE`` apart
 PACE = 4.0
+#: a due GET is hedged at most ``delay / LATENESS`` late
+LATENESS = 16.0
 #: tokens at the start, so a process's first stalled GETs can be hedged
 START_TOKENS = 5.0
 
@@ -286,7 +290,8 @@ class HedgeLayer:
             watched.popleft()  # ended: forgotten, so the deque stays short
         watched.append(attempt)
         if self._timer is None:
-            self._timer = loop.call_at(attempt.key + self.delay.seconds, self._look)
+            delay = self.delay.seconds
+            self._timer = loop.call_at(attempt.key + delay * (1 + 1 / LATENESS), self._look)
 
     def _look(self) -> None:
         """Hedge each due attempt whose turn has come; set the timer for the next."""
@@ -303,7 +308,7 @@ class HedgeLayer:
             now = loop.time()
             due = max(attempt.key + delay, self._next_turn)
             if due > now:
-                self._timer = loop.call_at(due, self._look)
+                self._timer = loop.call_at(due + delay / LATENESS, self._look)
                 return
             watched.popleft()
             if self._hedge(attempt, loop):
