@@ -79,6 +79,7 @@ class _DayKey:
         "scope",
         "signed_headers",
         "token",
+        "token_line",
     )
 
     def __init__(
@@ -90,6 +91,7 @@ class _DayKey:
     ):
         self.credentials = credentials
         self.token = credentials.token
+        self.token_line = f"x-amz-security-token:{self.token}\n" if self.token else ""
         self.datestamp = datestamp
         k_date = _hmac(("AWS4" + credentials.secret_key).encode(), datestamp)
         k_signing = _hmac(_hmac(_hmac(k_date, region), "s3"), "aws4_request")
@@ -174,19 +176,11 @@ class SigV4Signer:
             raise ConfigError(f"amz_date must look like 20240131T235959Z, got {amz_date!r}")
         day_key = self._key_for(credentials, amz_date[:8])
         # x-amz-content-sha256 is the empty body's hash, as botocore sends it for a GET.
-        if day_key.token:
-            canonical_request = (
-                f"GET\n{canonical_path}\n\nhost:{host}{self._canonical_host}"
-                f"x-amz-content-sha256:{EMPTY_SHA256}\nx-amz-date:{amz_date}\n"
-                f"x-amz-security-token:{day_key.token}\n\n"
-                f"{day_key.signed_headers}\n{EMPTY_SHA256}"
-            )
-        else:
-            canonical_request = (
-                f"GET\n{canonical_path}\n\nhost:{host}{self._canonical_host}"
-                f"x-amz-content-sha256:{EMPTY_SHA256}\nx-amz-date:{amz_date}\n\n"
-                f"{day_key.signed_headers}\n{EMPTY_SHA256}"
-            )
+        canonical_request = (
+            f"GET\n{canonical_path}\n\nhost:{host}{self._canonical_host}"
+            f"x-amz-content-sha256:{EMPTY_SHA256}\nx-amz-date:{amz_date}\n"
+            f"{day_key.token_line}\n{day_key.signed_headers}\n{EMPTY_SHA256}"
+        )
         request_hash = hashlib.sha256(canonical_request.encode("utf-8")).hexdigest()
         inner = day_key.inner.copy()
         inner.update(f"{_ALGORITHM}\n{amz_date}\n{day_key.scope}\n{request_hash}".encode())
