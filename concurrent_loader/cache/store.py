@@ -93,7 +93,9 @@ class CachedStore:
         except CACHE_ERRORS as exc:
             self._fail(exc, "opening it")
         self._leftovers = Leftovers(self._dir)
-        self._writer = EntryWriter(self._leftovers.writer, self._write_failed)
+        paused = "writes to it pause (retried after a back-off)"
+        on_failure = functools.partial(self._warn, doing="writing an entry", consequence=paused)
+        self._writer = EntryWriter(self._leftovers.writer, on_failure)
         # Run at close, at collection (a store on the local path is never closed) or at a
         # worker's exit (multiprocessing's exit hook runs it).
         self._at_exit = multiprocessing.util.Finalize(self, self._leftovers, exitpriority=10)
@@ -264,9 +266,6 @@ class CachedStore:
     def _fail(self, exc: Exception, doing: str) -> None:
         self._dir = None
         self._warn(exc, doing, "reads bypass it")
-
-    def _write_failed(self, exc: Exception) -> None:
-        self._warn(exc, "writing an entry", "writes to it pause (retried after a back-off)")
 
     def _warn(self, exc: Exception, doing: str, consequence: str) -> None:
         if not self._warned:

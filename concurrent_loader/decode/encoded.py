@@ -133,15 +133,12 @@ class EncodedImageDecoder:
         check_not_empty(data, url)
         if is_raw(data):
             read_raw(data, url)  # the header and length; the batch decoder's fallback reads it
-            return self._encoded(data, url)
-        try:
-            with Image.open(io.BytesIO(data)):  # reads the header only
-                pass
-        except Exception as exc:
-            raise undecodable(exc, url) from exc
-        return self._encoded(data, url)
-
-    def _encoded(self, data: bytes | bytearray | memoryview, url: str | None) -> EncodedImage:
+        else:
+            try:
+                with Image.open(io.BytesIO(data)):  # reads the header only
+                    pass
+            except Exception as exc:
+                raise undecodable(exc, url) from exc
         return EncodedImage(data, self.image_size, url, self.decode_on, self.resize_size)
 
 
