@@ -16,7 +16,7 @@ output's short side, or at ``resize_size``) is only cropped, at whole-pixel offs
 rounded as torchvision's ``CenterCrop`` rounds them. Pillow releases the GIL, so threads
 scale.
 
-With the optional ``simplejpeg`` installed (the ``jpeg`` extra), a YCbCr or greyscale JPEG
+With ``simplejpeg`` (a dependency; Pillow alone where it is missing), a YCbCr or greyscale JPEG
 made into a tensor with no resample (the whole image, or a crop: one stored pre-sized) is
 decoded by it, straight to an array: the same libjpeg-turbo with the same settings
 (accurate integer DCT, fancy upsampling), so the same pixels (tests compare them), without
