@@ -71,7 +71,9 @@ class LimitController:
         self._limit_bound = False
         self._no_growth_until = 0.0
         self._window: list[float] = []
-        self._medians: deque[tuple[float, float]] = deque()  # (when, window median)
+        # (when, window median) of the last BASELINE_S s, only those no later one is below
+        # (rising medians): the baseline is the first, however many rounds the window holds
+        self._medians: deque[tuple[float, float]] = deque()
         self.throttles = 0
         self.rounds = 0
         #: the fraction of the last complete round's GETs that were throttled
@@ -80,7 +82,7 @@ class LimitController:
     @property
     def baseline_s(self) -> float | None:
         """The unloaded latency estimate, once a window is complete."""
-        return min(median for _, median in self._medians) if self._medians else None
+        return self._medians[0][1] if self._medians else None
 
     def on_send(self) -> int:
         """A GET is sent; the mark to give back to :meth:`on_done`."""
@@ -117,10 +119,13 @@ class LimitController:
             median = statistics.median(self._window)
             self._window.clear()
             now = self._clock()
-            while self._medians and self._medians[0][0] < now - BASELINE_S:
-                self._medians.popleft()
-            self._medians.append((now, median))
-            target = TOLERANCE * min(m for _, m in self._medians) + SLACK_S
+            medians = self._medians
+            while medians and medians[0][0] < now - BASELINE_S:
+                medians.popleft()
+            while medians and medians[-1][1] >= median:
+                medians.pop()
+            medians.append((now, median))
+            target = TOLERANCE * medians[0][1] + SLACK_S
             if median > target:
                 value *= max(0.5, target / median)
                 queueing = True
