@@ -111,15 +111,25 @@ def build_ours(args: argparse.Namespace, endpoint_url: str, form: str) -> Any:
     dataset = ShardDataset(
         S3Config.from_url(f"s3://{BUCKET}/presize/{form}/", endpoint_url=endpoint_url),
         decode=ImageSample(args.image_size, resize_size=args.resize_size),
-        readahead=Readahead(
-            **({"max_bytes": args.readahead_mib * MiB} if args.readahead_mib else {})
-        ),
+        readahead=Readahead(max_bytes=readahead_bytes(args, form)),
         fetch_config=FetchConfig(max_inflight_requests=64),
     )
     sampler = ShardOrderSampler(dataset.shard_lengths, buffer_size=args.buffer, seed=0)
     return ConcurrentDataLoader(
         dataset, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers
     )
+
+
+def readahead_bytes(args: argparse.Namespace, form: str) -> int:
+    """``--readahead-mib``, or ``Readahead``'s own rule: a shuffle buffer's samples plus two
+    spans (the default, 128 MiB, is too small for 512 raw samples of 262 KB)."""
+    from concurrent_loader import Readahead
+
+    if args.readahead_mib:
+        return int(args.readahead_mib * MiB)
+    default = Readahead()
+    window = args.buffer * args.sample_bytes[form] + 2 * default.span_bytes
+    return max(default.max_bytes, int(window))
 
 
 def build_webdataset(args: argparse.Namespace, endpoint_url: str, form: str) -> Any:
@@ -242,6 +252,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         os.environ.update(s3.env())
         packed = _pack(args, local.train_dir, work, s3, BUCKET)
         args.shards = {form: p["shards"] for form, p in packed.items()}
+        args.sample_bytes = {form: p["bytes_per_sample"] for form, p in packed.items()}
         proxy = stack.enter_context(
             ProxyProcess(s3.endpoint_url, latency_ms=args.latency_ms, cpus=storage)
         )
@@ -359,7 +370,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard-mib", type=int, default=16, help="shard size (MiB)")
     p.add_argument("--buffer", type=int, default=512, help="shuffle buffer (samples)")
     p.add_argument(
-        "--readahead-mib", type=int, default=0, help="ours: Readahead.max_bytes (0: its default)"
+        "--readahead-mib",
+        type=int,
+        default=0,
+        help="ours: Readahead.max_bytes (0: the shuffle buffer's bytes + 2 spans)",
     )
     p.add_argument("--latency-ms", type=float, default=50.0, help="first-byte delay per GET")
     p.add_argument("--epochs", type=int, default=2, help="epochs per run")
