@@ -10,7 +10,7 @@ from .client import FetchClient
 from .hedge import HedgeLayer
 from .hooks import NO_OBSERVER, FetchObserver
 from .limits import AdaptiveLimit, ByteBudget
-from .open import client_for, fetch_blocking
+from .open import client_for
 
 __all__ = [
     "NO_OBSERVER",
@@ -20,5 +20,4 @@ __all__ = [
     "FetchObserver",
     "HedgeLayer",
     "client_for",
-    "fetch_blocking",
 ]

@@ -9,7 +9,7 @@ from ..runtime import Runtime
 from ..stores.base import StoreConfig
 from .client import FetchClient
 
-__all__ = ["client_for", "fetch_blocking"]
+__all__ = ["client_for"]
 
 
 async def client_for(runtime: Runtime, store: StoreConfig, config: FetchConfig) -> FetchClient:
@@ -20,13 +20,3 @@ async def client_for(runtime: Runtime, store: StoreConfig, config: FetchConfig) 
 
     client: FetchClient = await runtime.resource(("fetch-client", store, config), make)
     return client
-
-
-def fetch_blocking(runtime: Runtime, store: StoreConfig, config: FetchConfig, key: str) -> bytes:
-    """One object through this process's client, from a thread that is not the loop's."""
-
-    async def fetch() -> bytes:
-        client = await client_for(runtime, store, config)
-        return bytes(await client.get(key))
-
-    return runtime.run(fetch())

@@ -108,18 +108,12 @@ class HttpStore:
             raise error_for_status(response.status, url)
         body = Body(response.body, response.first_byte_s)
         if verify:
-            headers = response.headers
-            whole = byte_range is None or covers_whole_object(headers)
             digest = response.digest
             if isinstance(digest, RunningChecksum):
                 digest.check(url)
-                return body
-            # No digest fed (none applied, or a transport without digest_for): all at once.
-            checksum = http_checksum(headers, whole=whole)
-            if checksum is not None and whole:
-                checksum.check(body.data, url)
-            elif checksum is not None:
-                body.object_checksum = checksum
+            elif byte_range is not None and not covers_whole_object(response.headers):
+                # A part: its checksum is the whole object's, checked once assembled.
+                body.object_checksum = http_checksum(response.headers, whole=False)
         return body
 
     def _running_for_whole(self, status: int, headers: dict[str, str]) -> RunningChecksum | None:

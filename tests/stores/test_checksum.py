@@ -256,11 +256,8 @@ def _store_config(endpoint: str, s3: bool) -> Any:
     return HttpConfig.from_url(endpoint + "/http/")
 
 
-def _get(
-    config: Any, key: str, byte_range: ByteRange | None = None, *, feed: bool = True
-) -> tuple[Any, list[Response]]:
-    """The store's body for ``key`` and the transport's responses it read; ``feed=False``:
-    through a transport that takes no ``digest_for``."""
+def _get(config: Any, key: str, byte_range: ByteRange | None = None) -> tuple[Any, list[Response]]:
+    """The store's body for ``key`` and the transport's responses it read."""
 
     async def main() -> tuple[Any, list[Response]]:
         store = config.open(FetchConfig())
@@ -268,8 +265,6 @@ def _get(
         transport_get = store._transport.get
 
         async def spied(*args: Any, **kwargs: Any) -> Response:
-            if not feed:
-                kwargs.pop("digest_for")
             response = await transport_get(*args, **kwargs)
             responses.append(response)
             return response
@@ -336,13 +331,3 @@ def test_a_range_is_checked_as_it_arrives_against_its_own_checksum_only(
     assert bytes(body.data) == STORED and isinstance(response.digest, RunningChecksum)
     with pytest.raises(IntegrityError):
         _get(config, "crc32c-length-flipped.bin", whole)
-
-
-@pytest.mark.parametrize("s3", [True, False])
-def test_a_body_no_digest_was_fed_is_checked_whole(checksummed: str, s3: bool) -> None:
-    config = _store_config(checksummed, s3)
-    body, [response] = _get(config, "md5-chunked.bin", feed=False)
-    assert bytes(body.data) == STORED and response.digest is None
-    with pytest.raises(IntegrityError) as caught:
-        _get(config, "md5-length-flipped.bin", feed=False)
-    assert caught.value.url == config.url_for("md5-length-flipped.bin")

@@ -287,11 +287,6 @@ class S3Store:
         digest = response.digest
         if isinstance(digest, RunningChecksum):
             digest.check(url)
-        else:
-            # No digest fed (none applied, or a transport without digest_for): all at once.
-            checksum = self._checksum_for(headers, ranged)
-            if checksum is not None:
-                checksum.check(body.data, url)
         if ranged and self.config.verify_etag_md5 and not covers_whole_object(headers):
             body.object_checksum = s3_checksum({"etag": headers.get("etag", "")}, etag_md5=True)
 
