@@ -276,12 +276,7 @@ class Entry:
 
 #: zlib's CRC-32, 8x faster (anycrc: 0.012 vs 0.10 ms for a 256 KiB entry); ``(data, crc)``
 #: continues a CRC as ``zlib.crc32`` does, so entries written before read the same.
-_crc32 = anycrc.Model("CRC32").calc
-
-
-def data_checksum(data: bytes | bytearray | memoryview) -> int:
-    """The checksum of an object's bytes, taken before anyone else holds them."""
-    return _crc32(data)
+data_checksum = anycrc.Model("CRC32").calc
 
 
 def footer(data_len: int, data_crc: int, etag: str | None, source: str) -> bytes:
@@ -290,7 +285,7 @@ def footer(data_len: int, data_crc: int, etag: str | None, source: str) -> bytes
     if len(etag_bytes) > MAX_FIELD or len(source_bytes) > MAX_FIELD:
         raise ValueError("an ETag or object name too long to cache")
     meta = etag_bytes + source_bytes
-    crc = _crc32(meta, data_crc)
+    crc = data_checksum(meta, data_crc)
     return meta + _TAIL.pack(data_len, len(etag_bytes), len(source_bytes), crc, MAGIC)
 
 
@@ -324,7 +319,7 @@ def read_entry_fd(fd: int, path: str, source: str, max_bytes: int | None = None)
     with memoryview(buf) as view:
         if view[data_len + etag_len : meta_end] != source.encode():
             raise CorruptEntry(f"{path}: an entry for another object")
-        if _crc32(view[data_len:meta_end], _crc32(view[:data_len])) != crc:
+        if data_checksum(view[data_len:meta_end], data_checksum(view[:data_len])) != crc:
             raise CorruptEntry(f"{path}: checksum mismatch")
         etag = bytes(view[data_len : data_len + etag_len]).decode() if etag_len else None
     del buf[data_len:]

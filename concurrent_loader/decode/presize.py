@@ -29,18 +29,18 @@ The raw form (``format="raw"``) is a 16-byte header, then the pixels::
 
     offset  size  field
     0       4     magic  b"CLRW"
-    4       1     version: 2, channel planes (1: interleaved, still read)
+    4       1     version: 2
     5       1     channels (1, 3 or 4; Presize writes 3, RGB)
     6       2     reserved, zero
     8       4     height, unsigned little-endian
     12      4     width, unsigned little-endian
-    16      h*w*c pixels, uint8: version 2, CHW (numpy's C order of a (c, h, w) array, one
-                  plane per channel); version 1, HWC (of an (h, w, c) array)
+    16      h*w*c pixels, uint8, CHW (numpy's C order of a (c, h, w) array, one plane per
+                  channel)
 
 Planes, because the loader's tensors are CHW: a centre crop of planes is a copy of rows,
 where a crop of interleaved pixels pays a transpose too (0.017 against 0.073 ms for 224 x
 224 RGB, measured). :func:`is_raw` recognises the form, :func:`read_raw` gives a zero-copy
-``(h, w, c)`` uint8 view of either version (of version 2, a strided view of the planes).
+``(h, w, c)`` uint8 view of it (a strided view of the planes).
 """
 
 from __future__ import annotations
@@ -63,10 +63,8 @@ __all__ += ["check_not_empty", "undecodable"]
 #: the output forms :class:`Presize` makes
 FORMATS = ("jpeg", "raw")
 RAW_MAGIC = b"CLRW"
-#: the version written: channel planes (CHW)
+#: the version written and read: channel planes (CHW)
 RAW_VERSION = 2
-#: the versions read, 1 being interleaved pixels (HWC)
-_RAW_VERSIONS = (1, 2)
 _HEADER = struct.Struct("<4sBBHII")
 RAW_HEADER_SIZE = _HEADER.size  # 16
 _RAW_CHANNELS = (1, 3, 4)
@@ -242,7 +240,7 @@ def is_raw(data: bytes | bytearray | memoryview) -> bool:
 
 def read_raw(data: bytes | bytearray | memoryview, url: str | None = None) -> np.ndarray:
     """An ``(h, w, c)`` uint8 view of the raw form in ``data`` (no copy; read-only when
-    ``data`` is ``bytes``; not contiguous for version 2, whose ``transpose(2, 0, 1)`` is);
+    ``data`` is ``bytes``; not contiguous, its ``transpose(2, 0, 1)`` is);
     :class:`DecodeError` naming ``url`` when it is malformed."""
 
     def malformed(why: str) -> DecodeError:
@@ -255,14 +253,12 @@ def read_raw(data: bytes | bytearray | memoryview, url: str | None = None) -> np
     magic, version, c, reserved, h, w = _HEADER.unpack_from(data, 0)
     if magic != RAW_MAGIC:
         raise malformed(f"magic {magic!r}, expected {RAW_MAGIC!r}")
-    if version not in _RAW_VERSIONS:
-        raise malformed(f"version {version}, this reader knows {_RAW_VERSIONS}")
+    if version != RAW_VERSION:
+        raise malformed(f"version {version}, this reader knows {RAW_VERSION}")
     if c not in _RAW_CHANNELS or reserved != 0 or h == 0 or w == 0:
         raise malformed(f"header says {h}x{w}x{c} (reserved {reserved})")
     expected = RAW_HEADER_SIZE + h * w * c
     if len(data) != expected:
         raise malformed(f"{len(data)} bytes, the header's {h}x{w}x{c} needs {expected}")
     pixels = np.frombuffer(data, dtype=np.uint8, count=h * w * c, offset=RAW_HEADER_SIZE)
-    if version == 1:
-        return pixels.reshape(h, w, c)
     return pixels.reshape(c, h, w).transpose(1, 2, 0)
