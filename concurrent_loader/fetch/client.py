@@ -92,6 +92,7 @@ class AttemptLayer:
 
     def _start(self, request: Request) -> _Running:
         loop, task = running_task(self._loop)
+        request.loop, request.task = loop, task
         running = self._running
         if loop is not self._loop:  # what was watched on another loop is dropped
             if self._timer is not None:

@@ -15,13 +15,16 @@ __all__ = ["Getter", "Request", "running_task"]
 @dataclass(slots=True)
 class Request:
     """One object asked of the client. ``deadline`` is when its time budget runs out (loop
-    time), set when its first attempt is sent: the object's clock starts there."""
+    time), set when its first attempt is sent: the object's clock starts there. ``loop``
+    and ``task`` are the caller's, set by the attempt layer for the layers under it."""
 
     key: str
     byte_range: ByteRange | None
     url: str
     observer: FetchObserver
     deadline: float | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+    task: asyncio.Task[Any] | None = None
 
 
 class Getter(Protocol):

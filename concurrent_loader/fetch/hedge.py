@@ -29,7 +29,7 @@ from typing import Any
 from ..config import HedgeConfig
 from ..errors import FetchError
 from ..stores.base import Body
-from .getter import Getter, Request, running_task
+from .getter import Getter, Request
 from .limits import AdaptiveLimit
 
 __all__ = ["HedgeBudget", "HedgeDelay", "HedgeLayer"]
@@ -158,7 +158,8 @@ class HedgeLayer:
 
     async def get(self, request: Request) -> Body:
         self.budget.earn()
-        loop, owner = running_task(self._loop)
+        loop, owner = request.loop, request.task  # the caller's, from the attempt layer
+        assert loop is not None and owner is not None
         if self.limit.storming:  # no hedge: nothing to watch
             return await self._timed(request, loop)
         started = loop.time()
