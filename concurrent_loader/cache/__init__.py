@@ -47,20 +47,18 @@ def with_cache(
         return store
     if not isinstance(cache, CacheConfig):  # a directory: the defaults (CacheConfig checks it)
         cache = CacheConfig(os.fspath(cache) if isinstance(cache, os.PathLike) else cache)
-    config = cache
     if not store.capabilities.remote:
         log.info("%s is on local disk: not cached", store)
         return store
     try:
-        directory = os.path.abspath(os.path.expanduser(config.directory))
-        Handles.open(directory, create=True).close()  # marks a new one; refuses a user's
-        resolved = config.resolved(read_ledger(directory).used)
-        CacheDirectory(resolved).close()  # lays the directory out; proves it writable
-        record_form(directory, config.presize)  # for `cache info`
+        directory = os.path.abspath(os.path.expanduser(cache.directory))
+        Handles.open(directory, create=True).close()  # marks, lays out; refuses a user's
+        resolved = cache.resolved(read_ledger(directory).used)
+        record_form(directory, cache.presize)  # for `cache info`
     except OSError as exc:
         log.warning(
             "the cache at %s cannot be used (%s): %s is read from the store",
-            config.directory,
+            cache.directory,
             exc,
             store,
         )

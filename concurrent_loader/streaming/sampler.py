@@ -134,7 +134,6 @@ class ShardOrderSampler(Sampler[int]):
         return itertools.islice(itertools.cycle(once), count)
 
     def _indices(self, shards: Sequence[int]) -> Iterator[int]:
-        """The global indices of ``shards``, in order."""
         ranges = (range(self.offsets[s], self.offsets[s] + self.shard_lengths[s]) for s in shards)
         return itertools.chain.from_iterable(ranges)
 
