@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from functools import partial
 from urllib.parse import quote, urlsplit
 
 from ..config import FetchConfig
 from ..errors import ConfigError
-from ..transport import ConnectionPool, DigestFor, Origin, Proxy
+from ..transport import ConnectionPool, Origin, Proxy
 from .base import Body, ByteRange, Capabilities, ObjectInfo
 from .checksum import RunningChecksum, covers_whole_object, http_checksum
 from .shared import error_for_status, ssl_context_for
@@ -84,6 +85,8 @@ class HttpStore:
             ssl_context=ssl_context_for(fetch, config.ca_bundle),
             proxy=Proxy.from_url(proxy) if proxy else None,
         )
+        # The transport's digest_for, for a whole body and for a range.
+        self._digest_for = (partial(self._running, False), partial(self._running, True))
 
     def url_for(self, key: str) -> str:
         return self.config.url_for(key)
@@ -92,9 +95,7 @@ class HttpStore:
         url = self.url_for(key)
         target = quote(self.config.base + key, safe="/-_.~!$&'()*+,;=:@%")
         verify = self.config.verify_checksums
-        digest_for: DigestFor | None = None
-        if verify:
-            digest_for = self._running_for_range if byte_range else self._running_for_whole
+        digest_for = self._digest_for[byte_range is not None] if verify else None
         response = await self._transport.get(
             self._origin,
             target,
@@ -116,18 +117,14 @@ class HttpStore:
                 body.object_checksum = http_checksum(response.headers, whole=False)
         return body
 
-    def _running_for_whole(self, status: int, headers: dict[str, str]) -> RunningChecksum | None:
+    @staticmethod
+    def _running(ranged: bool, status: int, headers: dict[str, str]) -> RunningChecksum | None:
         """The transport's ``digest_for``: a fresh check of each successful whole body, fed
-        as it arrives (a range's checksum is the whole object's: checked once assembled)."""
-        if status not in (200, 206):
+        as it arrives (a part's checksum is the whole object's: checked once assembled)."""
+        if status not in (200, 206) or (ranged and not covers_whole_object(headers)):
             return None
         checksum = http_checksum(headers, whole=True)
         return None if checksum is None else checksum.running()
-
-    def _running_for_range(self, status: int, headers: dict[str, str]) -> RunningChecksum | None:
-        if status not in (200, 206) or not covers_whole_object(headers):
-            return None
-        return self._running_for_whole(status, headers)
 
     async def list(self) -> AsyncIterator[ObjectInfo]:
         raise ConfigError(

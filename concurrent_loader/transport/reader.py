@@ -169,14 +169,9 @@ class ResponseReader(asyncio.BufferedProtocol):
         if state == LENGTH:
             got = self.got
             self.got = got + nbytes
-            digest = self.digest
-            if digest is not None:
-                # Now, while the bytes the kernel just wrote are still in the CPU's cache.
-                try:
-                    digest.update(self.body_view[got : got + nbytes])
-                except Exception as exc:
-                    self.fail(exc)
-                    return
+            # Now, while the bytes the kernel just wrote are still in the CPU's cache.
+            if self.digest is not None and not self._digest(self.body_view[got : got + nbytes]):
+                return
             if self.got >= self.expected:
                 self._complete()
             return

@@ -61,6 +61,7 @@ def error_for_response(status: int, body: bytes | bytearray, url: str) -> FetchE
 
 def error_for_exception(exc: BaseException, url: str, *, stage: str = "list") -> FetchError:
     """Error for an exception raised by aiobotocore / botocore (the control plane)."""
+    from aiohttp import ClientError as AiohttpError
     from botocore.exceptions import (
         ClientError,
         ConnectionClosedError,
@@ -85,15 +86,8 @@ def error_for_exception(exc: BaseException, url: str, *, stage: str = "list") ->
         return certificate_refused(exc, url, stage)
     if isinstance(exc, ConnectionClosedError):
         return ConnectionFailed(str(exc), url=url, stage=stage, cause=Reason.CONNECTION_CLOSED)
-    if isinstance(exc, (EndpointConnectionError, ConnectionError, OSError)):
+    if isinstance(exc, (EndpointConnectionError, ConnectionError, OSError, AiohttpError)):
         return ConnectionFailed(str(exc), url=url, stage=stage, cause=Reason.CONNECTION_FAILED)
-    try:
-        import aiohttp
-
-        if isinstance(exc, aiohttp.ClientError):
-            return ConnectionFailed(str(exc), url=url, stage=stage, cause=Reason.CONNECTION_FAILED)
-    except ImportError:  # pragma: no cover - aiohttp comes with aiobotocore
-        pass
     return FetchError(repr(exc), url=url, stage=stage, cause=Reason.UNKNOWN)
 
 

@@ -23,9 +23,9 @@ from urllib.parse import urlsplit
 
 from ...config import FetchConfig
 from ...errors import BadRequest, ConfigError, FetchError, Reason
-from ...transport import ConnectionPool, DigestFor, Proxy, Response
+from ...transport import ConnectionPool, DigestFor, Proxy
 from ..base import Body, ByteRange, Capabilities, ObjectInfo
-from ..checksum import Checksum, RunningChecksum, covers_whole_object, s3_checksum
+from ..checksum import RunningChecksum, covers_whole_object, s3_checksum
 from ..shared import ssl_context_for
 from .credentials import CredentialCache, CredentialSource, redact_botocore_logs
 from .errors import error_for_exception, error_for_response, refused_certificate
@@ -236,9 +236,17 @@ class S3Store:
             digest_for=digest_for,
         )
         if response.status in (200, 206):
-            body = Body(response.body, response.first_byte_s, response.headers.get("etag"))
-            if digest_for is not None:
-                self._verify(body, response, byte_range is not None, url)
+            etag = response.headers.get("etag")
+            body = Body(response.body, response.first_byte_s, etag)
+            if isinstance(response.digest, RunningChecksum):
+                response.digest.check(url)
+            # A part of the object: its ETag is the object's MD5, checked once assembled.
+            if (
+                byte_range is not None
+                and self.config.verify_etag_md5
+                and not covers_whole_object(response.headers)
+            ):
+                body.object_checksum = s3_checksum({"etag": etag or ""}, etag_md5=True)
             return body
         region = response.headers.get("x-amz-bucket-region")
         if region and region != route.region and response.status in (301, 400):
@@ -258,37 +266,20 @@ class S3Store:
             )
         raise error
 
-    def _checksum_for(self, headers: dict[str, str], ranged: bool) -> Checksum | None:
-        """What a body is checked against: S3's checksum (on a range, that part's, as
-        botocore checks it), else, on a whole body, its ETag as MD5."""
-        config = self.config
-        if config.verify_checksums:
-            checksum = s3_checksum(headers, etag_md5=False)
-            if checksum is not None:
-                return checksum
-        if config.verify_etag_md5 and (not ranged or covers_whole_object(headers)):
-            return s3_checksum({"etag": headers.get("etag", "")}, etag_md5=True)
-        return None
-
     def _running(
         self, ranged: bool, status: int, headers: dict[str, str]
     ) -> RunningChecksum | None:
-        """A fresh check of each successful response's body, fed as it arrives, so the
-        bytes are checked while still in the CPU's cache."""
+        """A fresh check of each successful response's body, fed as it arrives (so the bytes
+        are checked while still in the CPU's cache), against S3's checksum (on a range, that
+        part's, as botocore checks it), else, on a whole body, its ETag as MD5."""
         if status not in (200, 206):
             return None
-        checksum = self._checksum_for(headers, ranged)
+        config = self.config
+        checksum = s3_checksum(headers, etag_md5=False) if config.verify_checksums else None
+        etag_md5 = config.verify_etag_md5 and (not ranged or covers_whole_object(headers))
+        if checksum is None and etag_md5:
+            checksum = s3_checksum({"etag": headers.get("etag", "")}, etag_md5=True)
         return None if checksum is None else checksum.running()
-
-    def _verify(self, body: Body, response: Response, ranged: bool, url: str) -> None:
-        """Check the body (raise ``IntegrityError``); on a range that is not the whole
-        object, keep its ETag as the object's MD5 for the assembled parts."""
-        headers = response.headers
-        digest = response.digest
-        if isinstance(digest, RunningChecksum):
-            digest.check(url)
-        if ranged and self.config.verify_etag_md5 and not covers_whole_object(headers):
-            body.object_checksum = s3_checksum({"etag": headers.get("etag", "")}, etag_md5=True)
 
     async def _follow_region(self, region: str) -> None:
         """Switch to ``region``'s route, once per store (redirected GETs share it)."""
