@@ -75,11 +75,7 @@ def split_name(name: str) -> tuple[str, str] | None:
 
 def is_sample_member(name: str) -> bool:
     """Whether ``webdataset`` makes this regular file part of a sample."""
-    if "/" not in name and name.startswith("__") and name.endswith("__"):
-        return False
-    if _META_RE.match(name):
-        return False
-    return split_name(name) is not None
+    return not _META_RE.match(name) and split_name(name) is not None
 
 
 def _bad(what: str, offset: int, url: str) -> ShardError:
