@@ -163,8 +163,6 @@ class BatchDecoder(Protocol):
     RGB tensors on ``device`` out, one per input, in order. Raises on any failure; the
     caller finds the culprit by decoding one at a time."""
 
-    name: str
-
     def decode(self, data: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]: ...
 
 
@@ -174,8 +172,6 @@ class PILBatchDecoder:
     Also the fallback of the GPU decoders for what they cannot read (PNG and other formats
     than JPEG, the raw form of :mod:`.presize`, or a JPEG the GPU decoder refuses but Pillow
     reads)."""
-
-    name = "pillow"
 
     def __init__(self) -> None:
         self._decoder = ImageDecoder(None)

@@ -28,7 +28,8 @@ import torch.nn.functional as F
 
 from ..decode.encoded import BatchDecoder, EncodedImage, PILBatchDecoder
 from ..decode.image import center_crop_offsets, resized_size
-from ..errors import ConfigError, DecodeError, Reason
+from ..decode.presize import undecodable
+from ..errors import ConfigError, DecodeError
 from .tree import Path, rebuild
 
 __all__ = ["EncodedBatchDecoder", "TorchvisionDecoder", "decode_images", "is_encoded_list"]
@@ -42,8 +43,6 @@ _RESIZE_GROUP = 32
 class TorchvisionDecoder:
     """nvJPEG through ``torchvision.io.decode_jpeg``: a list in, one batched call; a
     :class:`ConfigError` when torchvision cannot be imported."""
-
-    name = "torchvision"
 
     def __init__(self) -> None:
         try:
@@ -197,12 +196,7 @@ class EncodedBatchDecoder:
                 first = exc
         if isinstance(first, DecodeError):
             raise first.for_object(image.url or "?") from first.__cause__
-        raise DecodeError(
-            f"not a decodable image ({decoder.name}): {type(first).__name__}: {first}",
-            url=image.url,
-            stage="decode",
-            cause=Reason.UNDECODABLE,
-        ) from first
+        raise undecodable(first, image.url) from first
 
 
 def decode_images(batch: Any, decoder: EncodedBatchDecoder) -> tuple[Any, frozenset[Path]]:
