@@ -22,9 +22,9 @@ from .directory import CacheConfig, name_for, read_ledger
 from .form import form_tag
 from .layout import CACHE_ERRORS, Handles, on_entry
 from .store import CachedStore, Read
-from .writer import MAX_PENDING_BYTES
+from .writer import MAX_ENTRY_BYTES
 
-__all__ = ["MAX_PENDING_BYTES", "CachedStoreConfig", "Client"]
+__all__ = ["MAX_ENTRY_BYTES", "CachedStoreConfig", "Client"]
 
 #: keys of the dataset sampled to tell whether the cache holds all of it
 SAMPLE_KEYS = 64
@@ -64,7 +64,7 @@ class CachedStoreConfig:
         if self.client_for is not None and self.complete():
             return Capabilities(remote=False, listing=inner.listing, ranges=inner.ranges)
         # An object read in parts would reach the cache as ranges, which it does not keep.
-        return dataclasses.replace(inner, whole_reads_up_to=MAX_PENDING_BYTES)
+        return dataclasses.replace(inner, whole_reads_up_to=MAX_ENTRY_BYTES)
 
     def complete(self) -> bool:
         """Whether the cache seems to hold every object of the dataset: its ledger counts at

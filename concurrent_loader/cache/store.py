@@ -33,9 +33,9 @@ from ..stores.base import Body, ByteRange, Capabilities, ObjectInfo, Store, Stor
 from .directory import CacheConfig, CacheDirectory, name_for
 from .form import Apply, apply_in_thread, transformed
 from .layout import CACHE_ERRORS, CorruptEntry, Entry, TooLarge
-from .writer import MAX_PENDING_BYTES, EntryWriter, Leftovers
+from .writer import MAX_ENTRY_BYTES, EntryWriter, Leftovers
 
-__all__ = ["MAX_PENDING_BYTES", "CachedStore", "Connect"]
+__all__ = ["MAX_ENTRY_BYTES", "CachedStore", "Connect"]
 
 log = logging.getLogger(__name__)
 
@@ -210,12 +210,6 @@ class CachedStore:
             body = await self._uncached(key, None)
             if self.cache.presize is not None:  # an error: not cached (the lock released)
                 body = await transformed(self.cache.presize, body, self.url_for(key), self.apply)
-            # A burst of fills (a batch of large entries) waits for the writer, not dropped.
-            while self._writer.backlogged(len(body.data)) and not self._closed:
-                try:
-                    await asyncio.wrap_future(self._leftovers.writer.submit(lambda: None))
-                except RuntimeError:  # shut down
-                    break
         except BaseException:
             release()
             raise

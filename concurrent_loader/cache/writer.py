@@ -1,11 +1,12 @@
 """Writing entries behind reads: one thread per store, bounded, paused after a failure, and
 what a store leaves to finish when it goes (:class:`Leftovers`).
 
-The object's fill lock is released once its entry is in place or given up. At most
-``MAX_PENDING_BYTES`` wait for the writer: a fill waits for room
-(:meth:`EntryWriter.backlogged`), a larger object is not cached. A failed write pauses writing
-for ``RETRY_FIRST_S``, doubling per failure in a row up to ``RETRY_MAX_S``; a retry first
-reopens a directory removed or made again.
+The object's fill lock is released once its entry is in place or given up. An entry is at
+most ``MAX_ENTRY_BYTES``; at most ``MAX_PENDING_BYTES`` wait for the writer, room for a batch
+of large entries arriving at once (256 pre-sized raw images of 262 KB are 67 MB); beyond
+either, an object is not cached. A fill never waits for the disk. A failed write pauses
+writing for ``RETRY_FIRST_S``, doubling per failure in a row up to ``RETRY_MAX_S``; a retry
+first reopens a directory removed or made again.
 """
 
 from __future__ import annotations
@@ -22,12 +23,21 @@ from ..stores.base import Body
 from .directory import CacheDirectory
 from .layout import CACHE_ERRORS, data_checksum, footer
 
-__all__ = ["MAX_PENDING_BYTES", "RETRY_FIRST_S", "RETRY_MAX_S", "EntryWriter", "Leftovers"]
+__all__ = [
+    "MAX_ENTRY_BYTES",
+    "MAX_PENDING_BYTES",
+    "RETRY_FIRST_S",
+    "RETRY_MAX_S",
+    "EntryWriter",
+    "Leftovers",
+]
 
 log = logging.getLogger(__name__)
 
 #: bytes of fetched objects waiting for the writer, at most, per store
-MAX_PENDING_BYTES = 32 * 1024 * 1024
+MAX_PENDING_BYTES = 256 * 1024 * 1024
+#: the largest entry written (a larger object is read in parts, which the cache does not keep)
+MAX_ENTRY_BYTES = 32 * 1024 * 1024
 RETRY_FIRST_S = 1.0
 RETRY_MAX_S = 60.0
 
@@ -50,13 +60,6 @@ class EntryWriter:
 
     def writing(self) -> bool:
         return time.monotonic() >= self._resume_at
-
-    def backlogged(self, size: int) -> bool:
-        """Whether an entry of ``size`` bytes (one the writer takes) waits for the writer to
-        catch up first, so that a burst of fills is written rather than skipped."""
-        with self._lock:
-            ahead = self._pending
-        return ahead > 0 and ahead + size > MAX_PENDING_BYTES >= size and self.writing()
 
     def failed(self, exc: Exception) -> None:
         with self._lock:
@@ -83,7 +86,7 @@ class EntryWriter:
             self.failed(exc)
             skip = True
         with self._lock:
-            skip = skip or self._pending + size > MAX_PENDING_BYTES
+            skip = skip or size > MAX_ENTRY_BYTES or self._pending + size > MAX_PENDING_BYTES
             if not skip:
                 self._pending += size
         if skip:

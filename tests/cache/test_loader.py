@@ -69,11 +69,11 @@ def test_epoch_two_of_a_full_cache_skips_the_event_loop(cache_dir, monkeypatch):
 def test_an_object_large_enough_for_parts_is_read_whole_and_cached(cache_dir):
     # Listed sizes over PartsConfig.part_size would send each object as ranged parts, which
     # the cache does not keep; a whole object it can keep is read in one GET instead.
-    from concurrent_loader.cache.writer import MAX_PENDING_BYTES
+    from concurrent_loader.cache.writer import MAX_ENTRY_BYTES
     from concurrent_loader.fetch.parts import DEFAULT_PART_SIZE
 
     size = DEFAULT_PART_SIZE + 1024
-    assert size <= MAX_PENDING_BYTES
+    assert size <= MAX_ENTRY_BYTES
     objects = {f"{i}.bin": bytes([i]) * size for i in range(3)}
     memory = MemoryConfig(objects)
     dataset = ObjectDataset(memory, cache=str(cache_dir))  # listed: sizes known
@@ -86,10 +86,10 @@ def test_an_object_large_enough_for_parts_is_read_whole_and_cached(cache_dir):
 
 
 def test_an_object_larger_than_the_cache_takes_is_still_read_in_parts(cache_dir):
-    from concurrent_loader.cache.writer import MAX_PENDING_BYTES
+    from concurrent_loader.cache.writer import MAX_ENTRY_BYTES
     from concurrent_loader.fetch.parts import DEFAULT_PART_SIZE
 
-    size = MAX_PENDING_BYTES + 1
+    size = MAX_ENTRY_BYTES + 1
     memory = MemoryConfig({"big.bin": b"x" * size})
     dataset = ObjectDataset(memory, cache=str(cache_dir))
     loader = ConcurrentDataLoader(dataset, batch_size=1)
@@ -98,21 +98,30 @@ def test_an_object_larger_than_the_cache_takes_is_still_read_in_parts(cache_dir)
     assert memory.stats.total == parts + 1  # the parts, and the check that it did not grow
 
 
-def test_a_batch_larger_than_the_write_backlog_is_cached_whole(cache_dir):
-    # A batch of large entries (pre-sized raw pixels, say) arrives at once: the fills wait
-    # for the writer to catch up instead of leaving part of the batch uncached.
-    from concurrent_loader.cache.writer import MAX_PENDING_BYTES
+@pytest.mark.parametrize("disk_s", [0.0, 0.03])
+def test_a_batch_of_large_entries_is_cached_whole_without_waiting_for_the_disk(
+    cache_dir, monkeypatch, disk_s
+):
+    # A batch of large entries (pre-sized raw pixels, say) arrives at once: all of it is
+    # written, and a slow disk never holds a GET (which would be timed and hedged as slow:
+    # the same object fetched twice).
+    import time
 
-    size = 1 << 20
-    count = 2 * MAX_PENDING_BYTES // size
+    from concurrent_loader.cache.directory import CacheDirectory
+    from concurrent_loader.config import HedgeConfig
+
+    put = CacheDirectory.put
+
+    def slow_put(self: CacheDirectory, *args: object, **kwargs: object) -> object:
+        time.sleep(disk_s)
+        return put(self, *args, **kwargs)
+
+    monkeypatch.setattr(CacheDirectory, "put", slow_put)
+    size, count = 1 << 20, 64  # 64 MiB at once, twice the entry limit
     objects = {f"{i:03}.bin": bytes([i]) * size for i in range(count)}
     memory = MemoryConfig(objects, latency_s=0.05)
-    dataset = ObjectDataset(
-        memory,
-        decode=len,
-        cache=str(cache_dir),
-        fetch_config=FetchConfig(max_inflight_requests=count),
-    )
+    fetch = FetchConfig(max_inflight_requests=count, hedge=HedgeConfig(max_delay=0.3))
+    dataset = ObjectDataset(memory, decode=len, cache=str(cache_dir), fetch_config=fetch)
     loader = ConcurrentDataLoader(dataset, batch_size=count)
     for _ in range(2):
         assert [batch.tolist() for batch in loader] == [[size] * count]
