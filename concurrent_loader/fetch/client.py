@@ -28,7 +28,7 @@ from typing import Any
 from ..config import FetchConfig, RetryConfig
 from ..errors import FetchError, FetchTimeout, Reason, Throttled
 from ..stores.base import Body, ByteRange, Store
-from .getter import Getter, Request, running_task
+from .getter import Getter, Request
 from .hedge import HedgeLayer
 from .hooks import NO_OBSERVER, FetchObserver
 from .limits import AdaptiveLimit
@@ -91,7 +91,13 @@ class AttemptLayer:
             limit.release()
 
     def _start(self, request: Request) -> _Running:
-        loop, task = running_task(self._loop)
+        # The running loop and task; no getpid (get_running_loop's) once the loop is known.
+        loop = self._loop
+        task = asyncio.current_task(loop) if loop is not None else None
+        if task is None:
+            loop = asyncio.get_running_loop()
+            task = asyncio.current_task(loop)
+        assert loop is not None and task is not None
         request.loop, request.task = loop, task
         running = self._running
         if loop is not self._loop:  # what was watched on another loop is dropped

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 from ..stores.base import Body, ByteRange
 from .hooks import FetchObserver
 
-__all__ = ["Getter", "Request", "running_task"]
+__all__ = ["Getter", "Request"]
 
 
 @dataclass(slots=True)
@@ -29,16 +29,3 @@ class Request:
 
 class Getter(Protocol):
     async def get(self, request: Request) -> Body: ...
-
-
-def running_task(
-    loop: asyncio.AbstractEventLoop | None,
-) -> tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]:
-    """The running loop and task; no ``getpid`` (``get_running_loop``'s) when ``loop`` runs."""
-    task = asyncio.current_task(loop) if loop is not None else None
-    if task is None:
-        loop = asyncio.get_running_loop()
-        task = asyncio.current_task(loop)
-        assert task is not None  # a coroutine awaited on a running loop
-    assert loop is not None
-    return loop, task
