@@ -305,10 +305,10 @@ class FetchClient:
     ) -> bytes | bytearray:
         request = Request(key, byte_range, self.store.url_for(key), observer)
         try:  # not through get_body: a frame less per GET
-            body = await self._attempts.get(request)
+            return (await self._attempts.get(request)).data
         except FetchError as exc:
-            body = await self._retry.after(request, exc)
-        return body.data
+            error = exc  # retried outside the handler: no first error as the last's context
+        return (await self._retry.after(request, error)).data
 
     async def get_body(
         self,
@@ -322,7 +322,8 @@ class FetchClient:
         try:
             return await self._attempts.get(request)
         except FetchError as exc:
-            return await self._retry.after(request, exc)
+            error = exc
+        return await self._retry.after(request, error)
 
     async def close(self) -> None:
         await self.store.close()

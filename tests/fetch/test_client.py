@@ -165,6 +165,8 @@ def test_permanent_error_after_retries_notes_the_attempts():
         fetch(make_client(store))
     assert store.stats.gets["a"] == 2
     assert "gave up after 2 attempts" in caught.value.__notes__
+    # The first attempt's error (and the frames it holds, a body perhaps) is not chained on.
+    assert caught.value.__context__ is None
 
 
 def test_errors_that_are_not_fetch_errors_are_not_retried():
