@@ -188,9 +188,11 @@ class ObjectTooLarge(FetchError):
 
 
 class Throttled(FetchError):
-    """The server asked us to slow down (503 SlowDown, 429)."""
+    """The server asked us to slow down (503 SlowDown, 429); ``retry_after``: the seconds
+    its ``Retry-After`` asked to wait (None: not said), which the retry waits at least."""
 
     retryable = True
+    retry_after: float | None = None
 
 
 class ServerError(FetchError):

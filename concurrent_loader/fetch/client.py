@@ -190,9 +190,10 @@ class OutcomeLayer:
 class RetryLayer:
     """Retries transient errors per :class:`~concurrent_loader.config.RetryConfig`. A throttle
     does not count towards ``max_attempts``: it is retried after its backoff, or once another
-    GET succeeds. The object's budget (a timer armed after a first failure) ends it with
-    ``FetchTimeout`` (``DEADLINE_EXCEEDED``) caused by the last failed attempt. Entered only
-    once a first attempt failed: a GET that succeeds at once passes no frame of it."""
+    GET succeeds (after a ``Retry-After``: once it has passed, no sooner). The object's
+    budget (a timer armed after a first failure) ends it with ``FetchTimeout``
+    (``DEADLINE_EXCEEDED``) caused by the last failed attempt. Entered only once a first
+    attempt failed: a GET that succeeds at once passes no frame of it."""
 
     def __init__(self, inner: Getter, config: RetryConfig, limit: AdaptiveLimit) -> None:
         self.inner = inner
@@ -218,6 +219,7 @@ class RetryLayer:
                     if isinstance(error, Throttled):
                         throttles += 1
                         delay = retry.throttle_backoff(throttles - 1, self._rng)
+                        delay = max(delay, error.retry_after or 0.0)
                     else:
                         failures += 1
                         delay = retry.backoff(failures - 1, self._rng)
@@ -229,7 +231,9 @@ class RetryLayer:
                     if loop.time() + delay >= request.deadline:
                         raise self._out_of_time(request, attempts, error) from error
                     request.observer.on_retry(error)
-                    if isinstance(error, Throttled):
+                    if isinstance(error, Throttled) and error.retry_after is not None:
+                        await asyncio.sleep(delay)  # the server said when: no sooner
+                    elif isinstance(error, Throttled):
                         await self.limit.wait_for_success(delay)
                     else:
                         await asyncio.sleep(delay)

@@ -3,6 +3,7 @@
 :mod:`.registry` maps a root's URL scheme to its backend."""
 
 from .base import Body, ByteRange, Capabilities, ObjectInfo, Store, StoreConfig
+from .gcs import GcsConfig
 from .http import HttpConfig
 from .local import LocalConfig
 from .registry import BACKENDS, store_config_for
@@ -14,6 +15,7 @@ __all__ = [
     "ByteRange",
     "Capabilities",
     "CredentialSource",
+    "GcsConfig",
     "HttpConfig",
     "LocalConfig",
     "ObjectInfo",

@@ -7,6 +7,8 @@
 * :class:`ProxyProcess` puts an HTTP proxy in front of one that adds latency and
   stragglers (:class:`LatencyModel`), bandwidth caps and reproducible faults
   (:class:`FaultPlan`), so retry and timeout paths can be exercised against real sockets.
+* :class:`FakeGcsServer` runs fake-gcs-server (a GCS JSON API, no authentication) the
+  same way, for the ``gs://`` backend.
 * :func:`make_private_ca` makes a CA and a server certificate at test time, and
   :class:`TlsFront` serves HTTPS with it in front of a server; :class:`ForwardProxy` is
   the ``HTTP_PROXY`` of the tests, counting what goes through it.
@@ -19,6 +21,7 @@ Nothing here is imported by the loader itself; it needs the ``testing`` extra
 from __future__ import annotations
 
 from .forward import ForwardProxy
+from .gcs_server import FakeGcsServer
 from .moto_server import MotoS3Server
 from .proxy import FAULT_NAMES, FaultPlan, LatencyModel, ProxyProcess
 from .s3process import S3ServerProcess, TemporaryCredentials
@@ -28,6 +31,7 @@ from .tls import ServerCertificate, TlsFront, make_private_ca
 
 __all__ = [
     "FAULT_NAMES",
+    "FakeGcsServer",
     "FaultPlan",
     "ForwardProxy",
     "LatencyModel",
