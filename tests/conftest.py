@@ -20,6 +20,7 @@ import pytest
 from PIL import Image
 
 from concurrent_loader.testing import LocalS3Server, MotoS3Server, ProxyProcess, S3ServerProcess
+from concurrent_loader.testing.gcs_server import FakeGcsServer
 
 TEST_BUCKET = "test-data"
 IMAGE_PREFIX = "images/train/"
@@ -52,6 +53,13 @@ def s3_server() -> Iterator[LocalS3Server]:
 def moto_server() -> Iterator[MotoS3Server]:
     """A started moto server (authentication enforced), shared by the whole session."""
     with MotoS3Server() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def gcs_server() -> Iterator[FakeGcsServer]:
+    """A started fake-gcs-server (GCS JSON API, in memory), shared by the whole session."""
+    with FakeGcsServer() as server:
         yield server
 
 

@@ -23,6 +23,7 @@ from concurrent_loader.stores.readahead import Readahead, ReadaheadConfig
 from concurrent_loader.stores.s3 import S3Config
 from concurrent_loader.testing import LocalS3Server, MotoS3Server, S3ServerProcess
 from concurrent_loader.testing.files import FileServer
+from concurrent_loader.testing.gcs_server import FakeGcsServer
 from concurrent_loader.testing.memory import MemoryConfig
 from tests.helpers import helpers, no_loader_threads_left
 
@@ -145,6 +146,16 @@ def http_store(file_server: FileServer) -> Case:
     return Case(
         HttpConfig.from_url(file_server.endpoint_url + "/"), past_end="error", after_close="error"
     )
+
+
+@store_case
+def gcs_store(gcs_server: FakeGcsServer) -> Case:
+    if not getattr(gcs_server, "_conformance_filled", False):
+        gcs_server.create_bucket(BUCKET)
+        for key, data in OBJECTS.items():
+            gcs_server.put_object(BUCKET, PREFIX + key, data)
+        gcs_server._conformance_filled = True  # type: ignore[attr-defined]
+    return Case(gcs_server.store_config(BUCKET, PREFIX), past_end="error", after_close="error")
 
 
 # ---------------------------------------------------------------------- wrappers
