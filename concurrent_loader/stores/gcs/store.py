@@ -203,8 +203,13 @@ class GcsStore:
     def url_for(self, key: str) -> str:
         return self.config.url_for(key)
 
-    async def _headers(self) -> list[tuple[str, str]]:
-        return [] if self._tokens is None else [await self._tokens.header()]
+    async def _headers(self, url: str) -> list[tuple[str, str]]:
+        if self._tokens is None:
+            return []
+        try:
+            return [await self._tokens.header()]
+        except FetchError as exc:  # one refresh's error, shared by the GETs that waited
+            raise exc.for_object(url) from exc.__cause__
 
     async def get(self, key: str, byte_range: ByteRange | None = None) -> Body:
         url = self.url_for(key)
@@ -213,7 +218,7 @@ class GcsStore:
         response = await self._transport.get(
             self._origin,
             target,
-            await self._headers(),
+            await self._headers(url),
             url=url,
             max_bytes=self._fetch.max_object_bytes,
             byte_range=(byte_range.start, byte_range.end) if byte_range else None,
@@ -255,7 +260,11 @@ class GcsStore:
         for attempt in range(retry.max_attempts):
             try:
                 response = await self._transport.get(
-                    self._origin, target, await self._headers(), url=url, max_bytes=_MAX_PAGE_BYTES
+                    self._origin,
+                    target,
+                    await self._headers(url),
+                    url=url,
+                    max_bytes=_MAX_PAGE_BYTES,
                 )
                 return _page(response, url)
             except FetchError as exc:
