@@ -64,7 +64,7 @@ def test_with_root_keeps_the_options_for_another_prefix():
     "bad",
     [
         "",
-        "gs://bucket/x",
+        "gs:///nobucket",
         "s3:///nobucket",
         "s3://user:pw@bucket/x",
         "http:///nohost",
