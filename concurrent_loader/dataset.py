@@ -32,7 +32,7 @@ from .listing import progress as progress_bar
 from .runtime import Runtime, acquire_runtime
 from .sources import CallDecoder, ObjectDecoder, ObjectSource
 from .sources.load import load_samples
-from .stores import S3Config, StoreConfig, store_config_for
+from .stores import StoreConfig, store_config_for
 from .stores.base import BlockingStore
 
 __all__ = ["IMG_EXTENSIONS", "ImageFolder", "ObjectDataset"]
@@ -202,7 +202,7 @@ def _read_manifest(
             return f.read()
     parent, name = text.rsplit("/", 1)
     store = store_config_for(parent + "/")
-    if isinstance(root, S3Config) and isinstance(store, S3Config):
+    if type(store) is type(root) and hasattr(root, "with_root"):  # the root's options
         store = root.with_root(parent + "/")
     with ObjectDataset(store, keys=[name], fetch_config=config) as manifest_object:
         return bytes(manifest_object[0]).decode("utf-8")

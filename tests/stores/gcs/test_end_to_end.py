@@ -80,6 +80,20 @@ def test_a_manifest_on_gcs_feeds_the_dataset(gcs_server, gcs_images, gcs_env, tm
         assert ds.__getitems__(list(range(len(ds)))) == [digest for _, _, digest in chosen]
 
 
+def test_a_manifest_read_with_the_roots_options_goes_to_its_endpoint(
+    gcs_server, gcs_images, gcs_proxy, monkeypatch
+):
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)  # only the config says where
+    root, files = gcs_images
+    gcs_server.put_object(BUCKET, "manifests/two.txt", f"{files[0][0]}\n{files[1][0]}\n".encode())
+    proxy = gcs_proxy()
+    config = gcs_server.store_config(BUCKET, root.split("/", 3)[3], endpoint_url=proxy.endpoint_url)
+    manifest = f"gs://{BUCKET}/manifests/two.txt"
+    with ObjectDataset.from_manifest(manifest, root=config, decode=sha256_hex) as ds:
+        assert ds.__getitems__([0, 1]) == [files[0][2], files[1][2]]
+    assert proxy.stats()["requests_by_method"]["GET"] == 3  # the manifest, then two objects
+
+
 def test_the_node_cache_serves_the_second_epoch_without_a_get(
     gcs_server, gcs_images, gcs_proxy, tmp_path
 ):
