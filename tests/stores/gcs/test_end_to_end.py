@@ -49,6 +49,29 @@ def test_object_dataset_reads_every_sample_once_in_sampler_order(gcs_images, gcs
     assert got == [[files[i][2] for i in order[j : j + 5]] for j in range(0, len(order), 5)]
 
 
+def test_a_resumed_epoch_continues_with_exactly_the_remaining_batches(gcs_images, gcs_env):
+    root, files = gcs_images
+
+    def make_loader() -> ConcurrentDataLoader:
+        ds = ObjectDataset(root, [k for k, _, _ in files], decode=sha256_hex)
+        generator = torch.Generator().manual_seed(9)
+        return ConcurrentDataLoader(
+            ds, batch_size=5, shuffle=True, num_workers=2, generator=generator
+        )
+
+    whole = [list(b) for b in make_loader()]
+    interrupted = make_loader()
+    seen = []
+    for batch in interrupted:
+        seen.append(list(batch))
+        if len(seen) == 2:
+            state = interrupted.state_dict()
+            break
+    resumed = make_loader()
+    resumed.load_state_dict(state)
+    assert seen + [list(b) for b in resumed] == whole
+
+
 def test_image_folder_over_gcs_matches_the_local_folder(gcs_images, gcs_env, image_folder):
     remote, local = (
         ImageFolder(gcs_images[0], image_size=24),

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from google.auth.credentials import Credentials
 
-from concurrent_loader import FetchConfig, RetryConfig
+from concurrent_loader import ConcurrentDataLoader, FetchConfig, ObjectDataset, RetryConfig
 from concurrent_loader.errors import AccessDenied, ConfigError, ObjectNotFound, Reason, Throttled
 from concurrent_loader.fetch.client import FetchClient
 from concurrent_loader.stores import GcsConfig, store_config_for
@@ -236,3 +236,18 @@ def test_no_credentials_found_is_access_denied_naming_the_object(recorder, monke
     assert caught.value.cause is Reason.NO_CREDENTIALS and caught.value.url == "gs://bk/p/x.bin"
     assert "anonymous=True" in str(caught.value)
     assert recorder.seen == []  # nothing sent without a token
+
+
+def test_each_worker_loads_its_own_credentials_and_sends_its_token(recorder):
+    recorder.objects.update({f"{i}.bin": bytes([i]) * 10 for i in range(12)})
+    config = GcsConfig.from_url(
+        "gs://bk", endpoint_url=recorder.endpoint_url, credentials=short_lived
+    )
+    ds = ObjectDataset(config, sorted(recorder.objects))
+    loader = ConcurrentDataLoader(ds, batch_size=3, num_workers=2, multiprocessing_context="spawn")
+    assert [bytes(b) for batch in loader for b in batch] == [
+        recorder.objects[k] for k in sorted(recorder.objects)
+    ]
+    assert len(recorder.seen) == 12 and all(
+        a and a.startswith("Bearer tok-") for _, a in recorder.seen
+    )
