@@ -29,6 +29,8 @@ READ_ONLY_SCOPE = "https://www.googleapis.com/auth/devstorage.read_only"
 REFRESH_BEFORE_EXPIRY_S = 5 * 60
 #: seconds before expiry after which a token is no longer sent (clock skew, time in flight)
 STOP_BEFORE_EXPIRY_S = 30.0
+#: seconds after a failed refresh before the next is tried (GETs meanwhile get its error)
+RETRY_REFRESH_AFTER_S = 1.0
 
 Header = tuple[str, str]
 
@@ -62,6 +64,7 @@ class TokenSource:
         self._refresh_at = -math.inf  # time.time() from which a refresh starts
         self._usable_until = -math.inf  # time.time() until which the header is sent
         self._refreshing: asyncio.Future[None] | None = None
+        self._retry_at = -math.inf  # time.time() before which a failed refresh is not retried
         #: refreshes completed (for tests and logs: never the token)
         self.refreshes = 0
 
@@ -74,7 +77,7 @@ class TokenSource:
         if now < self._refresh_at:
             return self._header  # type: ignore[return-value]  # set with _refresh_at
         refreshing = self._refreshing
-        if refreshing is None or (refreshing.done() and now >= self._refresh_at):
+        if refreshing is None or (refreshing.done() and now >= self._retry_at):
             refreshing = self._refreshing = asyncio.ensure_future(self._refresh())
             refreshing.add_done_callback(_retrieve)
         if self._header is not None and now < self._usable_until:
@@ -89,6 +92,7 @@ class TokenSource:
         try:
             token, expires_at, now = await loop.run_in_executor(None, self._refresh_blocking)
         except Exception as exc:
+            self._retry_at = time.time() + RETRY_REFRESH_AFTER_S
             raise error_for_auth(exc, self._url) from None  # its text may quote the answer
         life = max(0.0, expires_at - now)
         self._header = ("authorization", f"Bearer {token}")

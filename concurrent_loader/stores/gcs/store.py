@@ -18,6 +18,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import pickle
 import random
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -117,8 +118,12 @@ class GcsConfig:
             )
         if credentials_file is not None and not os.path.isfile(credentials_file):
             raise ConfigError(f"credentials_file {credentials_file!r} is not a file", url=root)
-        if credentials is not None and not callable(credentials):
-            raise ConfigError("credentials must be a function returning credentials", url=root)
+        if credentials is not None and not _picklable_function(credentials):
+            raise ConfigError(
+                "credentials must be a module-level function returning google-auth "
+                "credentials (it is pickled to each worker, which calls it)",
+                url=root,
+            )
         if ca_bundle is not None and not os.path.isfile(ca_bundle):
             raise ConfigError(f"ca_bundle {ca_bundle!r} is not a file", url=root)
         if not anonymous:
@@ -155,6 +160,16 @@ class GcsConfig:
 
     def __str__(self) -> str:
         return self.url_for("")
+
+
+def _picklable_function(function: object) -> bool:
+    if not callable(function):
+        return False
+    try:
+        pickle.dumps(function)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return False
+    return True
 
 
 def _require_google_auth(url: str) -> None:

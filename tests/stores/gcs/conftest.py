@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -95,10 +96,13 @@ class Recorder:
     objects: dict[str, bytes]
     script: list[tuple[int, dict[str, str], bytes]] = field(default_factory=list)
     seen: list[tuple[str, str | None]] = field(default_factory=list)
+    #: when each request of ``seen`` arrived (``time.time()``)
+    arrived: list[float] = field(default_factory=list)
     endpoint_url: str = ""
 
     def answer(self, path: str, auth: str | None) -> tuple[int, dict[str, str], bytes]:
         self.seen.append((path, auth))
+        self.arrived.append(time.time())
         if self.script:
             return self.script.pop(0)
         name = unquote(urlsplit(path).path.rsplit("/o/", 1)[-1])
