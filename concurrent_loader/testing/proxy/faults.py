@@ -62,6 +62,8 @@ class FaultPlan:
     extra_latency_ms: float = 0.0
     storm_start_s: float = 0.0
     storm_seconds: float = 0.0
+    #: seconds a 503 answer asks the client to wait, in a ``Retry-After`` header (0: none)
+    retry_after_s: float = 0.0
     faults_on: tuple[str, ...] = ("GET",)
 
     def __post_init__(self) -> None:
@@ -77,7 +79,13 @@ class FaultPlan:
             total += rate
         if total > 1.0 + 1e-9:
             raise ValueError(f"fault rates must sum to at most 1, got {total:g}")
-        for name in ("stall_seconds", "extra_latency_ms", "storm_start_s", "storm_seconds"):
+        for name in (
+            "stall_seconds",
+            "extra_latency_ms",
+            "storm_start_s",
+            "storm_seconds",
+            "retry_after_s",
+        ):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")

@@ -185,13 +185,22 @@ def error_body(code: str, message: str, resource: str) -> bytes:
     ).encode()
 
 
-def simple_response(status: int, reason: str, body: bytes, content_type: str, close: bool) -> bytes:
-    """A whole response the proxy answers itself (errors, control endpoints)."""
+def simple_response(
+    status: int,
+    reason: str,
+    body: bytes,
+    content_type: str,
+    close: bool,
+    extra: tuple[str, ...] = (),
+) -> bytes:
+    """A whole response the proxy answers itself (errors, control endpoints); ``extra``:
+    more header lines (``Name: value``)."""
     lines = [
         f"HTTP/1.1 {status} {reason}",
         f"Content-Type: {content_type}",
         f"Content-Length: {len(body)}",
         "Server: concurrent-loader-proxy",
+        *extra,
     ]
     if close:
         lines.append("Connection: close")

@@ -345,7 +345,9 @@ class ProxyServer:
             )
         body = error_body(code, message, request.path)
         self.stats.responses_by_status[str(status)] += 1
-        await client.send(simple_response(status, reason, body, "application/xml", close))
+        wait = self._faults.retry_after_s
+        extra = (f"Retry-After: {wait:g}",) if status == 503 and wait > 0 else ()
+        await client.send(simple_response(status, reason, body, "application/xml", close, extra))
         if close:
             await client.close()
         return not close

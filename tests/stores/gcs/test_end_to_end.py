@@ -8,6 +8,7 @@ import dataclasses
 import hashlib
 import json
 import random
+import time
 
 import pytest
 import torch
@@ -196,6 +197,25 @@ def test_faults_are_retried_and_stragglers_hedged_every_sample_intact(
         assert stats["throttles"] > 0 and stats["retries"] > 0, stats
     else:
         assert stats["hedges"] > 0 and stats["hedges_won"] > 0, stats
+
+
+def test_a_throttle_storm_answered_with_retry_after_is_waited_out(
+    gcs_server, gcs_bucket, gcs_proxy
+):
+    objects = {f"{i:02d}.bin": bytes([i]) * 1000 for i in range(10)}
+    for key, data in objects.items():
+        gcs_server.put_object(gcs_bucket, "storm/" + key, data)
+    wait_s = 0.8
+    proxy = gcs_proxy(faults=FaultPlan(storm_seconds=0.3, retry_after_s=wait_s))
+    config = gcs_server.store_config(gcs_bucket, "storm", endpoint_url=proxy.endpoint_url)
+    # Backoff alone would retry every 10 ms, about 30 times per object within the storm.
+    fetch = FetchConfig(retry=RetryConfig(throttle_base_delay=0.01, throttle_max_delay=0.01))
+    ds = ObjectDataset(config, sorted(objects), fetch_config=fetch)
+    started = time.monotonic()
+    got = [bytes(body) for batch in ConcurrentDataLoader(ds, batch_size=10) for body in batch]
+    assert got == [objects[k] for k in sorted(objects)]
+    assert time.monotonic() - started >= wait_s
+    assert 0 < proxy.stats()["storm_503"] <= len(objects)  # each object asked to wait once
 
 
 def test_pack_from_gcs_then_shards_on_gcs_read_with_readahead(
