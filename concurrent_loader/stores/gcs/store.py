@@ -36,7 +36,7 @@ from ..shared import ssl_context_for
 from .credentials import TokenSource
 from .errors import error_for_response
 
-__all__ = ["DEFAULT_ENDPOINT", "GcsConfig", "GcsStore"]
+__all__ = ["DEFAULT_ENDPOINT", "GcsConfig", "GcsRoute", "GcsStore"]
 
 DEFAULT_ENDPOINT = "https://storage.googleapis.com"
 #: names per listing page (the JSON API's maximum)
@@ -45,6 +45,15 @@ PAGE_SIZE = 1000
 _MAX_PAGE_BYTES = 64 * 1024 * 1024
 
 _CAPABILITIES = Capabilities(remote=True, listing=True, ranges=True)
+
+
+@dataclass(frozen=True)
+class GcsRoute:
+    """Where a config's requests go: the endpoint's origin and path (no credential); it
+    also keeps the node cache's entries of two endpoints apart."""
+
+    origin: Origin
+    path_prefix: str
 
 
 @dataclass(frozen=True)
@@ -139,6 +148,12 @@ class GcsConfig:
             verify_checksums,
         )
 
+    @property
+    def route(self) -> GcsRoute:
+        endpoint = urlsplit(self.endpoint_url or DEFAULT_ENDPOINT)
+        origin = Origin.from_url(f"{endpoint.scheme}://{endpoint.netloc}")
+        return GcsRoute(origin, endpoint.path.rstrip("/"))
+
     def url_for(self, key: str) -> str:
         return f"gs://{self.bucket}/{self.prefix}{key}"
 
@@ -191,10 +206,9 @@ class GcsStore:
     def __init__(self, config: GcsConfig, fetch: FetchConfig) -> None:
         self.config = config
         self._fetch = fetch
-        endpoint = urlsplit(config.endpoint_url or DEFAULT_ENDPOINT)
-        self._origin = Origin.from_url(f"{endpoint.scheme}://{endpoint.netloc}")
-        base = endpoint.path.rstrip("/")
-        self._objects = f"{base}/storage/v1/b/{quote(config.bucket, safe='')}/o"
+        route = config.route
+        self._origin = route.origin
+        self._objects = f"{route.path_prefix}/storage/v1/b/{quote(config.bucket, safe='')}/o"
         proxy = _environ_proxy(self._origin)
         self._transport = ConnectionPool(
             max_connections=fetch.max_connections,

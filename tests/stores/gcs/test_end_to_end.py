@@ -27,6 +27,7 @@ from concurrent_loader import (
 )
 from concurrent_loader.cli import main
 from concurrent_loader.errors import ObjectNotFound
+from concurrent_loader.stores import GcsConfig
 from concurrent_loader.testing import FaultPlan
 
 from .conftest import BUCKET
@@ -133,6 +134,23 @@ def test_the_node_cache_serves_the_second_epoch_without_a_get(
     proxy.reset_stats()
     assert batches_of(ds, batch_size=8, num_workers=2) == want
     assert proxy.stats()["requests_by_method"].get("GET", 0) == 0
+
+
+def test_the_node_cache_keeps_one_bucket_on_two_endpoints_apart(
+    gcs_server, gcs_bucket, recorder, tmp_path
+):
+    gcs_server.put_object(gcs_bucket, "twice/k.bin", b"from the emulator")
+    recorder.objects["twice/k.bin"] = b"from elsewhere"
+    there = gcs_server.store_config(gcs_bucket, "twice")
+    elsewhere = GcsConfig.from_url(
+        f"gs://{gcs_bucket}/twice", endpoint_url=recorder.endpoint_url, anonymous=True
+    )
+    assert there.url_for("k.bin") == elsewhere.url_for("k.bin")
+    cache = str(tmp_path / "cache")
+    for config, data in ((there, b"from the emulator"), (elsewhere, b"from elsewhere")):
+        with ObjectDataset(config, ["k.bin"], cache=cache) as ds:
+            assert bytes(ds[0]) == data
+    assert len(recorder.seen) == 1  # a miss there, not the other endpoint's entry
 
 
 def test_a_large_object_is_read_in_ranged_parts_checked_once_assembled(
