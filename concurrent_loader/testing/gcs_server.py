@@ -8,6 +8,7 @@ sends is checked elsewhere (a recorder or the proxy). Helpers fill it through it
 with the standard library, and :meth:`~FakeGcsServer.store_config` gives the
 :class:`~concurrent_loader.stores.GcsConfig` of a bucket on it (or behind a proxy in front
 of it, ``endpoint_url``).
+(``python -m concurrent_loader.testing.serve_gcs`` runs one until Ctrl-C.)
 """
 
 from __future__ import annotations
@@ -52,12 +53,20 @@ class FakeGcsServer(ChildProcess):
     """fake-gcs-server on ``127.0.0.1``: ``start()`` (or ``with``) once, then ``stop()``.
 
     ``data_dir``: keep objects in this directory (its ``filesystem`` backend) instead of in
-    memory. ``startup_timeout_s``: how long :meth:`start` waits for it to answer.
+    memory. ``port``: listen there (default: a free one). ``startup_timeout_s``: how long
+    :meth:`start` waits for it to answer.
     """
 
-    def __init__(self, *, data_dir: str | None = None, startup_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        *,
+        data_dir: str | None = None,
+        port: int | None = None,
+        startup_timeout_s: float = 30.0,
+    ) -> None:
         self._data_dir = data_dir
         self._startup_timeout_s = startup_timeout_s
+        self._asked_port = port
         self._port = 0
         self._run_dir: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -109,7 +118,7 @@ class FakeGcsServer(ChildProcess):
             raise RuntimeError("a FakeGcsServer can be started only once")
         self._started = True
         try:
-            self._port = free_port()
+            self._port = self._asked_port or free_port()
             self._run_dir = Path(tempfile.mkdtemp(prefix="concurrent-loader-gcs-"))
             # Stays open for the log tail in error messages; closed in stop().
             self._console = open(self._run_dir / "console.log", "w+b")  # noqa: SIM115
@@ -152,6 +161,12 @@ class FakeGcsServer(ChildProcess):
             time.sleep(delay)
             delay = min(delay * 1.5, 0.5)
 
+    def wait(self, timeout: float | None = None) -> int:
+        """Block until the server exits; returns its exit status."""
+        if self._proc is None:
+            raise RuntimeError("server not started")
+        return self._proc.wait(timeout)
+
     def log_tail(self, max_bytes: int = 4000) -> str:
         return tail_of(self._console, max_bytes) if self._console is not None else ""
 
@@ -167,7 +182,7 @@ class FakeGcsServer(ChildProcess):
             self._console = None
         if self._run_dir is not None:
             shutil.rmtree(self._run_dir, ignore_errors=True)
-        if self._port:
+        if self._port and not self._asked_port:
             release_ports([self._port])
 
     # -- filling it (JSON API) ---------------------------------------------------------
