@@ -89,8 +89,8 @@ def goog_hash(data: bytes) -> str:
 
 @dataclass
 class Recorder:
-    """A loopback GCS media endpoint: serves ``objects`` (name -> bytes) with their
-    ``x-goog-hash``; answers the next requests from ``script`` (status, headers, body)
+    """A loopback GCS: serves ``objects`` (name -> bytes) with their ``x-goog-hash``, and
+    lists them all on one page; answers the next requests from ``script`` (status, headers, body)
     first; records each request's (path, Authorization header)."""
 
     objects: dict[str, bytes]
@@ -105,6 +105,9 @@ class Recorder:
         self.arrived.append(time.time())
         if self.script:
             return self.script.pop(0)
+        if urlsplit(path).path.endswith("/o"):  # a listing: one page of everything
+            items = [{"name": n, "size": str(len(d))} for n, d in sorted(self.objects.items())]
+            return 200, {"content-type": "application/json"}, json.dumps({"items": items}).encode()
         name = unquote(urlsplit(path).path.rsplit("/o/", 1)[-1])
         if name not in self.objects:
             error = {

@@ -15,7 +15,14 @@ import pytest
 from google.auth.credentials import Credentials
 
 from concurrent_loader import ConcurrentDataLoader, FetchConfig, ObjectDataset, RetryConfig
-from concurrent_loader.errors import AccessDenied, ConfigError, ObjectNotFound, Reason, Throttled
+from concurrent_loader.errors import (
+    AccessDenied,
+    ConfigError,
+    FetchError,
+    ObjectNotFound,
+    Reason,
+    Throttled,
+)
 from concurrent_loader.fetch.client import FetchClient
 from concurrent_loader.stores import GcsConfig, store_config_for
 from concurrent_loader.stores.gcs import store as gcs_store
@@ -297,3 +304,38 @@ def test_a_refused_refresh_is_access_denied_for_each_get_and_not_retried_at_once
     assert all("RefreshError" in str(e) and "secret-ish" not in str(e) for e in errors)
     assert RefusedCredentials.refreshes == 1  # one for all ten GETs, within a second
     assert recorder.seen == []
+
+
+@pytest.mark.parametrize(
+    "answers,outcome",
+    [
+        ([(503, {"retry-after": "0.1"}, json_error(503, "backendError", "busy"))], "listed"),
+        ([(500, {}, b"oops")] * 2, "listed"),
+        ([(403, {}, json_error(403, "forbidden", "no list permission"))], AccessDenied),
+        ([(200, {}, b"<html>a portal</html>")], FetchError),
+    ],
+    ids=["throttled-then-listed", "failed-twice-then-listed", "denied", "not-json"],
+)
+def test_a_listing_page_is_retried_as_a_get_is_and_its_errors_name_the_root(
+    recorder: Recorder, answers, outcome
+):
+    recorder.objects.update({"p/a.bin": b"a", "p/b.bin": b"bb"})
+    recorder.script.extend(answers)
+    config = GcsConfig.from_url("gs://bk/p", endpoint_url=recorder.endpoint_url, anonymous=True)
+    fetch = FetchConfig(retry=RetryConfig(max_attempts=3, base_delay=0.01, max_delay=0.02))
+
+    async def listed() -> list[tuple[str, int]]:
+        store = config.open(fetch)
+        try:
+            return sorted([(info.key, info.size) async for info in store.list()])
+        finally:
+            await store.close()
+
+    if outcome == "listed":
+        assert asyncio.run(listed()) == [("a.bin", 1), ("b.bin", 2)]
+        assert len(recorder.seen) == len(answers) + 1
+        return
+    with pytest.raises(outcome) as caught:
+        asyncio.run(listed())
+    assert (caught.value.url, caught.value.stage) == ("gs://bk/p/", "list")
+    assert len(recorder.seen) == 1  # not retried
