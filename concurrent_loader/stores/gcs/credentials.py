@@ -32,7 +32,7 @@ STOP_BEFORE_EXPIRY_S = 30.0
 #: seconds after a failed refresh before the next is tried (GETs meanwhile get its error)
 RETRY_REFRESH_AFTER_S = 1.0
 
-Header = tuple[str, str]
+Headers = tuple[tuple[str, str], ...]
 
 
 def load_credentials(factory: Callable[[], Any] | None, credentials_file: str | None) -> Any:
@@ -51,7 +51,7 @@ def load_credentials(factory: Callable[[], Any] | None, credentials_file: str | 
 
 
 class TokenSource:
-    """The ``Authorization`` header for a store's GETs; use it on one event loop."""
+    """The ``Authorization`` header of a store's GETs; use it on one event loop."""
 
     def __init__(
         self, url: str, factory: Callable[[], Any] | None, credentials_file: str | None
@@ -60,7 +60,7 @@ class TokenSource:
         self._factory = factory
         self._file = credentials_file
         self._credentials: Any = None
-        self._header: Header | None = None
+        self._header: Headers | None = None  # the Authorization header, alone
         self._refresh_at = -math.inf  # time.time() from which a refresh starts
         self._usable_until = -math.inf  # time.time() until which the header is sent
         self._refreshing: asyncio.Future[None] | None = None
@@ -71,8 +71,12 @@ class TokenSource:
     def __repr__(self) -> str:
         return f"TokenSource(for {self._url}, refreshes={self.refreshes})"
 
-    async def header(self) -> Header:
-        """The header to send now: the current token, refreshed when due (once at a time)."""
+    def current(self) -> Headers | None:
+        """The headers to send, while no refresh is due (None: await :meth:`headers`)."""
+        return self._header if time.time() < self._refresh_at else None
+
+    async def headers(self) -> Headers:
+        """The headers to send now: the current token, refreshed when due (once at a time)."""
         now = time.time()
         if now < self._refresh_at:
             return self._header  # type: ignore[return-value]  # set with _refresh_at
@@ -95,7 +99,7 @@ class TokenSource:
             self._retry_at = time.time() + RETRY_REFRESH_AFTER_S
             raise error_for_auth(exc, self._url) from None  # its text may quote the answer
         life = max(0.0, expires_at - now)
-        self._header = ("authorization", f"Bearer {token}")
+        self._header = (("authorization", f"Bearer {token}"),)
         self._usable_until = expires_at - min(STOP_BEFORE_EXPIRY_S, life / 20)
         self._refresh_at = expires_at - min(REFRESH_BEFORE_EXPIRY_S, life / 4)
         self.refreshes += 1

@@ -33,7 +33,7 @@ from ..base import Body, ByteRange, Capabilities, ObjectInfo
 from ..checksum import RunningChecksum, covers_whole_object, http_checksum
 from ..http import _environ_proxy
 from ..shared import ssl_context_for
-from .credentials import TokenSource
+from .credentials import Headers, TokenSource
 from .errors import error_for_response
 
 __all__ = ["DEFAULT_ENDPOINT", "GcsConfig", "GcsRoute", "GcsStore"]
@@ -232,11 +232,12 @@ class GcsStore:
     def url_for(self, key: str) -> str:
         return self.config.url_for(key)
 
-    async def _headers(self, url: str) -> list[tuple[str, str]]:
-        if self._tokens is None:
-            return []
+    async def _headers(self, url: str) -> Headers:
+        tokens = self._tokens
+        if tokens is None:
+            return ()
         try:
-            return [await self._tokens.header()]
+            return await tokens.headers()
         except FetchError as exc:  # one refresh's error, shared by the GETs that waited
             raise exc.for_object(url) from exc.__cause__
 
@@ -244,10 +245,13 @@ class GcsStore:
         url = self.url_for(key)
         target = f"{self._objects}/{quote(self.config.prefix + key, safe='')}?alt=media"
         verify = self.config.verify_checksums
+        tokens = self._tokens
+        # Most GETs: no token, or one with no refresh due (no coroutine for it).
+        headers = () if tokens is None else tokens.current()
         response = await self._transport.get(
             self._origin,
             target,
-            await self._headers(url),
+            headers if headers is not None else await self._headers(url),
             url=url,
             max_bytes=self._fetch.max_object_bytes,
             byte_range=(byte_range.start, byte_range.end) if byte_range else None,
