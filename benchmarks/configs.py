@@ -11,8 +11,10 @@ itself to the client CPUs, so that DataLoader workers inherit the pinning.
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import os
+import pickle
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -62,6 +64,8 @@ class LoaderParams:
     bucket: str
     prefix: str
     local_train_dir: str
+    #: ``ours-store``: the pickled store config of any backend, base64 (``benchmarks.backends``)
+    store_config: str = ""
 
 
 # A built loader and a context manager that releases it.
@@ -224,6 +228,10 @@ def _build_ours_s3(params: LoaderParams) -> Built:
     return _build_ours(params, source)
 
 
+def _build_ours_store(params: LoaderParams) -> Built:
+    return _build_ours(params, pickle.loads(base64.b64decode(params.store_config)))
+
+
 def _build_ours_local(params: LoaderParams) -> Built:
     return _build_ours(params, params.local_train_dir)
 
@@ -307,6 +315,7 @@ BUILDERS: dict[str, Callable[[LoaderParams], Built]] = {
     "stock-local": _build_stock_local,
     "ours-s3": _build_ours_s3,
     "ours-local": _build_ours_local,
+    "ours-store": _build_ours_store,
     "s3torchconnector": _build_s3torchconnector,
     "litdata": _build_litdata,
 }

@@ -252,6 +252,22 @@ class S3ServerProcess(ChildProcess):
             config=Config(**settings),
         )
 
+    def store_config(
+        self, bucket: str, prefix: str = "", endpoint_url: str | None = None, **options: Any
+    ) -> Any:
+        """The config of ``s3://bucket/prefix`` on this server (or at ``endpoint_url``, a
+        proxy in front of it), signed with this server's keys, routes resolved."""
+        from ..stores.s3 import S3Config
+
+        return S3Config.from_url(
+            f"s3://{bucket}/{prefix}",
+            endpoint_url=endpoint_url or self.endpoint_url,
+            region=self.region,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            **options,
+        ).resolved()
+
     def create_bucket(self, bucket: str) -> None:
         """Create ``bucket``; no error if it already exists."""
         client = self.client()
