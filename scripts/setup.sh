@@ -29,3 +29,7 @@ PY
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
+# Azurite, the Azure Blob Storage emulator the Azure tests run (Node >= 20), kept in .bench/.
+if [ ! -x .bench/node/node_modules/.bin/azurite-blob ]; then
+  npm install --prefix .bench/node azurite@3.37.0
+fi

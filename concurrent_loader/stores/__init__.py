@@ -1,7 +1,8 @@
-"""Storage backends behind one contract (:mod:`.base`): S3 (:mod:`.s3`), plain HTTP(S)
-(:mod:`.http`), local directories (:mod:`.local`);
+"""Storage backends behind one contract (:mod:`.base`): S3 (:mod:`.s3`), Azure Blob Storage
+(:mod:`.azure`), plain HTTP(S) (:mod:`.http`), local directories (:mod:`.local`);
 :mod:`.registry` maps a root's URL scheme to its backend."""
 
+from .azure import AzureConfig
 from .base import Body, ByteRange, Capabilities, ObjectInfo, Store, StoreConfig
 from .http import HttpConfig
 from .local import LocalConfig
@@ -10,6 +11,7 @@ from .s3 import CredentialSource, S3Config
 
 __all__ = [
     "BACKENDS",
+    "AzureConfig",
     "Body",
     "ByteRange",
     "Capabilities",

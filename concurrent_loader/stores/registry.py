@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable
 
 from ..errors import ConfigError
+from .azure import AzureConfig
 from .base import StoreConfig
 from .http import HttpConfig
 from .local import LocalConfig
@@ -23,6 +24,7 @@ __all__ = ["BACKENDS", "store_config_for"]
 #: URL scheme -> the function that makes its store config, with defaults, from the URL.
 BACKENDS: dict[str, Callable[[str], StoreConfig]] = {
     "s3": S3Config.from_url,
+    "az": AzureConfig.from_url,
     "http": HttpConfig.from_url,
     "https": HttpConfig.from_url,
     "file": lambda url: LocalConfig.from_path(url.removeprefix("file://")),

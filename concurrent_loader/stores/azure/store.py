@@ -1,0 +1,224 @@
+"""The Azure Blob Storage store: Get Blob (whole, or a range through the transport's ``Range``
+header) and List Blobs, sent through the pooled transport and authorised by the config's
+credential: a Shared Key signature (:mod:`.sharedkey`), a SAS token in the query, an Entra
+ID bearer token (:mod:`.entra`), or nothing.
+
+A body is checked against the blob's MD5 as it arrives (``verify_checksums``): a whole blob
+against ``Content-MD5``; a range covering the whole blob against ``x-ms-blob-content-md5``
+(the blob's); any other range carries the blob's MD5 as ``Body.object_checksum``, checked
+once the parts are assembled. A blob stored without an MD5 is not checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import binascii
+import random
+import xml.etree.ElementTree as ET
+from collections.abc import AsyncIterator, Mapping, Sequence
+from functools import partial
+from urllib.parse import quote, unquote
+
+from ...config import FetchConfig
+from ...errors import FetchError, Reason, Throttled
+from ...transport import ConnectionPool, DigestFor, Proxy, Response
+from ...transport.request import range_value
+from ..base import Body, ByteRange, Capabilities, ObjectInfo
+from ..checksum import Checksum, RunningChecksum, covers_whole_object, http_checksum
+from ..http import _environ_proxy
+from ..shared import fetch_error, ssl_context_for
+from .config import Anonymous, AzureConfig, EntraId, SasToken, SharedKey
+from .entra import EntraTokens, default_credential
+from .errors import error_for_response
+from .sharedkey import API_VERSION, SharedKeySigner
+
+__all__ = ["AzureStore"]
+
+_VERSION_HEADER = ("x-ms-version", API_VERSION)
+_BLOB_MD5 = "x-ms-blob-content-md5"
+
+
+class AzureStore:
+    """GETs blobs (or byte ranges) of one container. Open and use it inside one event loop."""
+
+    def __init__(self, config: AzureConfig, fetch: FetchConfig) -> None:
+        self.config = config
+        self.capabilities: Capabilities = config.capabilities
+        self._fetch = fetch
+        route = config.route
+        self._origin = route.origin
+        self._container_path = config.container_path()
+        self._blob_base = self._container_path + "/" + quote(config.prefix, safe="/~")
+        credential = config.credential
+        url = self.url_for("")
+        self._signer: SharedKeySigner | None = None
+        self._tokens: EntraTokens | None = None
+        self._sas = ""
+        if isinstance(credential, SharedKey):
+            self._signer = SharedKeySigner(config.account, credential.key)
+        elif isinstance(credential, SasToken):
+            self._sas = credential.token
+        elif isinstance(credential, EntraId):
+            made = credential.factory() if credential.factory else default_credential(url)
+            self._tokens = EntraTokens(made, url)
+        else:
+            assert isinstance(credential, Anonymous)
+        tls = self._origin.tls
+        proxy = _environ_proxy(self._origin)
+        self._transport = ConnectionPool(
+            max_connections=fetch.max_connections,
+            timeouts=fetch.timeouts,
+            ssl_context=ssl_context_for(fetch, config.ca_bundle) if tls else None,
+            proxy=Proxy.from_url(proxy) if proxy else None,
+        )
+        # The transport's digest_for, for a whole body and for a range.
+        self._digest_for: tuple[DigestFor, DigestFor] | None = None
+        if config.verify_checksums:
+            self._digest_for = (partial(_running, False), partial(_running, True))
+        self._rng = random.Random()
+
+    def __repr__(self) -> str:
+        return f"AzureStore({self.config}, account={self.config.account!r})"
+
+    def url_for(self, key: str) -> str:
+        return self.config.url_for(key)
+
+    async def _headers(
+        self, path: str, query: Sequence[tuple[str, str]], byte_range: tuple[int, int] | None
+    ) -> list[tuple[str, str]]:
+        if self._signer is not None:
+            rng = range_value(byte_range) if byte_range else ""
+            return self._signer.headers(path, query, rng)
+        if self._tokens is not None:
+            if self._tokens.refresh_due():
+                await self._tokens.refresh()
+            return [_VERSION_HEADER, *self._tokens.headers()]
+        return [_VERSION_HEADER]
+
+    async def _send(
+        self,
+        path: str,
+        query: Sequence[tuple[str, str]],
+        url: str,
+        byte_range: tuple[int, int] | None = None,
+        max_bytes: int | None = None,
+        digest_for: DigestFor | None = None,
+    ) -> Response:
+        headers = await self._headers(path, query, byte_range)
+        target = path
+        if query:
+            target += "?" + "&".join(f"{name}={quote(value, safe='')}" for name, value in query)
+        if self._sas:
+            target += ("&" if query else "?") + self._sas
+        return await self._transport.get(
+            self._origin,
+            target,
+            headers,
+            url=url,
+            max_bytes=max_bytes,
+            byte_range=byte_range,
+            digest_for=digest_for,
+        )
+
+    async def get(self, key: str, byte_range: ByteRange | None = None) -> Body:
+        url = self.url_for(key)
+        path = self._blob_base + quote(key, safe="/~")
+        digest_for = None
+        if self._digest_for is not None:
+            digest_for = self._digest_for[byte_range is not None]
+        span = (byte_range.start, byte_range.end) if byte_range else None
+        response = await self._send(
+            path, (), url, span, max_bytes=self._fetch.max_object_bytes, digest_for=digest_for
+        )
+        if response.status not in (200, 206):
+            raise error_for_response(response.status, response.headers, response.body, url)
+        headers = response.headers
+        body = Body(response.body, response.first_byte_s, headers.get("etag"))
+        if isinstance(response.digest, RunningChecksum):
+            response.digest.check(url)
+        elif byte_range is not None and self.config.verify_checksums:
+            # A part: its checksum is the blob's, checked once the parts are assembled.
+            body.object_checksum = _blob_md5(headers)
+        return body
+
+    async def list(self) -> AsyncIterator[ObjectInfo]:
+        """Every blob under the prefix, page by page (List Blobs, ``marker`` pagination)."""
+        prefix = self.config.prefix
+        url = self.url_for("")
+        marker = ""
+        while True:
+            query = [("comp", "list"), ("restype", "container")]
+            if prefix:
+                query.append(("prefix", prefix))
+            if marker:
+                query.append(("marker", marker))
+            page = await self._list_page(query, url)
+            try:
+                root = ET.fromstring(bytes(page))
+            except ET.ParseError as exc:
+                message = f"malformed List Blobs answer: {exc}"
+                raise fetch_error(FetchError, message, url, Reason.MALFORMED_RESPONSE) from exc
+            for blob in root.iterfind("Blobs/Blob"):
+                name = blob.find("Name")
+                size = blob.findtext("Properties/Content-Length", "0")
+                if name is None or name.text is None:
+                    continue
+                text = unquote(name.text) if name.get("Encoded") == "true" else name.text
+                yield ObjectInfo(text[len(prefix) :], int(size))
+            marker = root.findtext("NextMarker") or ""
+            if not marker:
+                return
+
+    async def _list_page(self, query: Sequence[tuple[str, str]], url: str) -> bytes | bytearray:
+        """One page, retried as the fetch client retries a GET (transient errors only)."""
+        retry = self._fetch.retry
+        failures = throttles = 0
+        while True:
+            try:
+                response = await self._send(self._container_path, query, url)
+                if response.status == 200:
+                    return response.body
+                raise error_for_response(
+                    response.status, response.headers, response.body, url, stage="list"
+                )
+            except FetchError as error:
+                if isinstance(error, Throttled):
+                    throttles += 1
+                    delay = retry.throttle_backoff(throttles - 1, self._rng)
+                else:
+                    failures += 1
+                    delay = retry.backoff(failures - 1, self._rng)
+                if not error.retryable or failures >= retry.max_attempts or throttles > 10:
+                    raise
+            await asyncio.sleep(delay)
+
+    async def close(self) -> None:
+        await self._transport.close()
+        if self._tokens is not None:
+            self._tokens.close()
+
+
+def _blob_md5(headers: Mapping[str, str]) -> Checksum | None:
+    """The whole blob's MD5 sent with a range (``x-ms-blob-content-md5``), if any."""
+    value = headers.get(_BLOB_MD5)
+    if value is None:
+        return None
+    try:
+        digest = binascii.a2b_base64(value.strip(), strict_mode=True)
+    except (binascii.Error, ValueError):
+        return None
+    return Checksum("md5", digest, _BLOB_MD5) if len(digest) == 16 else None
+
+
+def _running(ranged: bool, status: int, headers: dict[str, str]) -> RunningChecksum | None:
+    """The transport's ``digest_for``: a fresh check of each successful body that is the
+    whole blob, fed as it arrives, against the blob's MD5."""
+    if status not in (200, 206):
+        return None
+    if not ranged:
+        checksum = http_checksum(headers, whole=True)  # Content-MD5
+    elif covers_whole_object(headers):
+        checksum = _blob_md5(headers)
+    else:
+        return None
+    return None if checksum is None else checksum.running()
