@@ -20,6 +20,7 @@ import pytest
 from PIL import Image
 
 from concurrent_loader.testing import LocalS3Server, MotoS3Server, ProxyProcess, S3ServerProcess
+from concurrent_loader.testing.azurite_server import AzuriteServer, find_azurite
 
 TEST_BUCKET = "test-data"
 IMAGE_PREFIX = "images/train/"
@@ -52,6 +53,15 @@ def s3_server() -> Iterator[LocalS3Server]:
 def moto_server() -> Iterator[MotoS3Server]:
     """A started moto server (authentication enforced), shared by the whole session."""
     with MotoS3Server() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def azurite_server() -> Iterator[AzuriteServer]:
+    """A started Azurite (Azure Blob Storage emulator), shared by the whole session."""
+    if find_azurite() is None:
+        pytest.skip("azurite-blob is not installed: run scripts/setup.sh")
+    with AzuriteServer() as server:
         yield server
 
 
