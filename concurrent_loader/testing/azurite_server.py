@@ -21,7 +21,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any, Self
 
-from ..stores.azure.config import AZURITE_ACCOUNT, AZURITE_KEY, AzureConfig
+from ..stores.azure.credentials import AZURITE_ACCOUNT, AZURITE_KEY
+from ..stores.azure.store import AzureConfig
 from .ports import free_port, release_ports
 from .subprocesses import ChildProcess, tail_of, terminate_process
 

@@ -1,7 +1,7 @@
 """The Azure Blob Storage backend (``az://container/prefix``; Azurite for tests)."""
 
-from .config import Anonymous, AzureConfig, AzureCredential, EntraId, SasToken, SharedKey
-from .store import AzureStore
+from .credentials import Anonymous, AzureCredential, EntraId, SasToken, SharedKey
+from .store import AzureConfig, AzureStore
 
 __all__ = [
     "Anonymous",

@@ -1,7 +1,9 @@
-"""The Azure Blob Storage store: Get Blob (whole, or a range through the transport's ``Range``
-header) and List Blobs, sent through the pooled transport and authorised by the config's
-credential: a Shared Key signature (:mod:`.sharedkey`), a SAS token in the query, an Entra
-ID bearer token (:mod:`.entra`), or nothing.
+"""The Azure Blob Storage backend: :class:`AzureConfig` (``az://container/prefix`` and how to
+reach it; credentials and endpoint found by :mod:`.credentials`) and :class:`AzureStore`:
+Get Blob (whole, or a range through the transport's ``Range`` header) and List Blobs, sent
+through the pooled transport and authorised by the config's credential: a Shared Key
+signature (:mod:`.sharedkey`), a SAS token in the query, an Entra ID bearer token
+(:mod:`.entra`), or nothing.
 
 A body is checked against the blob's MD5 as it arrives (``verify_checksums``): a whole blob
 against ``Content-MD5``; a range covering the whole blob against ``x-ms-blob-content-md5``
@@ -13,29 +15,158 @@ from __future__ import annotations
 
 import asyncio
 import binascii
+import os
 import random
 import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import partial
-from urllib.parse import quote, unquote
+from typing import Any
+from urllib.parse import quote, unquote, urlsplit
 
 from ...config import FetchConfig
-from ...errors import FetchError, Reason, Throttled
-from ...transport import ConnectionPool, DigestFor, Proxy, Response
+from ...errors import ConfigError, FetchError, Reason, Throttled
+from ...transport import ConnectionPool, DigestFor, Origin, Proxy, Response
 from ...transport.request import range_value
 from ..base import Body, ByteRange, Capabilities, ObjectInfo
 from ..checksum import Checksum, RunningChecksum, covers_whole_object, http_checksum
 from ..http import _environ_proxy
 from ..shared import fetch_error, ssl_context_for
-from .config import Anonymous, AzureConfig, EntraId, SasToken, SharedKey
+from .credentials import (
+    BLOB_HOST_SUFFIX,
+    Anonymous,
+    AzureCredential,
+    AzureRoute,
+    EntraId,
+    SasToken,
+    SharedKey,
+    connection_settings,
+    find_credential,
+    parse_url,
+)
 from .entra import EntraTokens, default_credential
 from .errors import error_for_response
 from .sharedkey import API_VERSION, SharedKeySigner
 
-__all__ = ["AzureStore"]
+__all__ = ["AzureConfig", "AzureStore"]
+
+_CAPABILITIES = Capabilities(remote=True, listing=True, ranges=True)
 
 _VERSION_HEADER = ("x-ms-version", API_VERSION)
 _BLOB_MD5 = "x-ms-blob-content-md5"
+
+
+@dataclass(frozen=True)
+class AzureConfig:
+    """``az://container/prefix`` in one storage account, and how to reach it."""
+
+    account: str
+    container: str
+    prefix: str
+    #: ``scheme://host[:port][/path]``: the blob service's base URL, without a trailing ``/``
+    endpoint: str
+    credential: AzureCredential = field(default_factory=EntraId)
+    #: a CA bundle to trust instead of the system's
+    ca_bundle: str | None = None
+    #: check bodies against ``Content-MD5`` (whole blobs) and ``x-ms-blob-content-md5`` (ranges)
+    verify_checksums: bool = True
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return _CAPABILITIES
+
+    @property
+    def route(self) -> AzureRoute:
+        parts = urlsplit(self.endpoint)
+        return AzureRoute(Origin.from_url(self.endpoint), parts.path.rstrip("/"))
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        account_name: str | None = None,
+        account_key: str | None = None,
+        sas_token: str | None = None,
+        connection_string: str | None = None,
+        credential: Any = None,
+        anonymous: bool = False,
+        endpoint_url: str | None = None,
+        ca_bundle: str | None = None,
+        verify_checksums: bool = True,
+        environ: Mapping[str, str] | None = None,
+    ) -> AzureConfig:
+        """The config for ``az://container/prefix`` or
+        ``https://<account>.blob.core.windows.net/container/prefix`` (credentials and
+        endpoint as :mod:`.credentials` says; ``environ`` defaults to ``os.environ``)."""
+        env = os.environ if environ is None else environ
+        container, prefix, url_account, url_endpoint = parse_url(url)
+        given = [
+            name
+            for name, value in (
+                ("account_key", account_key),
+                ("sas_token", sas_token),
+                ("connection_string", connection_string),
+                ("credential", credential),
+                ("anonymous", anonymous or None),
+            )
+            if value is not None
+        ]
+        if len(given) > 1:
+            raise ConfigError(f"give one Azure credential, not {' and '.join(given)}", url=url)
+        if connection_string is None and not given:
+            connection_string = env.get("AZURE_STORAGE_CONNECTION_STRING") or None
+        settings = connection_settings(connection_string) if connection_string else {}
+        account = account_name or url_account or settings.get("account")
+        account = account or env.get("AZURE_STORAGE_ACCOUNT")
+        if not account:
+            raise ConfigError(
+                f"no Azure storage account for {url!r}: pass account_name=, set "
+                "AZURE_STORAGE_ACCOUNT or AZURE_STORAGE_CONNECTION_STRING, or give the "
+                "https://<account>.blob.core.windows.net/ URL",
+                url=url,
+            )
+        if settings and settings["account"] != account:
+            if connection_string is not None and "connection_string" in given:
+                raise ConfigError(
+                    f"the connection string is for account {settings['account']!r}, "
+                    f"not {account!r}",
+                    url=url,
+                )
+            settings = {}  # the environment's string is for another account
+        endpoint = (
+            endpoint_url
+            or url_endpoint
+            or settings.get("endpoint")
+            or f"https://{account}{BLOB_HOST_SUFFIX}"
+        ).rstrip("/")
+        parts = urlsplit(endpoint)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query:
+            raise ConfigError(
+                f"malformed Azure endpoint {endpoint!r}: expected http(s)://host[:port][/path]",
+                url=url,
+            )
+        Origin.from_url(endpoint)  # validates host and port
+        found = find_credential(account_key, sas_token, credential, anonymous, settings, env)
+        if ca_bundle is not None and not os.path.isfile(ca_bundle):
+            raise ConfigError(f"ca_bundle {ca_bundle!r} is not a file")
+        return cls(account, container, prefix, endpoint, found, ca_bundle, verify_checksums)
+
+    def url_for(self, key: str) -> str:
+        return f"az://{self.container}/{self.prefix}{key}"
+
+    def resolved(self) -> AzureConfig:
+        return self
+
+    def open(self, fetch: FetchConfig) -> AzureStore:
+        return AzureStore(self, fetch)
+
+    def container_path(self) -> str:
+        """The container's request path: the endpoint's path, then ``/container``."""
+        return f"{self.route.path_prefix}/{quote(self.container, safe='')}"
+
+    def __str__(self) -> str:
+        return self.url_for("")
 
 
 class AzureStore:

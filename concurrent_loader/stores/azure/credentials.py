@@ -1,6 +1,5 @@
-"""Where an Azure Blob Storage container is and how to reach it: :class:`AzureConfig`.
-
-Credentials are found as Azure's own tools find them, first found wins:
+"""Azure credentials and endpoints, found as Azure's own tools find them (for
+:meth:`~.store.AzureConfig.from_url`). Credentials, first found wins:
 
 1. what the caller gives: ``connection_string=``, ``account_key=``, ``sas_token=``,
    ``credential=`` (a picklable callable that makes an ``azure.core`` ``TokenCredential``
@@ -18,38 +17,36 @@ Keys, SAS tokens and connection strings never appear in a repr or a message.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
-from ...config import FetchConfig
 from ...errors import ConfigError
 from ...transport import Origin
-from ..base import Capabilities
 
 __all__ = [
     "AZURITE_ACCOUNT",
     "AZURITE_KEY",
+    "BLOB_HOST_SUFFIX",
     "Anonymous",
-    "AzureConfig",
     "AzureCredential",
     "AzureRoute",
     "EntraId",
     "SasToken",
     "SharedKey",
+    "connection_settings",
+    "find_credential",
     "parse_connection_string",
+    "parse_url",
 ]
-
-_CAPABILITIES = Capabilities(remote=True, listing=True, ranges=True)
 
 #: Azurite's (and the old storage emulator's) well-known development account and key
 AZURITE_ACCOUNT = "devstoreaccount1"
 AZURITE_KEY = (
     "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 )
-_BLOB_HOST_SUFFIX = ".blob.core.windows.net"
+BLOB_HOST_SUFFIX = ".blob.core.windows.net"
 
 
 @dataclass(frozen=True)
@@ -112,122 +109,7 @@ def parse_connection_string(text: str) -> dict[str, str]:
     return found
 
 
-@dataclass(frozen=True)
-class AzureConfig:
-    """``az://container/prefix`` in one storage account, and how to reach it."""
-
-    account: str
-    container: str
-    prefix: str
-    #: ``scheme://host[:port][/path]``: the blob service's base URL, without a trailing ``/``
-    endpoint: str
-    credential: AzureCredential = field(default_factory=EntraId)
-    #: a CA bundle to trust instead of the system's
-    ca_bundle: str | None = None
-    #: check bodies against ``Content-MD5`` (whole blobs) and ``x-ms-blob-content-md5`` (ranges)
-    verify_checksums: bool = True
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return _CAPABILITIES
-
-    @property
-    def route(self) -> AzureRoute:
-        parts = urlsplit(self.endpoint)
-        return AzureRoute(Origin.from_url(self.endpoint), parts.path.rstrip("/"))
-
-    @classmethod
-    def from_url(
-        cls,
-        url: str,
-        *,
-        account_name: str | None = None,
-        account_key: str | None = None,
-        sas_token: str | None = None,
-        connection_string: str | None = None,
-        credential: Any = None,
-        anonymous: bool = False,
-        endpoint_url: str | None = None,
-        ca_bundle: str | None = None,
-        verify_checksums: bool = True,
-        environ: Mapping[str, str] | None = None,
-    ) -> AzureConfig:
-        """The config for ``az://container/prefix`` or
-        ``https://<account>.blob.core.windows.net/container/prefix`` (credentials and
-        endpoint as the module docstring says; ``environ`` defaults to ``os.environ``)."""
-        env = os.environ if environ is None else environ
-        container, prefix, url_account, url_endpoint = _parse_url(url)
-        given = [
-            name
-            for name, value in (
-                ("account_key", account_key),
-                ("sas_token", sas_token),
-                ("connection_string", connection_string),
-                ("credential", credential),
-                ("anonymous", anonymous or None),
-            )
-            if value is not None
-        ]
-        if len(given) > 1:
-            raise ConfigError(f"give one Azure credential, not {' and '.join(given)}", url=url)
-        if connection_string is None and not given:
-            connection_string = env.get("AZURE_STORAGE_CONNECTION_STRING") or None
-        settings = _connection_settings(connection_string) if connection_string else {}
-        account = account_name or url_account or settings.get("account")
-        account = account or env.get("AZURE_STORAGE_ACCOUNT")
-        if not account:
-            raise ConfigError(
-                f"no Azure storage account for {url!r}: pass account_name=, set "
-                "AZURE_STORAGE_ACCOUNT or AZURE_STORAGE_CONNECTION_STRING, or give the "
-                "https://<account>.blob.core.windows.net/ URL",
-                url=url,
-            )
-        if settings and settings["account"] != account:
-            if connection_string is not None and "connection_string" in given:
-                raise ConfigError(
-                    f"the connection string is for account {settings['account']!r}, "
-                    f"not {account!r}",
-                    url=url,
-                )
-            settings = {}  # the environment's string is for another account
-        endpoint = (
-            endpoint_url
-            or url_endpoint
-            or settings.get("endpoint")
-            or f"https://{account}{_BLOB_HOST_SUFFIX}"
-        ).rstrip("/")
-        parts = urlsplit(endpoint)
-        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query:
-            raise ConfigError(
-                f"malformed Azure endpoint {endpoint!r}: expected http(s)://host[:port][/path]",
-                url=url,
-            )
-        Origin.from_url(endpoint)  # validates host and port
-        found = _credential(account_key, sas_token, credential, anonymous, settings, env)
-        if ca_bundle is not None and not os.path.isfile(ca_bundle):
-            raise ConfigError(f"ca_bundle {ca_bundle!r} is not a file")
-        return cls(account, container, prefix, endpoint, found, ca_bundle, verify_checksums)
-
-    def url_for(self, key: str) -> str:
-        return f"az://{self.container}/{self.prefix}{key}"
-
-    def resolved(self) -> AzureConfig:
-        return self
-
-    def open(self, fetch: FetchConfig) -> Any:
-        from .store import AzureStore
-
-        return AzureStore(self, fetch)
-
-    def container_path(self) -> str:
-        """The container's request path: the endpoint's path, then ``/container``."""
-        return f"{self.route.path_prefix}/{quote(self.container, safe='')}"
-
-    def __str__(self) -> str:
-        return self.url_for("")
-
-
-def _parse_url(url: str) -> tuple[str, str, str | None, str | None]:
+def parse_url(url: str) -> tuple[str, str, str | None, str | None]:
     """(container, prefix, account or None, endpoint or None) of an Azure root URL."""
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
@@ -235,10 +117,10 @@ def _parse_url(url: str) -> tuple[str, str, str | None, str | None]:
         if not parts.netloc or "@" in parts.netloc or ":" in parts.netloc:
             raise ConfigError(f"malformed Azure URL {url!r}: expected az://container/prefix")
         container, path, account, endpoint = parts.netloc, parts.path, None, None
-    elif scheme == "https" and (parts.hostname or "").endswith(_BLOB_HOST_SUFFIX):
+    elif scheme == "https" and (parts.hostname or "").endswith(BLOB_HOST_SUFFIX):
         if parts.username or parts.password or parts.query:
             raise ConfigError("an Azure blob URL takes no credentials or query: pass sas_token=")
-        account = (parts.hostname or "").removesuffix(_BLOB_HOST_SUFFIX)
+        account = (parts.hostname or "").removesuffix(BLOB_HOST_SUFFIX)
         endpoint = f"https://{parts.netloc}"
         container, _, path = parts.path.lstrip("/").partition("/")
         if not container:
@@ -246,7 +128,7 @@ def _parse_url(url: str) -> tuple[str, str, str | None, str | None]:
     else:
         raise ConfigError(
             f"Azure options apply to az://container/prefix or "
-            f"https://<account>{_BLOB_HOST_SUFFIX}/container/prefix, not {url!r}"
+            f"https://<account>{BLOB_HOST_SUFFIX}/container/prefix, not {url!r}"
         )
     prefix = path.lstrip("/")
     if prefix and not prefix.endswith("/"):
@@ -254,7 +136,7 @@ def _parse_url(url: str) -> tuple[str, str, str | None, str | None]:
     return container, prefix, account, endpoint
 
 
-def _connection_settings(text: str) -> dict[str, str]:
+def connection_settings(text: str) -> dict[str, str]:
     """A connection string's account, endpoint, key and SAS (those it has)."""
     found = {name.lower(): value for name, value in parse_connection_string(text).items()}
     if found.get("usedevelopmentstorage", "").lower() == "true":
@@ -271,7 +153,7 @@ def _connection_settings(text: str) -> dict[str, str]:
         endpoint = f"{protocol}://{account}.blob.{suffix}"
     if not account and endpoint:
         host = urlsplit(endpoint).hostname or ""
-        account = host.removesuffix(_BLOB_HOST_SUFFIX) if host.endswith(_BLOB_HOST_SUFFIX) else ""
+        account = host.removesuffix(BLOB_HOST_SUFFIX) if host.endswith(BLOB_HOST_SUFFIX) else ""
     if not account or not endpoint:
         raise ConfigError("malformed Azure connection string: no AccountName or BlobEndpoint")
     settings = {"account": account, "endpoint": endpoint}
@@ -282,7 +164,7 @@ def _connection_settings(text: str) -> dict[str, str]:
     return settings
 
 
-def _credential(
+def find_credential(
     account_key: str | None,
     sas_token: str | None,
     credential: Any,
