@@ -4,10 +4,10 @@ header the service (and Azurite) checks, exactly as the official SDK's
 and ``x-ms-date`` formatted at most once per second; one HMAC-SHA256 per call.
 
 The string to sign (service version 2009-09-19 and later) is the verb, eleven standard
-header slots (only ``Range`` is ever set here: the transport's own range header), the
-``x-ms-*`` headers sorted by name, then the canonical resource: ``/account`` + the request
-path as sent (percent-encoded) + one ``\\nname:value`` line per query parameter, sorted,
-values decoded.
+header slots (all empty for a bodiless GET whose range goes in ``x-ms-range``, as the SDK
+sends it), the ``x-ms-*`` headers sorted by name, then the canonical resource:
+``/account`` + the request path as sent (percent-encoded) + one ``\\nname:value`` line per
+query parameter, sorted, values decoded.
 """
 
 from __future__ import annotations
@@ -31,10 +31,9 @@ API_VERSION = "2023-11-03"
 # Module-level so tests can fix the clock.
 _clock = time.time
 
-# The standard header slots between the verb and Range (all empty for a bodiless GET):
-# Content-Encoding, -Language, -Length, -MD5, -Type, Date, If-Modified-Since, If-Match,
-# If-None-Match, If-Unmodified-Since.
-_EMPTY_SLOTS = "\n" * 10
+# The standard header slots after the verb, all empty: Content-Encoding, -Language, -Length,
+# -MD5, -Type, Date, If-Modified-Since, If-Match, If-None-Match, If-Unmodified-Since, Range.
+_EMPTY_SLOTS = "\n" * 11
 
 
 def string_to_sign(
@@ -42,13 +41,12 @@ def string_to_sign(
     path: str,
     query: Sequence[tuple[str, str]] = (),
     x_ms_headers: Sequence[tuple[str, str]] = (),
-    range_value: str = "",
 ) -> str:
-    """What Shared Key signs for ``GET path?query`` with these ``x-ms-*`` headers and, when
-    given, a ``Range`` header (``path`` as sent, percent-encoded; ``query`` values not)."""
+    """What Shared Key signs for ``GET path?query`` with these ``x-ms-*`` headers (``path``
+    as sent, percent-encoded; ``query`` values not)."""
     headers = "".join(f"{name.lower()}:{value}\n" for name, value in sorted(x_ms_headers))
     resource = "".join(f"\n{name.lower()}:{unquote(value)}" for name, value in sorted(query))
-    return f"GET\n{_EMPTY_SLOTS}{range_value}\n{headers}/{account}{path}{resource}"
+    return f"GET\n{_EMPTY_SLOTS}{headers}/{account}{path}{resource}"
 
 
 class SharedKeySigner:
@@ -85,9 +83,13 @@ class SharedKeySigner:
         return base64.b64encode(digest).decode("ascii")
 
     def headers(
-        self, path: str, query: Sequence[tuple[str, str]] = (), range_value: str = ""
+        self,
+        path: str,
+        query: Sequence[tuple[str, str]] = (),
+        x_ms_headers: Sequence[tuple[str, str]] = (),
     ) -> list[tuple[str, str]]:
-        """``x-ms-date``, ``x-ms-version`` and ``Authorization`` for ``GET path?query``."""
+        """``x-ms-date``, ``x-ms-version`` and ``Authorization`` for ``GET path?query`` that
+        also sends ``x_ms_headers`` (``x-ms-range``), which are signed, not returned."""
         x_ms = [("x-ms-date", self.date()), ("x-ms-version", API_VERSION)]
-        text = string_to_sign(self._account, path, query, x_ms, range_value)
+        text = string_to_sign(self._account, path, query, [*x_ms, *x_ms_headers])
         return [*x_ms, ("Authorization", self._prefix + self.signature(text))]
