@@ -7,11 +7,17 @@ authentication as the service has them (the well-known development account
 ``devstoreaccount1``). ``start()`` returns once an authenticated request
 succeeds; ``stop()`` is idempotent and removes the data. Filling it uses the official
 ``azure-storage-blob`` SDK, an independent client.
+
+Given a :class:`~.tls.ServerCertificate`, it serves HTTPS and accepts Entra ID bearer
+tokens too (``--oauth basic``: Azurite checks a token's issuer, audience and lifetime, not
+its signature), which :class:`EmulatorTokenCredential` issues.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -19,14 +25,15 @@ import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import IO, Any, Self
+from typing import IO, Any, NamedTuple, Self
 
 from ..stores.azure.credentials import AZURITE_ACCOUNT, AZURITE_KEY
 from ..stores.azure.store import AzureConfig
 from .ports import free_port, release_ports
 from .subprocesses import ChildProcess, tail_of, terminate_process
+from .tls import ServerCertificate
 
-__all__ = ["AzuriteServer", "find_azurite"]
+__all__ = ["AccessToken", "AzuriteServer", "EmulatorTokenCredential", "find_azurite"]
 
 _STOP_GRACE_S = 5.0
 _LOCAL_BIN = Path(__file__).resolve().parents[2] / ".bench/node/node_modules/.bin/azurite-blob"
@@ -41,13 +48,49 @@ def find_azurite() -> str | None:
     return shutil.which("azurite-blob")
 
 
+class AccessToken(NamedTuple):
+    """What ``azure.core`` ``TokenCredential.get_token`` returns."""
+
+    token: str
+    expires_on: int
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+class EmulatorTokenCredential:
+    """A ``TokenCredential`` issuing Entra-shaped tokens that Azurite's ``--oauth basic``
+    accepts (unsigned: for the emulator only), living ``lifetime_s``; counts its calls."""
+
+    audience = "https://storage.azure.com"
+    issuer = "https://sts.windows.net/00000000-0000-0000-0000-000000000000/"
+
+    def __init__(self, lifetime_s: float = 3600.0) -> None:
+        self.lifetime_s = lifetime_s
+        self.calls = 0
+
+    def get_token(self, *scopes: str, **_: Any) -> AccessToken:
+        self.calls += 1
+        now = int(time.time())
+        expires = int(now + self.lifetime_s)
+        claims = {"aud": self.audience, "iss": self.issuer, "iat": now, "nbf": now - 60}
+        claims |= {"exp": expires, "oid": "concurrent-loader-tests"}
+        header = {"alg": "RS256", "typ": "JWT"}
+        parts = (json.dumps(header).encode(), json.dumps(claims).encode(), b"unsigned")
+        return AccessToken(".".join(_b64url(part) for part in parts), expires)
+
+
 class AzuriteServer(ChildProcess):
     """One Azurite blob service on ``127.0.0.1``; it cannot be restarted."""
 
     account = AZURITE_ACCOUNT
     account_key = AZURITE_KEY
 
-    def __init__(self, *, startup_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self, *, certificate: ServerCertificate | None = None, startup_timeout_s: float = 60.0
+    ) -> None:
+        self._certificate = certificate
         self._startup_timeout_s = startup_timeout_s
         self._port = free_port()
         self._data: Path | None = None
@@ -68,13 +111,15 @@ class AzuriteServer(ChildProcess):
     @property
     def endpoint_url(self) -> str:
         """The blob service's base URL (path-style: the account is its first segment)."""
-        return f"http://127.0.0.1:{self._port}/{self.account}"
+        scheme = "https" if self._certificate else "http"
+        return f"{scheme}://127.0.0.1:{self._port}/{self.account}"
 
     @property
     def connection_string(self) -> str:
         """The explicit connection string of the development account on this server."""
         return (
-            f"DefaultEndpointsProtocol=http;AccountName={self.account};"
+            f"DefaultEndpointsProtocol={self.endpoint_url.split(':', 1)[0]};"
+            f"AccountName={self.account};"
             f"AccountKey={self.account_key};BlobEndpoint={self.endpoint_url};"
         )
 
@@ -90,6 +135,10 @@ class AzuriteServer(ChildProcess):
         if command is None:
             raise RuntimeError("azurite-blob is not installed: run scripts/setup.sh")
         self._data = Path(tempfile.mkdtemp(prefix="concurrent-loader-azurite-"))
+        tls: list[str] = []
+        if self._certificate is not None:
+            cert = self._certificate
+            tls = ["--cert", str(cert.cert_chain), "--key", str(cert.key), "--oauth", "basic"]
         try:
             self._console = open(self._data / "console.log", "w+b")  # noqa: SIM115
             self._proc = subprocess.Popen(
@@ -104,6 +153,7 @@ class AzuriteServer(ChildProcess):
                     "--silent",
                     "--skipApiVersionCheck",
                     "--disableTelemetry",
+                    *tls,
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=self._console,
@@ -162,8 +212,9 @@ class AzuriteServer(ChildProcess):
     def service_client(self) -> Any:
         from azure.storage.blob import BlobServiceClient
 
+        verify = str(self._certificate.ca_bundle) if self._certificate else True
         return BlobServiceClient.from_connection_string(
-            self.connection_string, retry_total=2, connection_timeout=5
+            self.connection_string, retry_total=2, connection_timeout=5, connection_verify=verify
         )
 
     def create_bucket(self, name: str) -> None:
@@ -208,8 +259,12 @@ class AzuriteServer(ChildProcess):
     ) -> AzureConfig:
         """The config of ``az://container/prefix`` here (Shared Key by default), or through
         ``endpoint_url`` (a proxy in front of this server)."""
-        if not {"account_key", "sas_token", "connection_string", "anonymous"} & set(options):
+        if not {"account_key", "sas_token", "connection_string", "anonymous", "credential"} & set(
+            options
+        ):
             options["account_key"] = self.account_key
+        if self._certificate is not None:
+            options.setdefault("ca_bundle", str(self._certificate.ca_bundle))
         return AzureConfig.from_url(
             f"az://{container}/{prefix}",
             account_name=self.account,
