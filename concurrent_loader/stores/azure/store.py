@@ -1,9 +1,9 @@
 """The Azure Blob Storage backend: :class:`AzureConfig` (``az://container/prefix`` and how to
 reach it; credentials and endpoint found by :mod:`.credentials`) and :class:`AzureStore`:
-Get Blob (whole, or a range in ``x-ms-range``) and List Blobs, sent
-through the pooled transport and authorised by the config's credential: a Shared Key
-signature (:mod:`.sharedkey`), a SAS token in the query, an Entra ID bearer token
-(:mod:`.entra`), or nothing.
+Get Blob (whole, or a range in ``x-ms-range``) and List Blobs, sent through the pooled
+transport and authorised by the config's credential (:mod:`.auth`): a Shared Key signature
+(:mod:`.sharedkey`), a SAS token in the query, an Entra ID bearer token (:mod:`.entra`), or
+nothing.
 
 A body is checked against the blob's MD5 as it arrives (``verify_checksums``): a whole blob
 against ``Content-MD5``; a range covering the whole blob against ``x-ms-blob-content-md5``
@@ -34,27 +34,22 @@ from ..base import Body, ByteRange, Capabilities, ObjectInfo
 from ..checksum import Checksum, RunningChecksum, covers_whole_object, http_checksum
 from ..http import _environ_proxy
 from ..shared import fetch_error, ssl_context_for
+from .auth import authorizer_for
 from .credentials import (
     BLOB_HOST_SUFFIX,
-    Anonymous,
     AzureCredential,
     AzureRoute,
     EntraId,
-    SasToken,
-    SharedKey,
     connection_settings,
     find_credential,
     parse_url,
 )
-from .entra import EntraTokens, default_credential
 from .errors import error_for_response
-from .sharedkey import API_VERSION, SharedKeySigner
 
 __all__ = ["AzureConfig", "AzureStore"]
 
 _CAPABILITIES = Capabilities(remote=True, listing=True, ranges=True)
 
-_VERSION_HEADER = ("x-ms-version", API_VERSION)
 _BLOB_MD5 = "x-ms-blob-content-md5"
 
 
@@ -182,20 +177,7 @@ class AzureStore:
         self._origin = route.origin
         self._container_path = config.container_path()
         self._blob_base = self._container_path + "/" + quote(config.prefix, safe="/~")
-        credential = config.credential
-        url = self.url_for("")
-        self._signer: SharedKeySigner | None = None
-        self._tokens: EntraTokens | None = None
-        self._sas = ""
-        if isinstance(credential, SharedKey):
-            self._signer = SharedKeySigner(config.account, credential.key)
-        elif isinstance(credential, SasToken):
-            self._sas = credential.token
-        elif isinstance(credential, EntraId):
-            made = credential.factory() if credential.factory else default_credential(url)
-            self._tokens = EntraTokens(made, url)
-        else:
-            assert isinstance(credential, Anonymous)
+        self._auth = authorizer_for(config.credential, config.account, self.url_for(""))
         tls = self._origin.tls
         proxy = _environ_proxy(self._origin)
         self._transport = ConnectionPool(
@@ -216,18 +198,6 @@ class AzureStore:
     def url_for(self, key: str) -> str:
         return self.config.url_for(key)
 
-    async def _headers(
-        self, path: str, query: Sequence[tuple[str, str]], span: tuple[int, int] | None
-    ) -> list[tuple[str, str]]:
-        x_ms = [("x-ms-range", range_value(span))] if span else []
-        if self._signer is not None:
-            return [*x_ms, *self._signer.headers(path, query, x_ms)]
-        if self._tokens is not None:
-            if self._tokens.refresh_due():
-                await self._tokens.refresh()
-            return [*x_ms, _VERSION_HEADER, *self._tokens.headers()]
-        return [*x_ms, _VERSION_HEADER]
-
     async def _send(
         self,
         path: str,
@@ -237,12 +207,12 @@ class AzureStore:
         max_bytes: int | None = None,
         digest_for: DigestFor | None = None,
     ) -> Response:
-        headers = await self._headers(path, query, span)
-        target = path
-        if query:
-            target += "?" + "&".join(f"{name}={quote(value, safe='')}" for name, value in query)
-        if self._sas:
-            target += ("&" if query else "?") + self._sas
+        x_ms = [("x-ms-range", range_value(span))] if span else []
+        headers = await self._auth.headers(path, query, x_ms)
+        params = [f"{name}={quote(value, safe='')}" for name, value in query]
+        if self._auth.query_suffix:
+            params.append(self._auth.query_suffix)
+        target = path + "?" + "&".join(params) if params else path
         return await self._transport.get(
             self._origin, target, headers, url=url, max_bytes=max_bytes, digest_for=digest_for
         )
@@ -323,8 +293,7 @@ class AzureStore:
 
     async def close(self) -> None:
         await self._transport.close()
-        if self._tokens is not None:
-            self._tokens.close()
+        self._auth.close()
 
 
 def _check_range(response: Response, span: tuple[int, int], url: str) -> None:
