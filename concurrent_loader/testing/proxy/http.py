@@ -185,13 +185,21 @@ def error_body(code: str, message: str, resource: str) -> bytes:
     ).encode()
 
 
-def simple_response(status: int, reason: str, body: bytes, content_type: str, close: bool) -> bytes:
+def simple_response(
+    status: int,
+    reason: str,
+    body: bytes,
+    content_type: str,
+    close: bool,
+    extra_headers: tuple[str, ...] = (),
+) -> bytes:
     """A whole response the proxy answers itself (errors, control endpoints)."""
     lines = [
         f"HTTP/1.1 {status} {reason}",
         f"Content-Type: {content_type}",
         f"Content-Length: {len(body)}",
         "Server: concurrent-loader-proxy",
+        *extra_headers,
     ]
     if close:
         lines.append("Connection: close")

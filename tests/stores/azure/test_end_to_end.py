@@ -5,6 +5,7 @@ the credentials the service accepts or refuses. Every check is on the samples' i
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import json
@@ -26,7 +27,13 @@ from concurrent_loader import (
 )
 from concurrent_loader.cache import CacheConfig
 from concurrent_loader.cli import main
-from concurrent_loader.errors import AccessDenied, BucketNotFound, IntegrityError, ObjectNotFound
+from concurrent_loader.errors import (
+    AccessDenied,
+    BucketNotFound,
+    IntegrityError,
+    ObjectNotFound,
+    Throttled,
+)
 from concurrent_loader.stores.azure import AzureConfig, SharedKey
 from concurrent_loader.streaming import ShardOrderSampler
 from concurrent_loader.testing import FaultPlan
@@ -151,6 +158,7 @@ def test_every_sample_arrives_once_intact_in_order_through_faults(
 ):
     plan = FaultPlan(
         seed=41,
+        throttle_code="ServerBusy",  # Azure's answer: 503 ServerBusy
         slowdown_503=0.08,
         error_500=0.04,
         reset_before=0.03,
@@ -175,6 +183,27 @@ def test_every_sample_arrives_once_intact_in_order_through_faults(
     for name in ("slowdown_503", "error_500", "reset_before", "truncate"):
         assert faults.get(name, 0) > 0, f"the proxy never injected {name}: {faults}"
     assert stats["throttles"] > 0 and stats["retries"] > 0, stats
+
+
+def test_a_server_busy_answer_is_a_throttle_with_the_services_code_and_retry_after(
+    azure_blobs, azurite_server, azure_proxy
+):
+    plan = FaultPlan(slowdown_503=1.0, throttle_code="ServerBusy", retry_after_s=3)
+    proxy = azure_proxy(faults=plan)
+    root = azurite_server.store_config(BLOBS, "small/", through(proxy, azurite_server))
+
+    async def one_get() -> None:
+        store = root.open(FetchConfig())
+        try:
+            await store.get("0000.bin")
+        finally:
+            await store.close()
+
+    with pytest.raises(Throttled) as busy:
+        asyncio.run(one_get())
+    assert busy.value.code == "ServerBusy" and busy.value.status == 503
+    assert busy.value.url == "az://blobs/small/0000.bin" and busy.value.retryable
+    assert any("retry after 3 s" in note for note in busy.value.__notes__)
 
 
 def test_hedges_win_over_stragglers(azure_blobs, azurite_server, azure_proxy):
