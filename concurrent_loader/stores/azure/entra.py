@@ -26,6 +26,8 @@ SCOPE = "https://storage.azure.com/.default"
 REFRESH_BEFORE_EXPIRY_S = 300.0
 #: seconds before expiry when a token is no longer sent (GETs wait for the new one)
 USABLE_UNTIL_EXPIRY_S = 30.0
+#: seconds after a failed refresh before the next, while the token in hand is still usable
+RETRY_REFRESH_AFTER_S = 10.0
 
 logger = logging.getLogger(__name__)
 
@@ -52,28 +54,31 @@ class EntraTokens:
         self._url = url
         self._token = ""
         self._expires_at = -math.inf
-        self._pending: asyncio.Future[None] | None = None
+        self._refresh_at = -math.inf
+        self._pending: asyncio.Future[Any] | None = None
 
     def __repr__(self) -> str:
         return f"EntraTokens(for {self._url})"
 
     def refresh_due(self) -> bool:
         """Whether the token is missing or near its expiry (one clock read)."""
-        return time.time() >= self._expires_at - REFRESH_BEFORE_EXPIRY_S
+        return time.time() >= self._refresh_at
 
     async def refresh(self) -> None:
         """Start fetching a new token (one fetch for every caller); wait for it only when
         the current one is missing or about to expire."""
+        usable = time.time() < self._expires_at - USABLE_UNTIL_EXPIRY_S
         if self._pending is None:
             loop = asyncio.get_running_loop()
             self._pending = loop.run_in_executor(None, self._fetch)
             self._pending.add_done_callback(self._fetched)
-        if time.time() >= self._expires_at - USABLE_UNTIL_EXPIRY_S:
+        if not usable:
             await asyncio.shield(self._pending)
 
-    def _fetch(self) -> None:
+    def _fetch(self) -> Any:
+        """On an executor thread: the credential's new ``AccessToken``."""
         try:
-            token = self._credential.get_token(SCOPE)
+            return self._credential.get_token(SCOPE)
         except Exception as exc:
             # The credential's own message says which sources it tried; it holds no secret.
             raise AccessDenied(
@@ -82,14 +87,24 @@ class EntraTokens:
                 stage="fetch",
                 cause=Reason.NO_CREDENTIALS,
             ) from exc
-        self._token, self._expires_at = token.token, float(token.expires_on)
 
-    def _fetched(self, future: asyncio.Future[None]) -> None:
+    def _fetched(self, future: asyncio.Future[Any]) -> None:
+        """On the loop's thread, before any waiter resumes: keep the new token."""
         self._pending = None
-        if not future.cancelled() and future.exception() is not None:
+        if future.cancelled():
+            return
+        if future.exception() is None:
+            token = future.result()
+            self._token, self._expires_at = token.token, float(token.expires_on)
+            self._refresh_at = self._expires_at - REFRESH_BEFORE_EXPIRY_S
+        else:
             # Retrieved here, so a background refresh that failed is logged, not lost; a
-            # caller waiting on it gets the error itself.
+            # caller waiting on it gets the error itself. The next try waits a while, as
+            # long as the token in hand lasts.
             logger.debug("refreshing the Entra ID token for %s failed", self._url)
+            self._refresh_at = min(
+                time.time() + RETRY_REFRESH_AFTER_S, self._expires_at - USABLE_UNTIL_EXPIRY_S
+            )
 
     def headers(self) -> list[tuple[str, str]]:
         return [("Authorization", "Bearer " + self._token)]

@@ -111,6 +111,13 @@ class AzureConfig:
         ]
         if len(given) > 1:
             raise ConfigError(f"give one Azure credential, not {' and '.join(given)}", url=url)
+        made = hasattr(credential, "get_token") and not isinstance(credential, type)
+        if credential is not None and (made or not callable(credential)):
+            raise ConfigError(
+                "credential= takes what makes the credential in each process (a class such as "
+                "azure.identity.ManagedIdentityCredential, or a function), not a credential",
+                url=url,
+            )
         if connection_string is None and not given:
             connection_string = env.get("AZURE_STORAGE_CONNECTION_STRING") or None
         settings = connection_settings(connection_string) if connection_string else {}

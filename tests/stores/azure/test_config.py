@@ -175,6 +175,16 @@ def test_a_bad_root_or_option_is_a_config_error_that_shows_no_secret(url, option
         assert secret not in str(raised.value)
 
 
+def test_a_credential_object_is_refused_for_what_makes_one_in_each_process():
+    class Made:
+        def get_token(self, *scopes: str) -> None: ...
+
+    with pytest.raises(ConfigError, match="ManagedIdentityCredential"):
+        AzureConfig.from_url("az://c/", account_name="a", credential=Made(), environ={})
+    config = AzureConfig.from_url("az://c/", account_name="a", credential=Made, environ={})
+    assert config.credential == EntraId(Made)
+
+
 def test_az_roots_are_registered_and_read_the_environment(monkeypatch):
     monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", "UseDevelopmentStorage=true")
     config = store_config_for("az://images/train/")

@@ -95,3 +95,21 @@ def test_a_failed_fetch_is_access_denied_naming_the_container():
         asyncio.run(bearer(tokens))
     assert raised.value.url == "az://c/p/" and raised.value.cause is Reason.NO_CREDENTIALS
     assert "no managed identity endpoint here" in str(raised.value)
+
+
+def test_a_failed_refresh_while_the_token_lasts_is_tried_again_only_after_a_while():
+    lifetime = (REFRESH_BEFORE_EXPIRY_S + USABLE_UNTIL_EXPIRY_S) / 2 + 5
+    credential = IssuingCredential(lifetime_s=lifetime, delay_s=0.0)
+    tokens = EntraTokens(credential, "az://c/")
+
+    async def main() -> list[str]:
+        first = await bearer(tokens)
+        credential.fail = True
+        got = []
+        for _ in range(20):  # each would start a refresh, were it not held back
+            got.append(await bearer(tokens))
+            await asyncio.sleep(0.01)
+        return [first, *got]
+
+    assert set(asyncio.run(main())) == {"Bearer token-1"}
+    assert len(credential.calls) == 2  # the first fetch, one failed refresh
