@@ -184,5 +184,9 @@ def find_credential(
     if key:
         return SharedKey(key)
     if sas:
-        return SasToken(sas.lstrip("?"))
+        token = sas.strip().lstrip("?")
+        if not token or any(c.isspace() or c in '#?"<>' or not c.isascii() for c in token):
+            # Not echoed: it is the credential. It goes into every request's target as is.
+            raise ConfigError("malformed Azure SAS token: expected sv=...&sig=... (URL-encoded)")
+        return SasToken(token)
     return EntraId()

@@ -160,6 +160,7 @@ def test_the_config_comes_from_the_url_options_and_environment(url, options, env
         ("https://example.com/c/p", {}, {}, "Azure options apply"),
         ("https://acct.blob.core.windows.net/c?" + SAS, {}, {}, "pass sas_token="),
         ("https://acct.blob.core.windows.net/", {}, {}, "no container"),
+        ("az://c/p", {"account_name": "a", "sas_token": "sv=1&sig=c2VjcmV0\r\nX: y"}, {}, "SAS"),
         (
             "az://c/p",
             {"account_name": "b", "connection_string": PRODUCTION},
