@@ -29,3 +29,12 @@ PY
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
+# Azurite, the Azure Blob Storage emulator the Azure tests run (Node >= 20), kept in .bench/;
+# without npm the Azure end-to-end tests skip, saying so.
+if [ ! -x .bench/node/node_modules/.bin/azurite-blob ]; then
+  if command -v npm >/dev/null; then
+    npm install --prefix .bench/node azurite@3.37.0
+  else
+    echo "setup.sh: npm not found: Azurite not installed, the Azure tests will skip" >&2
+  fi
+fi

@@ -20,6 +20,7 @@ import pytest
 from PIL import Image
 
 from concurrent_loader.testing import LocalS3Server, MotoS3Server, ProxyProcess, S3ServerProcess
+from concurrent_loader.testing.azurite_server import AzuriteServer, find_azurite
 from concurrent_loader.testing.gcs_server import FakeGcsServer
 
 TEST_BUCKET = "test-data"
@@ -60,6 +61,15 @@ def moto_server() -> Iterator[MotoS3Server]:
 def gcs_server() -> Iterator[FakeGcsServer]:
     """A started fake-gcs-server (GCS JSON API, in memory), shared by the whole session."""
     with FakeGcsServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def azurite_server() -> Iterator[AzuriteServer]:
+    """A started Azurite (Azure Blob Storage emulator), shared by the whole session."""
+    if find_azurite() is None:
+        pytest.skip("azurite-blob is not installed: run scripts/setup.sh")
+    with AzuriteServer() as server:
         yield server
 
 

@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable
 
 from ..errors import ConfigError
+from .azure import AzureConfig
 from .base import StoreConfig
 from .gcs import GcsConfig
 from .http import HttpConfig
@@ -25,6 +26,7 @@ __all__ = ["BACKENDS", "store_config_for"]
 BACKENDS: dict[str, Callable[[str], StoreConfig]] = {
     "s3": S3Config.from_url,
     "gs": GcsConfig.from_url,
+    "az": AzureConfig.from_url,
     "http": HttpConfig.from_url,
     "https": HttpConfig.from_url,
     "file": lambda url: LocalConfig.from_path(url.removeprefix("file://")),

@@ -4,6 +4,9 @@
   authentication, for integration tests and benchmarks; :class:`MotoS3Server` runs moto's
   server the same way (authentication enforced), a second, independent S3 implementation.
   Both hand out session tokens (:meth:`~S3ServerProcess.temporary_credentials`).
+* :class:`AzuriteServer` runs Azurite (the Azure Blob Storage emulator, ``npm`` package
+  ``azurite``, installed by ``scripts/setup.sh``) the same way, filled with
+  ``azure-storage-blob``.
 * :class:`ProxyProcess` puts an HTTP proxy in front of one that adds latency and
   stragglers (:class:`LatencyModel`), bandwidth caps and reproducible faults
   (:class:`FaultPlan`), so retry and timeout paths can be exercised against real sockets.
@@ -20,6 +23,7 @@ Nothing here is imported by the loader itself; it needs the ``testing`` extra
 
 from __future__ import annotations
 
+from .azurite_server import AzuriteServer, find_azurite
 from .forward import ForwardProxy
 from .gcs_server import FakeGcsServer
 from .moto_server import MotoS3Server
@@ -31,6 +35,7 @@ from .tls import ServerCertificate, TlsFront, make_private_ca
 
 __all__ = [
     "FAULT_NAMES",
+    "AzuriteServer",
     "FakeGcsServer",
     "FaultPlan",
     "ForwardProxy",
@@ -42,6 +47,7 @@ __all__ = [
     "ServerCertificate",
     "TemporaryCredentials",
     "TlsFront",
+    "find_azurite",
     "find_weed",
     "make_private_ca",
     "process_cpu_seconds",

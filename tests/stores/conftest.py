@@ -22,6 +22,7 @@ from concurrent_loader.stores import HttpConfig, LocalConfig, StoreConfig
 from concurrent_loader.stores.readahead import Readahead, ReadaheadConfig
 from concurrent_loader.stores.s3 import S3Config
 from concurrent_loader.testing import LocalS3Server, MotoS3Server, S3ServerProcess
+from concurrent_loader.testing.azurite_server import AzuriteServer
 from concurrent_loader.testing.files import FileServer
 from concurrent_loader.testing.gcs_server import FakeGcsServer
 from concurrent_loader.testing.memory import MemoryConfig
@@ -139,6 +140,17 @@ def s3_seaweedfs_store(s3_server: LocalS3Server, aws_env: Callable[..., Any]) ->
 def s3_moto_store(moto_server: MotoS3Server, aws_env: Callable[..., Any]) -> Case:
     aws_env(moto_server)
     return Case(_s3_config(moto_server), past_end="error", after_close="error")
+
+
+@store_case
+def azure_store(azurite_server: AzuriteServer) -> Case:
+    if not getattr(azurite_server, "_conformance_filled", False):
+        azurite_server.create_bucket(BUCKET)
+        for key, data in OBJECTS.items():
+            azurite_server.put_object(BUCKET, PREFIX + key, data)
+        azurite_server._conformance_filled = True  # type: ignore[attr-defined]
+    config = azurite_server.store_config(BUCKET, PREFIX)
+    return Case(config, past_end="error", after_close="error")
 
 
 @store_case

@@ -45,7 +45,7 @@ def test_stray_bytes_follow_a_complete_response_on_an_open_connection(
         path = object_path(s3_bucket, key)
         sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{proxy.port}\r\n\r\n".encode())
         status, headers, received = read_head(sock)
-        stray = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nETag: \"stray\"\r\n\r\nstray"
+        stray = b'HTTP/1.1 200 OK\r\nContent-Length: 5\r\nETag: "stray"\r\n\r\nstray'
         want = len(objects[key]) + len(stray)
         while len(received) < want:
             data = sock.recv(65536)

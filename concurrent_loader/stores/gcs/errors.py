@@ -21,7 +21,7 @@ from ...errors import (
     Reason,
     Throttled,
 )
-from ..shared import REASONS, error_class_for_status
+from ..shared import REASONS, error_class_for_status, retry_after_seconds
 
 __all__ = ["error_for_auth", "error_for_response", "no_credentials"]
 
@@ -50,16 +50,6 @@ def _service_error(body: bytes | bytearray) -> tuple[str | None, str]:
         reason = None
         message = head.decode("utf-8", "replace").strip().split("\n", 1)[0]
     return reason, message[:_MESSAGE_CHARS]
-
-
-def retry_after_seconds(headers: Mapping[str, str]) -> float | None:
-    """The delay a ``Retry-After`` header asks for, in seconds; None if absent or a date."""
-    value = headers.get("retry-after", "").strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        return None
-    return seconds if seconds >= 0 else None
 
 
 def error_for_response(

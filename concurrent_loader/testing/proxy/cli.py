@@ -62,9 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     for field in dataclasses.fields(FaultPlan):
         if field.name in ("seed", "faults_on"):
             continue
-        faults.add_argument(
-            "--" + field.name.replace("_", "-"), type=float, default=getattr(defaults, field.name)
-        )
+        default = getattr(defaults, field.name)
+        kind = str if isinstance(default, str) else float
+        faults.add_argument("--" + field.name.replace("_", "-"), type=kind, default=default)
     faults.add_argument("--faults-on", default="GET", help="comma-separated HTTP methods")
     parser.add_argument("--cpus", type=parse_cpus, default=None, help="e.g. 0,2-3")
     parser.add_argument("--log-level", default="WARNING")

@@ -46,6 +46,9 @@ class FaultPlan:
     faultable request that arrives from ``storm_start_s`` to ``storm_start_s +
     storm_seconds`` after the proxy's first faultable request (since it started or was
     reset) is answered 503 SlowDown, whatever the draw says (:meth:`in_storm`).
+
+    A throttle's answer carries ``throttle_code`` as its XML ``<Code>`` (``ServerBusy`` makes
+    it Azure's) and, when ``retry_after_s > 0``, a ``Retry-After`` header.
     """
 
     seed: int = 0
@@ -65,6 +68,8 @@ class FaultPlan:
     #: seconds a 503 answer asks the client to wait, in a ``Retry-After`` header (0: none)
     retry_after_s: float = 0.0
     faults_on: tuple[str, ...] = ("GET",)
+    #: the error code of a 503 answer's body (S3's ``SlowDown``; Azure's ``ServerBusy``)
+    throttle_code: str = "SlowDown"
 
     def __post_init__(self) -> None:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
@@ -79,6 +84,10 @@ class FaultPlan:
             total += rate
         if total > 1.0 + 1e-9:
             raise ValueError(f"fault rates must sum to at most 1, got {total:g}")
+        if not (isinstance(self.throttle_code, str) and self.throttle_code.isalnum()):
+            raise ValueError(
+                f"throttle_code must be letters and digits, got {self.throttle_code!r}"
+            )
         for name in (
             "stall_seconds",
             "extra_latency_ms",
@@ -132,6 +141,8 @@ class FaultPlan:
         for field in dataclasses.fields(self):
             if field.name in ("seed", "faults_on"):
                 continue
-            args += ["--" + field.name.replace("_", "-"), repr(float(getattr(self, field.name)))]
+            value = getattr(self, field.name)
+            text = value if isinstance(value, str) else repr(float(value))
+            args += ["--" + field.name.replace("_", "-"), text]
         args += ["--faults-on", ",".join(self.faults_on)]
         return args

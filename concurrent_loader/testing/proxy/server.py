@@ -329,13 +329,16 @@ class ProxyServer:
             return False
         # A client waiting for 100 Continue may or may not send its body: close.
         close = request.expects_continue or not request.keep_alive
+        extra: tuple[str, ...] = ()
         if fault == "slowdown_503":
             status, reason, code, message = (
                 503,
                 "Slow Down",
-                "SlowDown",
+                self._faults.throttle_code,
                 "Please reduce your request rate.",
             )
+            if self._faults.retry_after_s > 0:
+                extra = (f"Retry-After: {self._faults.retry_after_s:g}",)
         else:
             status, reason, code, message = (
                 500,
@@ -345,8 +348,6 @@ class ProxyServer:
             )
         body = error_body(code, message, request.path)
         self.stats.responses_by_status[str(status)] += 1
-        wait = self._faults.retry_after_s
-        extra = (f"Retry-After: {wait:g}",) if status == 503 and wait > 0 else ()
         await client.send(simple_response(status, reason, body, "application/xml", close, extra))
         if close:
             await client.close()
