@@ -1,4 +1,4 @@
-"""concurrent_loader: PyTorch data loading from S3-compatible object storage at local-disk speed.
+"""concurrent_loader: PyTorch data loading from object storage (S3, GCS, Azure) at local-disk speed.
 
 Users meet it as :class:`ObjectDataset` / :class:`ImageFolder` / :class:`ShardDataset` and
 :class:`ConcurrentDataLoader`; ``ARCHITECTURE.md`` draws the path of a sample.
@@ -13,12 +13,15 @@ from .fetch.parts import PartsConfig
 from .loader import ConcurrentDataLoader, PartialBatch, PartialDict, PartialList, is_partial
 from .pipeline import SkippedSample
 from .shards.dataset import ImageSample, ShardDataset
+from .stores.azure import AzureConfig
+from .stores.gcs import GcsConfig
 from .stores.readahead import Readahead
 from .stores.s3 import S3Config
 
 __version__ = "0.1.0"
 
-__all__ = ["IMG_EXTENSIONS", "ConcurrentDataLoader", "EncodedImage", "FetchConfig", "HedgeConfig"]
+__all__ = ["IMG_EXTENSIONS", "AzureConfig", "ConcurrentDataLoader", "EncodedImage", "FetchConfig"]
+__all__ += ["GcsConfig", "HedgeConfig"]
 __all__ += ["ImageFolder", "ImageSample", "ObjectDataset", "PartialBatch", "PartialDict"]
 __all__ += ["PartialList", "PartsConfig", "Readahead", "RetryConfig", "S3Config", "ShardDataset"]
 __all__ += ["SkippedSample", "Timeouts", "is_partial", *errors.__all__]
