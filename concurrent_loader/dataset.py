@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import os
 import threading
-from array import array
 import weakref
+from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -279,7 +279,8 @@ class ImageFolder(ObjectDataset):
         self.classes = sorted(names)
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
         rank = np.array([self.class_to_idx[name] for name in names], dtype=np.int64)
-        chosen, targets = np.frombuffer(picks, dtype=np.int64), rank[np.frombuffer(labels, np.int64)]
+        chosen = np.frombuffer(picks, dtype=np.int64)
+        targets = rank[np.frombuffer(labels, dtype=np.int64)]
         if not ordered:
             order = np.array(sorted(range(len(chosen)), key=lambda j: keys[int(chosen[j])]))
             chosen, targets = chosen[order], targets[order]
