@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .table import KeyTable, gather
+from .table import KeyTable
 
 __all__ = ["parse_manifest_text", "refused_key"]
 
@@ -37,10 +37,12 @@ def parse_manifest_text(data: bytes) -> KeyTable:
     doubtful = np.flatnonzero(keep & ((firsts <= 32) | (firsts >= 128)))
     for i in doubtful.tolist():
         keep[i] = bool(data[starts[i] : ends[i]].decode().strip())
-    starts, ends = starts[keep], ends[keep]
-    lengths = ends - starts
-    table = KeyTable.build(len(starts), int(lengths.sum()))
+    # The text is the blob, as it is: key i spans from its line's start to the next key's,
+    # and ends at its first line break (skipped lines and line breaks cost a byte or two).
+    kept = starts[keep]
+    table = KeyTable.build(len(kept), len(raw), lines=True)
     offsets = table._segment.arrays["offsets"]
-    np.cumsum(lengths, out=offsets[1:], dtype=offsets.dtype)
-    gather(raw, starts, ends, table._segment.arrays["blob"])
+    offsets[:-1] = kept
+    offsets[-1] = len(raw)
+    table._segment.arrays["blob"][:] = raw
     return table

@@ -92,7 +92,9 @@ def _new_segment_path(size: int) -> str:
     return os.path.join(tempfile.gettempdir(), name)
 
 
-def _layout(arrays: Mapping[str, tuple[np.dtype[Any], int]]) -> tuple[bytes, dict[str, int]]:
+def _layout(
+    arrays: Mapping[str, tuple[np.dtype[Any], int]], meta: Mapping[str, Any]
+) -> tuple[bytes, dict[str, int]]:
     """The header and each array's offset in the file."""
     placed: dict[str, list[Any]] = {}
     header = b""
@@ -101,7 +103,7 @@ def _layout(arrays: Mapping[str, tuple[np.dtype[Any], int]]) -> tuple[bytes, dic
         for name, (dtype, count) in arrays.items():
             placed[name] = [dtype.str, at, count]
             at += -(-(dtype.itemsize * count) // _ALIGN) * _ALIGN
-        header = json.dumps({"arrays": placed, "size": at}).encode()
+        header = json.dumps({"arrays": placed, "size": at, "meta": dict(meta)}).encode()
     return header, {name: spec[1] for name, spec in placed.items()}
 
 
@@ -109,11 +111,15 @@ class Segment:
     """One mapped segment file; the creator's copy unlinks the file when released."""
 
     def __init__(
-        self, path: str, mapped: mmap.mmap, arrays: dict[str, np.ndarray], creator: int | None
+        self,
+        path: str,
+        mapped: mmap.mmap,
+        layout: tuple[dict[str, np.ndarray], dict[str, Any]],
+        creator: int | None,
     ) -> None:
         self.path = path
         self.mapped = mapped
-        self.arrays = arrays
+        self.arrays, self.meta = layout
         self.creator = creator
         self.users = 0
         self.lock = threading.Lock()
@@ -121,8 +127,11 @@ class Segment:
         self.unlink = weakref.finalize(self, _unlink_if_creator, path, creator)
 
     @classmethod
-    def create(cls, arrays: Mapping[str, tuple[np.dtype[Any], int]]) -> Segment:
-        header, offsets = _layout(arrays)
+    def create(
+        cls, arrays: Mapping[str, tuple[np.dtype[Any], int]], meta: Mapping[str, Any]
+    ) -> Segment:
+        """A new segment of ``arrays`` (dtype, length), zeroed, and ``meta`` (JSON) beside."""
+        header, offsets = _layout(arrays, meta)
         size = json.loads(header)["size"]
         path = _new_segment_path(size)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -139,7 +148,7 @@ class Segment:
             name: np.frombuffer(mapped, dtype=dtype, count=count, offset=offsets[name])
             for name, (dtype, count) in arrays.items()
         }
-        segment = cls(path, mapped, views, os.getpid())
+        segment = cls(path, mapped, (views, dict(meta)), os.getpid())
         with attached_lock:
             attached[path] = segment  # unpickled in this process: the same pages
         return segment
@@ -172,7 +181,8 @@ class Segment:
         return cls(path, mapped, arrays_of(mapped, path), None)
 
 
-def arrays_of(data: Any, name: str) -> dict[str, np.ndarray]:
+def arrays_of(data: Any, name: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The arrays (views of ``data``) and the meta of a segment's bytes."""
     view = memoryview(data)
     if bytes(view[: len(MAGIC)]) != MAGIC:
         raise ValueError(f"{name} is not a key table (no {MAGIC!r} at its start)")
@@ -181,10 +191,11 @@ def arrays_of(data: Any, name: str) -> dict[str, np.ndarray]:
         header = json.loads(bytes(view[len(MAGIC) + 8 : len(MAGIC) + 8 + length]))
         if header["size"] > len(view):
             raise ValueError(f"{len(view)} bytes, the header says {header['size']}")
-        return {
+        arrays = {
             key: np.frombuffer(data, dtype=np.dtype(dtype), count=count, offset=at)
             for key, (dtype, at, count) in header["arrays"].items()
         }
+        return arrays, dict(header["meta"])
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{name} is not a readable key table: {exc}") from exc
 

@@ -36,10 +36,17 @@ class KeyTable(Sequence[str]):
 
     @classmethod
     def build(
-        cls, count: int, blob_size: int, columns: Mapping[str, Any] | None = None
+        cls,
+        count: int,
+        blob_size: int,
+        columns: Mapping[str, Any] | None = None,
+        *,
+        lines: bool = False,
     ) -> KeyTable:
-        """An empty table for ``count`` keys of ``blob_size`` bytes: the caller fills
-        ``arrays["offsets"]`` (``count + 1`` ends, the first 0) and ``arrays["blob"]``."""
+        """An empty table for ``count`` keys in ``blob_size`` bytes: the caller fills
+        ``arrays["blob"]`` and ``arrays["offsets"]`` (``count + 1``, non-decreasing: key ``i``
+        is ``blob[offsets[i]:offsets[i + 1]]``). With ``lines``, key ``i`` ends at the first
+        ``\\n`` there, a ``\\r`` before it dropped (a text manifest's bytes, kept as they are)."""
         offsets = np.dtype(np.uint32 if blob_size < 2**32 else np.uint64)
         spec = {"offsets": (offsets, count + 1), "blob": (np.dtype(np.uint8), blob_size)}
         values = {name: np.asarray(column) for name, column in (columns or {}).items()}
@@ -47,7 +54,7 @@ class KeyTable(Sequence[str]):
             if len(value) != count or value.dtype.kind not in "iu":
                 raise ValueError(f"column {name!r}: {count} integers needed, got {value.dtype}")
             spec[name] = (_narrowest(value), count)
-        segment = Segment.create(spec)
+        segment = Segment.create(spec, {"lines": lines})
         for name, value in values.items():
             segment.arrays[name][:] = value
         return cls._of(segment)
@@ -63,6 +70,7 @@ class KeyTable(Sequence[str]):
         # memoryviews: indexing gives an int, slicing a view, with no numpy scalar on the way
         self._offsets = memoryview(segment.arrays["offsets"].data)
         self._blob = memoryview(segment.arrays["blob"].data)
+        self._lines = bool(segment.meta.get("lines"))
 
     @classmethod
     def load(cls, data: bytes | memoryview | str | os.PathLike[str]) -> KeyTable:
@@ -70,12 +78,12 @@ class KeyTable(Sequence[str]):
         if isinstance(data, (str, os.PathLike)):
             with open(data, "rb") as f:
                 data = f.read()
-        arrays = arrays_of(data, "the manifest")
+        arrays, meta = arrays_of(data, "the manifest")
         columns = {k: v for k, v in arrays.items() if k not in _KEYS}
         ends, blob = arrays["offsets"].astype(np.int64), arrays["blob"]
-        if len(ends) == 0 or ends[0] != 0 or ends[-1] != len(blob) or np.any(np.diff(ends) < 0):
+        if len(ends) == 0 or ends[0] < 0 or ends[-1] > len(blob) or np.any(np.diff(ends) < 0):
             raise ValueError("the manifest's key offsets do not tile its keys")
-        table = cls.build(len(ends) - 1, len(blob), columns)
+        table = cls.build(len(ends) - 1, len(blob), columns, lines=bool(meta.get("lines")))
         table._segment.arrays["offsets"][:] = ends
         table._segment.arrays["blob"][:] = blob
         return table
@@ -86,7 +94,8 @@ class KeyTable(Sequence[str]):
         ends = self._segment.arrays["offsets"].astype(np.int64)
         starts, stops = ends[:-1][picks], ends[1:][picks]
         mine = {k: v[picks] for k, v in self._segment.arrays.items() if k not in _KEYS}
-        table = KeyTable.build(len(picks), int((stops - starts).sum()), {**mine, **(columns or {})})
+        size, every = int((stops - starts).sum()), {**mine, **(columns or {})}
+        table = KeyTable.build(len(picks), size, every, lines=self._lines)
         np.cumsum(stops - starts, out=table._segment.arrays["offsets"][1:], dtype=ends.dtype)
         gather(self._segment.arrays["blob"], starts, stops, table._segment.arrays["blob"])
         return table
@@ -135,8 +144,10 @@ class KeyTable(Sequence[str]):
             index += n
         if not 0 <= index < n:
             raise IndexError(f"key index {index} out of range for {n} keys")
-        key = self._blob[self._offsets[index] : self._offsets[index + 1]]
-        return str(key, "utf-8", "surrogatepass")
+        key = str(
+            self._blob[self._offsets[index] : self._offsets[index + 1]], "utf-8", "surrogatepass"
+        )
+        return key.partition("\n")[0].removesuffix("\r") if self._lines else key
 
     def __reduce__(self) -> tuple[Any, tuple[str]]:
         return _attach, (self._segment.published(),)
@@ -157,7 +168,19 @@ def _narrowest(values: np.ndarray) -> np.dtype[Any]:
 
 def gather(source: np.ndarray, starts: np.ndarray, stops: np.ndarray, out: np.ndarray) -> None:
     """``source[starts[0]:stops[0]] + source[starts[1]:stops[1]] + ...`` into ``out``, for
-    ascending, non-overlapping, non-empty spans: one byte mask, no index per byte."""
+    ascending, non-overlapping spans: a copy per run of adjacent spans, or, when runs are
+    many, one byte mask (no index per byte)."""
+    if len(starts) == 0:
+        return
+    breaks = np.flatnonzero(starts[1:] != stops[:-1]) + 1
+    if len(breaks) < 4096:  # few runs (a whole manifest, a class left out): plain copies
+        at = 0
+        firsts, lasts = [0, *breaks.tolist()], [*(breaks - 1).tolist(), len(starts) - 1]
+        for first, last in zip(firsts, lasts, strict=True):
+            length = int(stops[last] - starts[first])
+            out[at : at + length] = source[starts[first] : stops[last]]
+            at += length
+        return
     inside = np.zeros(len(source) + 1, dtype=np.int8)
     np.add.at(inside, starts, 1)  # add.at: one span may stop where the next starts
     np.add.at(inside, stops, -1)
