@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +27,7 @@ from .errors import ConfigError
 from .fetch import client_for
 from .fetch.parts import PartsConfig
 from .keys import MAGIC, KeyTable, parse_manifest_text
+from .keys.folders import image_folder
 from .listing import empty_root, list_store
 from .listing import progress as progress_bar
 from .runtime import Runtime, acquire_runtime
@@ -263,31 +263,29 @@ class ImageFolder(ObjectDataset):
         super().__init__(root, keys, decode=None, **kwargs)
 
     def _select(self, keys: KeyTable) -> KeyTable:
-        # One pass over the keys, no object kept per key: listings and manifests come sorted,
-        # so the images are taken in place; an unsorted list is sorted (the slow path).
-        picks, labels = array("q"), array("q")
-        names: dict[str, int] = {}
-        ordered, last = True, ""
-        for i, key in enumerate(keys):
-            if "/" in key and key.lower().endswith(self.extensions):
-                ordered, last = ordered and last <= key, key
-                picks.append(i)
-                labels.append(names.setdefault(key.split("/", 1)[0], len(names)))
-        if not picks:
-            found = f"no images ({', '.join(self.extensions)}) in class folders"
-            raise empty_root(self.store, f"{found} under {self.store}")
-        self.classes = sorted(names)
+        found = image_folder(keys, self.extensions)  # None: unsorted keys, the slow path
+        picks, targets, self.classes = found if found is not None else self._sorted(keys)
+        if len(picks) == 0:
+            found_none = f"no images ({', '.join(self.extensions)}) in class folders"
+            raise empty_root(self.store, f"{found_none} under {self.store}")
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
-        rank = np.array([self.class_to_idx[name] for name in names], dtype=np.int64)
-        chosen = np.frombuffer(picks, dtype=np.int64)
-        targets = rank[np.frombuffer(labels, dtype=np.int64)]
-        if not ordered:
-            order = np.array(sorted(range(len(chosen)), key=lambda j: keys[int(chosen[j])]))
-            chosen, targets = chosen[order], targets[order]
-            sizes = keys.column("sizes")
-            columns = {"targets": targets} | ({} if sizes is None else {"sizes": sizes[chosen]})
-            return KeyTable((keys[int(i)] for i in chosen), columns)
-        return keys.subset(chosen, {"targets": targets})
+        if found is not None:
+            return keys.subset(picks, {"targets": targets})
+        sizes = keys.column("sizes")
+        columns = {"targets": targets} | ({} if sizes is None else {"sizes": sizes[picks]})
+        return KeyTable((keys[int(i)] for i in picks), columns)
+
+    def _sorted(self, keys: KeyTable) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        chosen = sorted(
+            (key, i)
+            for i, key in enumerate(keys)
+            if "/" in key and key.lower().endswith(self.extensions)
+        )
+        classes = sorted({key.split("/", 1)[0] for key, _ in chosen})
+        rank = {name: i for i, name in enumerate(classes)}
+        picks = np.array([i for _, i in chosen], dtype=np.int64)
+        targets = np.array([rank[key.split("/", 1)[0]] for key, _ in chosen], dtype=np.int64)
+        return picks, targets, classes
 
     @property
     def targets(self) -> np.ndarray:

@@ -12,11 +12,13 @@ import signal
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import numpy as np
 import pytest
 
 from concurrent_loader.keys import KeyTable, parse_manifest_text, refused_key
+from concurrent_loader.keys.folders import image_folder
 
 
 def test_roundtrip_unicode_and_empty():
@@ -152,3 +154,35 @@ def test_a_forked_child_never_removes_its_parents_segment():
     assert os.path.exists(table.path)
     table.release()
     assert not os.path.exists(table.path)
+
+
+def _reference_image_folder(keys: list[str], extensions: tuple[str, ...]) -> tuple[Any, ...]:
+    """torchvision's rules, one str at a time (what ImageFolder did before)."""
+    chosen = sorted(
+        (k, i) for i, k in enumerate(keys) if "/" in k and k.lower().endswith(extensions)
+    )
+    classes = sorted({k.split("/", 1)[0] for k, _ in chosen})
+    targets = [classes.index(k.split("/", 1)[0]) for k, _ in chosen]
+    return [i for _, i in chosen], targets, classes
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_image_folder_rules_on_the_tables_bytes_match_them_on_strs(seed):
+    rng = random.Random(seed)
+    folders = ["a", "a-b", "a b", "ab", "日本", "Z", "x" * 20, "b/c", ""]
+    names = ["1.jpg", "2.JPEG", "3.Png", "notes.txt", "jpg", "x.jpgx", "long" * 9 + ".webp"]
+    keys = sorted({f"{rng.choice(folders)}/{rng.choice(names)}" for _ in range(300)})
+    keys += ["top.jpg", "t.jpg/"]
+    keys.sort()
+    extensions = (".jpg", ".jpeg", ".png", ".webp")
+    picks, targets, classes = _reference_image_folder(keys, extensions)
+    text = "".join(f"{k}\r\n" if i % 3 else f"{k}\n#skipped\n" for i, k in enumerate(keys))
+    for table in (KeyTable(keys), parse_manifest_text(text.encode())):
+        found = image_folder(table, extensions)
+        assert found is not None
+        assert found[0].tolist() == picks and found[1].tolist() == targets and found[2] == classes
+    shuffled = keys[:]
+    rng.shuffle(shuffled)
+    assert image_folder(KeyTable(shuffled), extensions) is None  # unsorted: the slow path
+    assert image_folder(KeyTable(["c/1.jpg", "x.txt", "b/1.jpg"]), extensions) is None
+    assert image_folder(KeyTable(["a/1.jpg", "a\x00/1.jpg"]), extensions) is None

@@ -105,3 +105,11 @@ def test_index_errors_name_the_index_and_the_size(local_objects):
         assert dataset[-1] == names[-1].encode()
         with pytest.raises(TypeError):
             dataset["0"]  # type: ignore[index]
+
+
+def test_an_image_folder_of_unsorted_keys_sorts_them():
+    objects = {key: b"x" for key in ("dog/b.png", "cat/z.jpg", "cat/a.jpg", "notes.txt")}
+    with ImageFolder(MemoryConfig(objects), keys=list(objects)) as dataset:
+        assert list(dataset.keys) == ["cat/a.jpg", "cat/z.jpg", "dog/b.png"]
+        assert dataset.targets.tolist() == [0, 0, 1] and dataset.classes == ["cat", "dog"]
+        assert dataset.source.sizes is None
