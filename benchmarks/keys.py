@@ -56,9 +56,12 @@ def imagenet_keys(count: int) -> list[str]:
     return keys
 
 
-def write_manifests(count: int, directory: Path) -> tuple[dict[str, Path], int]:
-    """The manifest forms of ``count`` keys under ``directory``, and the keys' raw bytes."""
+def write_manifests(count: int, directory: Path, dataset: str) -> tuple[dict[str, Path], int]:
+    """The manifest forms of ``count`` keys under ``directory``, and the keys' raw bytes (an
+    ImageFolder's manifest sits in ``train/``: its keys start at the class folder)."""
     keys = imagenet_keys(count)
+    if dataset == "image-folder":
+        keys = [k.removeprefix("train/") for k in keys]
     raw = sum(len(k.encode()) for k in keys)
     text = directory / f"keys-{count}.txt"
     text.write_text("".join(f"{k}\n" for k in keys), encoding="utf-8")
@@ -80,8 +83,11 @@ def _uss() -> int:
 
 def _worker(dataset: Any, results: Any) -> None:
     source = dataset.source
+    targets = getattr(dataset, "targets", None)
     for i in range(len(source)):
         source.reads(i)
+        if targets is not None:
+            int(targets[i])
     results.put(_uss())
 
 
@@ -99,18 +105,19 @@ def worker_mib(dataset: Any, empty: Any, method: str) -> float:
     return (measured[1] - measured[0]) / MIB
 
 
-def measure(manifest: Path, raw_bytes: int, methods: list[str]) -> dict[str, Any]:
+def measure(manifest: Path, raw_bytes: int, methods: list[str], kind: str) -> dict[str, Any]:
     """In this (fresh) process: the figures of one manifest."""
-    from concurrent_loader import ObjectDataset
+    from concurrent_loader import ImageFolder, ObjectDataset
 
     gc.collect()
     before = psutil.Process().memory_info().rss
     started = time.perf_counter()
-    dataset = ObjectDataset.from_manifest(manifest, root=str(manifest.parent) + "/")
+    made = ImageFolder if kind == "image-folder" else ObjectDataset
+    dataset = made.from_manifest(manifest, root=str(manifest.parent) + "/")
     ready = time.perf_counter() - started
     gc.collect()
     growth = psutil.Process().memory_info().rss - before
-    empty = ObjectDataset(str(manifest.parent) + "/", keys=["one.JPEG"])
+    empty = made(str(manifest.parent) + "/", keys=["n0/one.JPEG"])
     row: dict[str, Any] = {
         "keys": len(dataset),
         "ready_s": round(ready, 3),
@@ -124,11 +131,11 @@ def measure(manifest: Path, raw_bytes: int, methods: list[str]) -> dict[str, Any
     return row
 
 
-def run(counts: list[int], methods: list[str]) -> list[dict[str, Any]]:
+def run(counts: list[int], methods: list[str], kinds: list[str]) -> list[dict[str, Any]]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="keys-bench-") as tmp:
-        for count in counts:
-            forms, raw = write_manifests(count, Path(tmp))
+        for count, kind in [(c, k) for c in counts for k in kinds]:
+            forms, raw = write_manifests(count, Path(tmp), kind)
             for form, path in forms.items():
                 # A fresh process per manifest, so growth is this manifest's alone.
                 child = subprocess.run(
@@ -141,12 +148,14 @@ def run(counts: list[int], methods: list[str]) -> list[dict[str, Any]]:
                         str(raw),
                         "--methods",
                         ",".join(methods),
+                        "--datasets",
+                        kind,
                     ],
                     check=True,
                     capture_output=True,
                     text=True,
                 )
-                row = {"form": form, **json.loads(child.stdout.splitlines()[-1])}
+                row = {"dataset": kind, "form": form, **json.loads(child.stdout.splitlines()[-1])}
                 print(_line(row), file=sys.stderr, flush=True)
                 rows.append(row)
                 path.unlink()
@@ -156,7 +165,8 @@ def run(counts: list[int], methods: list[str]) -> list[dict[str, Any]]:
 def _line(row: dict[str, Any]) -> str:
     workers = "  ".join(f"{m} {v:7.1f}" for m, v in row["worker_mib"].items())
     return (
-        f"{row['keys']:>10} keys  {row['form']:<6}  ready {row['ready_s']:7.2f} s  main "
+        f"{row['keys']:>10} keys  {row['dataset']:<12}  {row['form']:<6}  "
+        f"ready {row['ready_s']:7.2f} s  main "
         f"+{row['main_growth_mib']:8.1f} MiB ({row['main_growth_x']:.2f}x raw "
         f"{row['raw_key_mib']:.1f} MiB)  workers (MiB above empty): {workers}"
     )
@@ -166,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.keys", description=__doc__)
     parser.add_argument("--keys", default="1000000,10000000", help="key counts, comma-separated")
     parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--datasets", default="object,image-folder", help="object, image-folder")
     parser.add_argument("--smoke", action="store_true", help="20,000 keys: a CI check")
     parser.add_argument("--json", help="also write the rows to this file")
     parser.add_argument(
@@ -173,11 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     methods = [m for m in args.methods.split(",") if m]
+    kinds = [k for k in args.datasets.split(",") if k]
     if args.child:
-        print(json.dumps(measure(Path(args.child[0]), int(args.child[1]), methods)))
+        print(json.dumps(measure(Path(args.child[0]), int(args.child[1]), methods, kinds[0])))
         return 0
     counts = [20_000] if args.smoke else [int(n) for n in args.keys.split(",")]
-    rows = run(counts, methods)
+    rows = run(counts, methods, kinds)
     machine = f"{os.cpu_count()} CPUs, {psutil.virtual_memory().total / (1 << 30):.0f} GiB"
     result = {"rows": rows, "goals": GOALS, "machine": machine, "command": sys.argv}
     if args.json:
