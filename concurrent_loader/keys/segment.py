@@ -81,15 +81,26 @@ def remove_stale_segments() -> int:
     return removed
 
 
-def _new_segment_path(size: int) -> str:
+def _new_segment_file(size: int) -> tuple[str, int]:
+    """A new segment file of ``size`` bytes, allocated (a page of a mapped file that the
+    filesystem cannot store would kill the process with SIGBUS when written): its path and an
+    open descriptor. ``/dev/shm`` first, where it has room (Docker's default is 64 MiB), else
+    the temporary directory (pages of a file the kernel may write back when memory is short)."""
     remove_stale_segments()
     pid = os.getpid()
     name = f"{PREFIX}{_pid_namespace()}-{pid}-{_start_time(pid)}-{secrets.token_hex(6)}"
-    for directory in _directories():
-        free = shutil.disk_usage(directory).free
-        if free >= 2 * size + (64 << 20):
-            return os.path.join(directory, name)
-    return os.path.join(tempfile.gettempdir(), name)
+    candidates = [d for d in _directories() if shutil.disk_usage(d).free >= size + (64 << 20)]
+    for directory in candidates or [tempfile.gettempdir()]:
+        path = os.path.join(directory, name)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.posix_fallocate(fd, 0, max(size, 1))
+            return path, fd
+        except OSError as exc:
+            os.close(fd)
+            os.unlink(path)
+            failure = exc
+    raise OSError(failure.errno, f"no room for a key table of {size} bytes: {failure.strerror}")
 
 
 def _layout(
@@ -133,10 +144,8 @@ class Segment:
         """A new segment of ``arrays`` (dtype, length), zeroed, and ``meta`` (JSON) beside."""
         header, offsets = _layout(arrays, meta)
         size = json.loads(header)["size"]
-        path = _new_segment_path(size)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        path, fd = _new_segment_file(size)
         try:
-            os.ftruncate(fd, max(size, 1))
             mapped = mmap.mmap(fd, max(size, 1))
         except BaseException:
             os.unlink(path)
@@ -159,8 +168,8 @@ class Segment:
         with self.lock:
             if self.creator != os.getpid() or self.unlink.alive:
                 return self.path
-            path = _new_segment_path(len(self.mapped))
-            with open(path, "xb") as f:
+            path, fd = _new_segment_file(len(self.mapped))
+            with open(fd, "wb") as f:
                 f.write(self.mapped)
             self.path = path
             self.unlink = weakref.finalize(self, _unlink_if_creator, path, os.getpid())
