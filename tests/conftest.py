@@ -1,8 +1,8 @@
 """Shared fixtures: real local S3 servers, a bucket, AWS env, proxies and an image dataset.
 
-The servers and the dataset are session-scoped (one ``weed mini`` and one moto server per
-test session, each started only if a test asks for it); everything a test changes (env
-vars, proxies) is undone at the end of that test.
+The servers and the dataset are session-scoped (one ``weed mini``, one moto server and one
+``rclone serve s3`` per test session, each started only if a test asks for it); everything
+a test changes (env vars, proxies) is undone at the end of that test.
 """
 
 from __future__ import annotations
@@ -19,7 +19,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from concurrent_loader.testing import LocalS3Server, MotoS3Server, ProxyProcess, S3ServerProcess
+from concurrent_loader.testing import (
+    LocalS3Server,
+    MotoS3Server,
+    ProxyProcess,
+    RcloneS3Server,
+    S3ServerProcess,
+)
 
 TEST_BUCKET = "test-data"
 IMAGE_PREFIX = "images/train/"
@@ -52,6 +58,13 @@ def s3_server() -> Iterator[LocalS3Server]:
 def moto_server() -> Iterator[MotoS3Server]:
     """A started moto server (authentication enforced), shared by the whole session."""
     with MotoS3Server() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def rclone_server() -> Iterator[RcloneS3Server]:
+    """A started ``rclone serve s3`` over a temporary directory, shared by the whole session."""
+    with RcloneS3Server() as server:
         yield server
 
 

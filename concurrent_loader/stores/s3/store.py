@@ -270,13 +270,19 @@ class S3Store:
         self, ranged: bool, status: int, headers: dict[str, str]
     ) -> RunningChecksum | None:
         """A fresh check of each successful response's body, fed as it arrives (so the bytes
-        are checked while still in the CPU's cache), against S3's checksum (on a range, that
-        part's, as botocore checks it), else, on a whole body, its ETag as MD5."""
+        are checked while still in the CPU's cache), against S3's checksum (on a ``206``,
+        that part's, as botocore checks it; a ``200`` for a range is checked only when it is
+        the whole object), else, on a whole body, its ETag as MD5."""
         if status not in (200, 206):
             return None
         config = self.config
-        checksum = s3_checksum(headers, etag_md5=False) if config.verify_checksums else None
-        etag_md5 = config.verify_etag_md5 and (not ranged or covers_whole_object(headers))
+        whole = not ranged or covers_whole_object(headers)
+        # A 200 for a range (rclone's answer) may carry the whole object's checksum.
+        part_checksum = whole or status == 206
+        checksum = None
+        if config.verify_checksums and part_checksum:
+            checksum = s3_checksum(headers, etag_md5=False)
+        etag_md5 = config.verify_etag_md5 and whole
         if checksum is None and etag_md5:
             checksum = s3_checksum({"etag": headers.get("etag", "")}, etag_md5=True)
         return None if checksum is None else checksum.running()
