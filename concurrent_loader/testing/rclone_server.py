@@ -97,6 +97,17 @@ class RcloneS3Server(S3ServerProcess):
             raise RuntimeError("the temporary data dir exists only once the server started")
         return self._run_dir / "data"
 
+    def create_bucket(self, bucket: str) -> None:
+        """Create ``bucket``; no error if it already exists (rclone says
+        ``BucketAlreadyExists`` even to its owner)."""
+        client = self.client()
+        try:
+            client.create_bucket(Bucket=bucket)
+        except (client.exceptions.BucketAlreadyOwnedByYou, client.exceptions.BucketAlreadyExists):
+            pass
+        finally:
+            client.close()
+
     def temporary_credentials(self) -> TemporaryCredentials:
         raise NotImplementedError("rclone serve s3 has no STS: it cannot issue session tokens")
 

@@ -42,6 +42,7 @@ def test_a_directory_tree_is_served_as_buckets(
         assert server.endpoint_url == f"http://127.0.0.1:{server.port}"
         assert server.get_object("made-before", "a/b/k.bin") == b"on disk"
         server.create_bucket("new")
+        server.create_bucket("new")  # no error if it exists
         server.put_object("new", "x/y.bin", b"written")
         assert (tmp_path / "data" / "new" / "x" / "y.bin").read_bytes() == b"written"
         assert str(user_config) not in server.log_tail()

@@ -3,11 +3,13 @@
 GETs are signed by :class:`~.sigv4.SigV4Signer` and sent through the pooled transport; the
 route (:mod:`.route`) and credentials (:mod:`.credentials`) are botocore's, resolved once
 when the dataset is made (a worker builds no botocore session unless it must), and
-aiobotocore lists from the same configuration. A ``301`` naming another region re-resolves
-the route once and retries; any other wrong-region answer is ``BadRequest``
-(``WRONG_REGION``). Every GET asks for the object's checksum and checks the body
-(``verify_checksums``, on; ``verify_etag_md5``, off; :mod:`..checksum`), piece by piece
-as the transport reads it (a fresh digest per response: retries and hedges share none).
+aiobotocore lists from the same configuration (:mod:`.listing`), a whole prefix or one
+level of it (``delimiter_listing``: the root is listed by prefixes in parallel). A ``301``
+naming another region re-resolves the route once and retries; any other wrong-region
+answer is ``BadRequest`` (``WRONG_REGION``). Every GET asks for the object's checksum and
+checks the body (``verify_checksums``, on; ``verify_etag_md5``, off; :mod:`..checksum`),
+piece by piece as the transport reads it (a fresh digest per response: retries and hedges
+share none).
 """
 
 from __future__ import annotations
@@ -22,19 +24,20 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ...config import FetchConfig
-from ...errors import BadRequest, ConfigError, FetchError, Reason
+from ...errors import BadRequest, ConfigError, Reason
 from ...transport import ConnectionPool, DigestFor, Proxy
-from ..base import Body, ByteRange, Capabilities, ObjectInfo
+from ..base import Body, ByteRange, Capabilities, Level, ObjectInfo
 from ..checksum import RunningChecksum, covers_whole_object, s3_checksum
 from ..shared import ssl_context_for
-from .credentials import CredentialCache, CredentialSource, redact_botocore_logs
-from .errors import error_for_exception, error_for_response, refused_certificate
+from .credentials import CredentialCache, CredentialSource
+from .errors import error_for_response
+from .listing import Bucket, S3Lister
 from .route import S3Route, resolve_route
 from .sigv4 import CHECKSUM_MODE_HEADER, EMPTY_SHA256, SigV4Signer, encode_s3_key
 
 __all__ = ["S3Config", "S3Store"]
 
-_CAPABILITIES = Capabilities(remote=True, listing=True, ranges=True)
+_CAPABILITIES = Capabilities(remote=True, listing=True, ranges=True, delimiter_listing=True)
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,11 @@ class S3Config:
     def open(self, fetch: FetchConfig) -> S3Store:
         return S3Store(self, fetch)
 
+    def bucket_to_list(self) -> Bucket:
+        return Bucket(
+            self.bucket, self.prefix, self.endpoint_url, self.addressing_style, self.credentials
+        )
+
     def __str__(self) -> str:
         return self.url_for("")
 
@@ -185,6 +193,7 @@ class S3Store:
             None if source.anonymous else CredentialCache(source, self.url_for(""), session)
         )
         self._transport = self._make_transport(self._route)
+        self._lister = S3Lister(config.bucket_to_list(), self._route, fetch)
         # The transport's digest_for, for a whole body and for a range.
         self._digest_for: tuple[DigestFor, DigestFor] | None = None
         if config.verify_checksums or config.verify_etag_md5:
@@ -297,55 +306,25 @@ class S3Store:
         loop = asyncio.get_running_loop()
         route = await loop.run_in_executor(None, self.config.resolve_route, region)
         old, self._transport = self._transport, self._make_transport(route)
+        lister = S3Lister(self.config.bucket_to_list(), route, self._fetch)
+        old_lister, self._lister = self._lister, lister
         self._route = route
         self._signer = self._signer_for(route.region)
         await old.close()
+        await old_lister.close()
 
     async def list(self) -> AsyncIterator[ObjectInfo]:
         """Every object under the prefix, page by page, via aiobotocore."""
-        from aiobotocore.config import AioConfig
-        from aiobotocore.session import AioSession
-        from botocore import UNSIGNED
+        root = self.config.prefix
+        async for page in self._lister.pages("", delimited=False):
+            for item in page.get("Contents", ()):
+                yield ObjectInfo(item["Key"][len(root) :], int(item["Size"]))
 
-        config, source, fetch = self.config, self.config.credentials, self._fetch
-        redact_botocore_logs()
-        session = AioSession(profile=source.profile)
-        if source.access_key and source.secret_key:
-            session.set_credentials(source.access_key, source.secret_key, source.session_token)
-        aio_config = AioConfig(
-            signature_version=UNSIGNED if source.anonymous else None,
-            s3={"addressing_style": config.addressing_style} if config.addressing_style else None,
-            connect_timeout=fetch.timeouts.connect,
-            read_timeout=fetch.timeouts.read,
-            # total_max_attempts counts the first attempt, as RetryConfig.max_attempts does.
-            retries={"total_max_attempts": fetch.retry.max_attempts, "mode": "standard"},
-        )
-        prefix = config.prefix
-        try:
-            client_args: dict[str, Any] = {
-                "endpoint_url": config.endpoint_url,
-                "region_name": self._route.region,
-                "config": aio_config,
-                "verify": (self._route.ca_bundle or None) if fetch.verify_tls else False,
-            }
-            async with session.create_client("s3", **client_args) as client:
-                client.meta.events.register_first("needs-retry.s3", _no_retry_of_certificates)
-                paginator = client.get_paginator("list_objects_v2")
-                async for page in paginator.paginate(Bucket=config.bucket, Prefix=prefix):
-                    for item in page.get("Contents", ()):
-                        yield ObjectInfo(item["Key"][len(prefix) :], int(item["Size"]))
-        except (FetchError, asyncio.CancelledError):
-            raise
-        except Exception as exc:
-            raise error_for_exception(exc, self.url_for(""), stage="list") from exc
+    async def list_level(self, prefix: str, *, delimited: bool) -> Level:
+        """The objects under ``prefix`` (and, ``delimited``, its sub-prefixes instead of
+        what is below them): ``DelimitedStore``'s contract."""
+        return await self._lister.level(prefix, delimited=delimited)
 
     async def close(self) -> None:
+        await self._lister.close()
         await self._transport.close()
-
-
-def _no_retry_of_certificates(caught_exception: BaseException | None = None, **_: Any) -> None:
-    """A botocore ``needs-retry`` handler: a refused certificate ends the listing at once."""
-    from botocore.exceptions import SSLError
-
-    if isinstance(caught_exception, SSLError) and refused_certificate(caught_exception):
-        raise caught_exception
