@@ -5,14 +5,15 @@ Keys are relative to the root and sorted (the same order locally and on S3), wit
 naming it.
 
 A store with ``capabilities.delimiter_listing`` is listed by prefixes, in parallel
-(:func:`list_by_prefixes`): level by level (one ``/``-delimited listing of each prefix,
-all of a level at once) while a level has fewer prefixes than the listings allowed in
-flight (``FetchConfig.inflight_cap``), then each prefix of the last level listed whole,
-that many at a time. Every object is listed exactly once (a level's objects and its
-sub-prefixes are disjoint), so the sorted result is the sequential listing's. A root
-whose prefixes hold few objects each costs one request per prefix, more than the
-sequential listing's one per 1,000 keys, though that many at a time. Other stores are
-listed as one sequence.
+(:func:`list_by_prefixes`), when that pays: a root whose first page (1,000 keys, S3's
+page) holds all of it is that one request, as sequentially. A larger one is listed level
+by level (one ``/``-delimited listing of each prefix, all of a level at once) while a
+level has fewer prefixes than the listings allowed in flight (``FetchConfig.inflight_cap``),
+then each prefix of the last level is listed whole, that many at a time. Every object is
+listed exactly once (a level's objects and its sub-prefixes are disjoint), so the sorted
+result is the sequential listing's. A root whose prefixes hold few objects each costs one
+request per prefix, more than the sequential listing's one per 1,000 keys, though that
+many at a time. Other stores are listed as one sequence.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from .errors import ConfigError, Reason
 from .runtime import acquire_runtime
 from .stores.base import BlockingStore, DelimitedStore, ObjectInfo, StoreConfig
 
-__all__ = ["empty_root", "list_by_prefixes", "list_store", "progress"]
+__all__ = ["FIRST_PAGE_KEYS", "empty_root", "list_by_prefixes", "list_store", "progress"]
 
 
 def list_store(
@@ -79,12 +80,25 @@ def list_store(
     return found
 
 
+#: a root whose first page of this many keys holds all of it is not split
+FIRST_PAGE_KEYS = 1000
+
+
 async def list_by_prefixes(
-    store: DelimitedStore, width: int, keep: Callable[[ObjectInfo], None]
+    store: DelimitedStore,
+    width: int,
+    keep: Callable[[ObjectInfo], None],
+    *,
+    first_page: int = FIRST_PAGE_KEYS,
 ) -> None:
     """Give ``keep`` every object under ``store``'s root, listing at most ``width`` prefixes
     at a time (see the module's docstring); the first failure cancels the rest and is
     raised as it is (naming its prefix)."""
+    small = await store.list_level("", delimited=False, first_page=first_page)
+    if not small.truncated:
+        for info in small.objects:
+            keep(info)
+        return
     slots = asyncio.Semaphore(width)
 
     async def listed(prefix: str, delimited: bool, below: list[str]) -> None:

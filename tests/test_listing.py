@@ -111,13 +111,20 @@ def test_the_same_keys_and_order_as_the_sequential_listing(
     server, root, objects = server_and_tree
     config = _config(server, root)
     assert config.capabilities.delimiter_listing
-    fetch = FetchConfig(max_inflight_requests=width)
-    ticks: list[None] = []
-    found = list_store(config, fetch, on_object=lambda: ticks.append(None))
     expected = [ObjectInfo(k, len(v)) for k, v in sorted(objects.items()) if not k.endswith("/")]
-    assert found == expected
-    assert found == _sequential(config)
-    assert len(ticks) == len(found)  # the progress bar saw each object once
+    assert _sequential(config) == expected
+    found: list[ObjectInfo] = []
+    # With a first page of 10 keys this root is split by prefixes (a first page is kept only
+    # when it is the whole root; otherwise its keys are found again by prefix).
+    _run(config, lambda store: list_by_prefixes(store, width, found.append, first_page=10))
+    kept = sorted((i for i in found if not i.key.endswith("/")), key=lambda i: i.key)
+    assert kept == expected
+    assert len(found) == len(set(found))
+    # Through list_store (a root this small is its first page), with its progress ticks.
+    ticks: list[None] = []
+    fetch = FetchConfig(max_inflight_requests=width)
+    assert list_store(config, fetch, on_object=lambda: ticks.append(None)) == expected
+    assert len(ticks) == len(expected)
 
 
 class _Counting:
@@ -129,13 +136,15 @@ class _Counting:
         self.most = 0
         self.calls: list[tuple[str, bool]] = []
 
-    async def list_level(self, prefix: str, *, delimited: bool) -> Level:
+    async def list_level(
+        self, prefix: str, *, delimited: bool, first_page: int | None = None
+    ) -> Level:
         self.in_flight += 1
         self.most = max(self.most, self.in_flight)
         self.calls.append((prefix, delimited))
         try:
             await asyncio.sleep(0.005)  # let the others start, if the limit allows
-            return await self.store.list_level(prefix, delimited=delimited)
+            return await self.store.list_level(prefix, delimited=delimited, first_page=first_page)
         finally:
             self.in_flight -= 1
 
@@ -152,7 +161,7 @@ def test_listings_in_flight_stay_within_the_limit(
 
     async def use(store: Any) -> _Counting:
         counting = _Counting(store)
-        await list_by_prefixes(counting, width, found.append)  # type: ignore[arg-type]
+        await list_by_prefixes(counting, width, found.append, first_page=10)  # type: ignore[arg-type]
         return counting
 
     counting = _run(_config(moto_server, root), use)
@@ -160,11 +169,32 @@ def test_listings_in_flight_stay_within_the_limit(
     if width > 1:
         assert counting.most == width  # the limit is used, not just respected
     assert sorted(info.key for info in found) == sorted(objects)
-    # Each prefix is listed once; once a level has ``width`` prefixes, they are listed whole.
-    prefixes = [prefix for prefix, _ in counting.calls]
+    # After the first page, each prefix is listed once; once a level has ``width``
+    # prefixes, they are listed whole.
+    assert counting.calls[0] == ("", False)
+    prefixes = [prefix for prefix, _ in counting.calls[1:]]
     assert len(prefixes) == len(set(prefixes))
-    whole = [prefix for prefix, delimited in counting.calls if not delimited]
+    whole = [prefix for prefix, delimited in counting.calls[1:] if not delimited]
     assert whole == [] or len(whole) >= width
+
+
+def test_a_root_within_its_first_page_is_one_request(
+    moto_server: MotoS3Server, aws_env: Callable[..., Any]
+) -> None:
+    aws_env(moto_server)
+    if "moto" not in _uploaded:
+        _uploaded["moto"] = ("tree/", _filled(moto_server, "tree/", files_only=False))
+    root, objects = _uploaded["moto"]
+    found: list[ObjectInfo] = []
+
+    async def use(store: Any) -> _Counting:
+        counting = _Counting(store)
+        await list_by_prefixes(counting, 8, found.append)  # type: ignore[arg-type]
+        return counting
+
+    counting = _run(_config(moto_server, root), use)
+    assert counting.calls == [("", False)]
+    assert sorted(info.key for info in found) == sorted(objects)
 
 
 def test_a_failed_listing_names_its_prefix(

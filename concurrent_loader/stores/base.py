@@ -73,10 +73,12 @@ class ObjectInfo:
 class Level:
     """What one prefix holds: its objects (keys relative to the store's root) and, listed
     by level, its sub-prefixes up to the next ``/`` (relative to the root, ending in ``/``),
-    whose objects are not in ``objects``."""
+    whose objects are not in ``objects``; ``truncated``: only the first of several pages
+    was asked for."""
 
     objects: list[ObjectInfo]
     prefixes: list[str]
+    truncated: bool = False
 
 
 @dataclass(slots=True)
@@ -116,10 +118,13 @@ class Store(Protocol):
 class DelimitedStore(Store, Protocol):
     """A store that lists one prefix at a time (``capabilities.delimiter_listing``)."""
 
-    async def list_level(self, prefix: str, *, delimited: bool) -> Level:
+    async def list_level(
+        self, prefix: str, *, delimited: bool, first_page: int | None = None
+    ) -> Level:
         """The objects under ``prefix`` (relative to the root, ``""`` or ending in ``/``):
         with ``delimited``, only those up to the next ``/`` and the sub-prefixes below it,
-        else every one (``prefixes`` empty). Failures name the prefix (``s3://b/p/``)."""
+        else every one (``prefixes`` empty); with ``first_page``, only a first page of at
+        most that many. Failures name the prefix (``s3://bucket/prefix/``)."""
         ...
 
 

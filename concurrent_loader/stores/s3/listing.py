@@ -47,26 +47,37 @@ class S3Lister:
         self._fetch = fetch
         self._client: asyncio.Future[tuple[Any, Any]] | None = None
 
-    async def level(self, prefix: str, *, delimited: bool) -> Level:
+    async def level(self, prefix: str, *, delimited: bool, first_page: int | None = None) -> Level:
         """What ``prefix`` (relative to the root) holds: see ``DelimitedStore.list_level``."""
         objects: list[ObjectInfo] = []
         prefixes: list[str] = []
         root = self._config.prefix
-        async for page in self.pages(prefix, delimited=delimited):
+        truncated = False
+        async for page in self.pages(prefix, delimited=delimited, first_page=first_page):
             for item in page.get("Contents", ()):
                 objects.append(ObjectInfo(item["Key"][len(root) :], int(item["Size"])))
             for common in page.get("CommonPrefixes", ()):
                 prefixes.append(common["Prefix"][len(root) :])
-        return Level(objects, prefixes)
+            truncated = bool(page.get("IsTruncated"))
+        return Level(objects, prefixes, truncated)
 
-    async def pages(self, prefix: str, *, delimited: bool) -> AsyncIterator[dict[str, Any]]:
-        """The ``ListObjectsV2`` pages of ``prefix`` (relative to the root)."""
+    async def pages(
+        self, prefix: str, *, delimited: bool, first_page: int | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The ``ListObjectsV2`` pages of ``prefix`` (relative to the root); with
+        ``first_page``, the first page only, of at most that many entries."""
         url = self._config.url_for(prefix)
-        arguments = {"Bucket": self._config.bucket, "Prefix": self._config.prefix + prefix}
+        arguments: dict[str, Any] = {
+            "Bucket": self._config.bucket,
+            "Prefix": self._config.prefix + prefix,
+        }
         if delimited:
             arguments["Delimiter"] = "/"
         try:
             client = await self._opened()
+            if first_page is not None:
+                yield await client.list_objects_v2(**arguments, MaxKeys=first_page)
+                return
             async for page in client.get_paginator("list_objects_v2").paginate(**arguments):
                 yield page
         except (FetchError, asyncio.CancelledError):

@@ -320,10 +320,12 @@ class S3Store:
             for item in page.get("Contents", ()):
                 yield ObjectInfo(item["Key"][len(root) :], int(item["Size"]))
 
-    async def list_level(self, prefix: str, *, delimited: bool) -> Level:
+    async def list_level(
+        self, prefix: str, *, delimited: bool, first_page: int | None = None
+    ) -> Level:
         """The objects under ``prefix`` (and, ``delimited``, its sub-prefixes instead of
         what is below them): ``DelimitedStore``'s contract."""
-        return await self._lister.level(prefix, delimited=delimited)
+        return await self._lister.level(prefix, delimited=delimited, first_page=first_page)
 
     async def close(self) -> None:
         await self._lister.close()
