@@ -1,27 +1,32 @@
-"""Listing an S3 prefix through aiobotocore (the control plane), for :class:`~.store.S3Store`.
+"""Listing an S3 prefix, for :class:`~.store.S3Store`, two ways.
 
-One :class:`S3Lister` per store holds one aiobotocore client, made on first use on the
-store's loop and shared by the listings in flight (its connection pool is sized for
-``FetchConfig.inflight_cap`` of them), closed with the store. A listing yields the pages of
-``ListObjectsV2`` for a prefix, with or without ``Delimiter="/"``; a failure is the
-error tree's class naming the prefix listed (``s3://bucket/prefix/``), stage ``list``.
+* :class:`S3Lister`: every object under the root, page after page, through aiobotocore
+  (the control plane): one client per store, made on first use on the store's loop and
+  closed with the store; a failure is the error tree's class naming the prefix
+  (``s3://bucket/prefix/``), stage ``list``.
+* :func:`page_query` and :func:`parse_page`: one ``ListObjectsV2`` page (by level, with
+  ``delimiter=/``, or not) as the store sends it through its own transport, signed by its
+  signer, and reads it with the C XML parser: about 10 times less client CPU per key than
+  botocore's parser, which is what bounds a parallel listing of a large root.
 """
 
 from __future__ import annotations
 
 import asyncio
+import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote, unquote_plus
 
 from ...config import FetchConfig
-from ...errors import FetchError
+from ...errors import ConnectionFailed, FetchError, Reason
 from ..base import Level, ObjectInfo
 from .credentials import CredentialSource, redact_botocore_logs
 from .errors import error_for_exception, refused_certificate
 from .route import S3Route
 
-__all__ = ["Bucket", "S3Lister"]
+__all__ = ["Bucket", "S3Lister", "page_query", "parse_page"]
 
 
 @dataclass(frozen=True)
@@ -47,37 +52,12 @@ class S3Lister:
         self._fetch = fetch
         self._client: asyncio.Future[tuple[Any, Any]] | None = None
 
-    async def level(self, prefix: str, *, delimited: bool, first_page: int | None = None) -> Level:
-        """What ``prefix`` (relative to the root) holds: see ``DelimitedStore.list_level``."""
-        objects: list[ObjectInfo] = []
-        prefixes: list[str] = []
-        root = self._config.prefix
-        truncated = False
-        async for page in self.pages(prefix, delimited=delimited, first_page=first_page):
-            for item in page.get("Contents", ()):
-                objects.append(ObjectInfo(item["Key"][len(root) :], int(item["Size"])))
-            for common in page.get("CommonPrefixes", ()):
-                prefixes.append(common["Prefix"][len(root) :])
-            truncated = bool(page.get("IsTruncated"))
-        return Level(objects, prefixes, truncated)
-
-    async def pages(
-        self, prefix: str, *, delimited: bool, first_page: int | None = None
-    ) -> AsyncIterator[dict[str, Any]]:
-        """The ``ListObjectsV2`` pages of ``prefix`` (relative to the root); with
-        ``first_page``, the first page only, of at most that many entries."""
+    async def pages(self, prefix: str) -> AsyncIterator[dict[str, Any]]:
+        """The ``ListObjectsV2`` pages of every object under ``prefix`` (relative to the root)."""
         url = self._config.url_for(prefix)
-        arguments: dict[str, Any] = {
-            "Bucket": self._config.bucket,
-            "Prefix": self._config.prefix + prefix,
-        }
-        if delimited:
-            arguments["Delimiter"] = "/"
+        arguments = {"Bucket": self._config.bucket, "Prefix": self._config.prefix + prefix}
         try:
             client = await self._opened()
-            if first_page is not None:
-                yield await client.list_objects_v2(**arguments, MaxKeys=first_page)
-                return
             async for page in client.get_paginator("list_objects_v2").paginate(**arguments):
                 yield page
         except (FetchError, asyncio.CancelledError):
@@ -109,7 +89,6 @@ class S3Lister:
             read_timeout=fetch.timeouts.read,
             # total_max_attempts counts the first attempt, as RetryConfig.max_attempts does.
             retries={"total_max_attempts": fetch.retry.max_attempts, "mode": "standard"},
-            max_pool_connections=fetch.inflight_cap,
         )
         creator = session.create_client(
             "s3",
@@ -141,3 +120,73 @@ def _no_retry_of_certificates(caught_exception: BaseException | None = None, **_
 
     if isinstance(caught_exception, SSLError) and refused_certificate(caught_exception):
         raise caught_exception
+
+
+def page_query(
+    prefix: str, *, delimited: bool, token: str | None = None, max_keys: int | None = None
+) -> str:
+    """The canonical query (encoded, sorted: what SigV4 signs and what is sent) of one
+    ``ListObjectsV2`` page of ``prefix`` (from the bucket's root), keys URL-encoded in the
+    answer (as botocore asks, so any key survives XML)."""
+    params = {"list-type": "2", "prefix": prefix, "encoding-type": "url"}
+    if delimited:
+        params["delimiter"] = "/"
+    if token is not None:
+        params["continuation-token"] = token
+    if max_keys is not None:
+        params["max-keys"] = str(max_keys)
+    return "&".join(
+        f"{quote(name, safe='-_.~')}={quote(value, safe='-_.~')}"
+        for name, value in sorted(params.items())
+    )
+
+
+def parse_page(body: bytes | bytearray, root: str, url: str) -> tuple[Level, str | None]:
+    """One ``ListObjectsV2`` answer: its objects and common prefixes (relative to ``root``,
+    the bucket's prefix), ``truncated`` when more pages follow, and the next page's token.
+    A body that is not such an answer is ``ConnectionFailed`` (``MALFORMED_RESPONSE``)
+    naming ``url``."""
+    try:
+        tree = ET.fromstring(bytes(body))
+    except ET.ParseError as exc:
+        raise ConnectionFailed(
+            f"a listing page that is not XML: {exc}",
+            url=url,
+            stage="list",
+            cause=Reason.MALFORMED_RESPONSE,
+        ) from exc
+    tag = tree.tag
+    ns = tag[: tag.index("}") + 1] if tag.startswith("{") else ""
+    if tag != ns + "ListBucketResult":
+        raise ConnectionFailed(
+            f"a listing page whose root is {tag[:100]!r}",
+            url=url,
+            stage="list",
+            cause=Reason.MALFORMED_RESPONSE,
+        )
+    # Keys are URL-encoded only if the server says so (as botocore decodes them).
+    decode = unquote_plus if tree.findtext(ns + "EncodingType") == "url" else _same
+    cut = len(root)
+    key_tag, size_tag = ns + "Key", ns + "Size"
+    objects = [
+        ObjectInfo(decode(item.findtext(key_tag) or "")[cut:], int(item.findtext(size_tag) or 0))
+        for item in tree.iterfind(ns + "Contents")
+    ]
+    prefixes = [
+        decode(item.findtext(ns + "Prefix") or "")[cut:]
+        for item in tree.iterfind(ns + "CommonPrefixes")
+    ]
+    truncated = (tree.findtext(ns + "IsTruncated") or "").strip().lower() == "true"
+    token = tree.findtext(ns + "NextContinuationToken") if truncated else None
+    if truncated and not token:
+        raise ConnectionFailed(
+            "a truncated listing page without a continuation token",
+            url=url,
+            stage="list",
+            cause=Reason.MALFORMED_RESPONSE,
+        )
+    return Level(objects, prefixes, truncated), token
+
+
+def _same(text: str) -> str:
+    return text

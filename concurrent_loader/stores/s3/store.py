@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -24,14 +25,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ...config import FetchConfig
-from ...errors import BadRequest, ConfigError, Reason
+from ...errors import BadRequest, ConfigError, FetchError, Reason
 from ...transport import ConnectionPool, DigestFor, Proxy
 from ..base import Body, ByteRange, Capabilities, Level, ObjectInfo
 from ..checksum import RunningChecksum, covers_whole_object, s3_checksum
 from ..shared import ssl_context_for
 from .credentials import CredentialCache, CredentialSource
 from .errors import error_for_response
-from .listing import Bucket, S3Lister
+from .listing import Bucket, S3Lister, page_query, parse_page
 from .route import S3Route, resolve_route
 from .sigv4 import CHECKSUM_MODE_HEADER, EMPTY_SHA256, SigV4Signer, encode_s3_key
 
@@ -189,6 +190,8 @@ class S3Store:
         self._route = config.route or config.resolve_route(session=session)
         self._redirect: asyncio.Future[None] | None = None
         self._signer = self._signer_for(self._route.region)
+        # Listing pages ask for no checksum.
+        self._list_signer = SigV4Signer(self._route.region)
         self._credentials = (
             None if source.anonymous else CredentialCache(source, self.url_for(""), session)
         )
@@ -310,22 +313,74 @@ class S3Store:
         old_lister, self._lister = self._lister, lister
         self._route = route
         self._signer = self._signer_for(route.region)
+        self._list_signer = SigV4Signer(route.region)
         await old.close()
         await old_lister.close()
 
     async def list(self) -> AsyncIterator[ObjectInfo]:
         """Every object under the prefix, page by page, via aiobotocore."""
         root = self.config.prefix
-        async for page in self._lister.pages("", delimited=False):
+        async for page in self._lister.pages(""):
             for item in page.get("Contents", ()):
                 yield ObjectInfo(item["Key"][len(root) :], int(item["Size"]))
 
     async def list_level(
         self, prefix: str, *, delimited: bool, first_page: int | None = None
     ) -> Level:
-        """The objects under ``prefix`` (and, ``delimited``, its sub-prefixes instead of
-        what is below them): ``DelimitedStore``'s contract."""
-        return await self._lister.level(prefix, delimited=delimited, first_page=first_page)
+        """The objects under ``prefix`` (and, ``delimited``, its sub-prefixes instead of what
+        is below them): ``DelimitedStore``'s contract. Pages are signed GETs through the
+        store's transport (:func:`.listing.page_query`, :func:`.listing.parse_page`)."""
+        url = self.url_for(prefix)
+        objects: list[ObjectInfo] = []
+        prefixes: list[str] = []
+        token = None
+        while True:
+            query = page_query(
+                self.config.prefix + prefix, delimited=delimited, token=token, max_keys=first_page
+            )
+            try:
+                body = await self._list_page(query, url)
+                level, token = parse_page(body, self.config.prefix, url)
+            except FetchError as exc:
+                exc.__setstate__({"stage": "list"})  # sets it and renders the message again
+                raise
+            objects += level.objects
+            prefixes += level.prefixes
+            if token is None or first_page is not None:
+                return Level(objects, prefixes, level.truncated)
+
+    async def _list_page(self, query: str, url: str) -> bytes | bytearray:
+        """One listing page's body; a retryable failure is tried again, up to
+        ``RetryConfig.max_attempts`` attempts in all, after a full-jitter backoff."""
+        retry = self._fetch.retry
+        attempt = 1
+        while True:
+            route = self._route
+            path = route.path_prefix
+            if self._credentials is None:
+                headers = [("x-amz-content-sha256", EMPTY_SHA256)]
+            else:
+                credentials = self._credentials.get()
+                headers = self._list_signer.headers_for_get(
+                    route.origin.host_header, path, credentials, query=query
+                )
+            try:
+                response = await self._transport.get(
+                    route.origin,
+                    f"{path}?{query}",
+                    headers,
+                    url=url,
+                    max_bytes=self._fetch.max_object_bytes,
+                )
+                if response.status == 200:
+                    return response.body
+                raise error_for_response(response.status, response.body, url)
+            except FetchError as exc:
+                if not exc.retryable or attempt >= retry.max_attempts:
+                    raise
+            cap = min(retry.max_delay, retry.base_delay * 2 ** (attempt - 1))
+            await asyncio.sleep(random.uniform(0, cap))
+            attempt += 1
 
     async def close(self) -> None:
         await self._lister.close()
