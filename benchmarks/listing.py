@@ -7,8 +7,12 @@ files made under ``/dev/shm`` (or the temp directory), served by ``rclone serve 
 (:class:`~concurrent_loader.testing.RcloneS3Server`, no ETag hashing) through the
 project's proxy adding ``--latency-ms`` to every request, and removed afterwards. Each
 listing opens its own store; both lists must hold the same keys in the same order, else
-the run fails. The figures: seconds for each listing (``--repeats`` times, the median
-reported), keys per second, and the ratio.
+the run fails. Three listings: ``parallel`` (``list_store``), ``sequential`` (the
+store's ``list()``: aiobotocore's pages one after another, as before parallel listing)
+and ``sequential_own_pages`` (the pages one after another, read as the parallel listing
+reads each: the part of the gain that is not parallelism). The figures: seconds of each
+(``--repeats`` times, the median reported), keys per second, the ratios, and the CPU
+seconds of the client, the server and the proxy per listing.
 
     python -m benchmarks.listing                       # 1,000 x 1,000 keys at +50 ms
     python -m benchmarks.listing --smoke               # 20 x 60 keys at +5 ms (CI)
@@ -65,6 +69,27 @@ def sequential(config: S3Config, fetch: FetchConfig) -> list[ObjectInfo]:
         store = config.open(fetch)
         try:
             return [info async for info in store.list() if not info.key.endswith("/")]
+        finally:
+            await store.close()
+
+    runtime = acquire_runtime()
+    try:
+        found: list[ObjectInfo] = runtime.run(collect())
+    finally:
+        runtime.release()
+    found.sort(key=lambda item: item.key)
+    return found
+
+
+def sequential_pages(config: S3Config, fetch: FetchConfig) -> list[ObjectInfo]:
+    """One sequence of pages as the parallel listing reads each (the store's own signed
+    GETs and XML reading), sorted: what the parallel listing gains by itself."""
+
+    async def collect() -> list[ObjectInfo]:
+        store = config.open(fetch)
+        try:
+            level = await store.list_level("", delimited=False)
+            return [info for info in level.objects if not info.key.endswith("/")]
         finally:
             await store.close()
 
@@ -153,6 +178,16 @@ def run(
                 report["sequential_keys_per_s"] = keys / report["sequential_s"]
                 report["sequential_cpu_s"] = sequential_cpu
                 report["speedup"] = report["sequential_s"] / report["parallel_s"]
+                pages_s, listed, pages_cpu = _timed(
+                    "sequential, own pages", lambda: sequential_pages(config, fetch), repeats, pids
+                )
+                if listed != parallel:
+                    raise AssertionError("the parallel listing differs from the sequential one")
+                report["sequential_own_pages_s"] = statistics.median(pages_s)
+                report["sequential_own_pages_cpu_s"] = pages_cpu
+                report["speedup_over_own_pages"] = (
+                    report["sequential_own_pages_s"] / report["parallel_s"]
+                )
         return report
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

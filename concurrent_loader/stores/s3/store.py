@@ -356,7 +356,8 @@ class S3Store:
         attempt = 1
         while True:
             route = self._route
-            path = route.path_prefix
+            # The bucket's own path, as botocore sends it: /bucket (path style) or /.
+            path = route.path_prefix.rstrip("/") or "/"
             if self._credentials is None:
                 headers = [("x-amz-content-sha256", EMPTY_SHA256)]
             else:
