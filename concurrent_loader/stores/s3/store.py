@@ -375,6 +375,11 @@ class S3Store:
                 )
                 if response.status == 200:
                     return response.body
+                region = response.headers.get("x-amz-bucket-region")
+                if region and region != route.region and response.status in (301, 400):
+                    await self._follow_region(region)  # as a GET does; then again
+                    if self._route.region == region:
+                        continue
                 raise error_for_response(response.status, response.body, url)
             except FetchError as exc:
                 if not exc.retryable or attempt >= retry.max_attempts:
