@@ -99,26 +99,31 @@ async def list_by_prefixes(
         for info in small.objects:
             keep(info)
         return
-    slots = asyncio.Semaphore(width)
 
-    async def listed(prefix: str, delimited: bool, below: list[str]) -> None:
-        async with slots:
-            level = await store.list_level(prefix, delimited=delimited)
-        for info in level.objects:
-            keep(info)
-        below.extend(level.prefixes)
+    async def each(prefixes: list[str], delimited: bool) -> list[str]:
+        """List ``prefixes`` by ``width`` workers; returns the sub-prefixes found."""
+        below: list[str] = []
+        queue = iter(prefixes)
+
+        async def worker() -> None:
+            for prefix in queue:
+                level = await store.list_level(prefix, delimited=delimited)
+                for info in level.objects:
+                    keep(info)
+                below.extend(level.prefixes)
+
+        await _all_or_none([worker() for _ in range(min(width, len(prefixes)))])
+        return below
 
     prefixes = [""]
     while prefixes and len(prefixes) < width:
-        below: list[str] = []
-        await _all_or_none([listed(prefix, True, below) for prefix in prefixes])
-        prefixes = below
-    await _all_or_none([listed(prefix, False, []) for prefix in prefixes])
+        prefixes = await each(prefixes, delimited=True)
+    await each(prefixes, delimited=False)
 
 
-async def _all_or_none(listings: list[Awaitable[None]]) -> None:
-    """Await ``listings`` together; the first failure cancels the others, then is raised."""
-    tasks = [asyncio.ensure_future(listing) for listing in listings]
+async def _all_or_none(workers: list[Awaitable[None]]) -> None:
+    """Await ``workers`` together; the first failure cancels the others, then is raised."""
+    tasks = [asyncio.ensure_future(worker) for worker in workers]
     try:
         await asyncio.gather(*tasks)
     finally:
