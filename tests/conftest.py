@@ -1,8 +1,8 @@
 """Shared fixtures: real local S3 servers, a bucket, AWS env, proxies and an image dataset.
 
-The servers and the dataset are session-scoped (one ``weed mini`` and one moto server per
-test session, each started only if a test asks for it); everything a test changes (env
-vars, proxies) is undone at the end of that test.
+The servers and the dataset are session-scoped (one ``weed mini``, one moto server and one
+``rclone serve s3`` per test session, each started only if a test asks for it); everything
+a test changes (env vars, proxies) is undone at the end of that test.
 """
 
 from __future__ import annotations
@@ -19,7 +19,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from concurrent_loader.testing import LocalS3Server, MotoS3Server, ProxyProcess, S3ServerProcess
+from concurrent_loader.testing import (
+    LocalS3Server,
+    MotoS3Server,
+    ProxyProcess,
+    RcloneS3Server,
+    S3ServerProcess,
+)
 from concurrent_loader.testing.azurite_server import AzuriteServer, find_azurite
 from concurrent_loader.testing.gcs_server import FakeGcsServer
 
@@ -70,6 +76,13 @@ def azurite_server() -> Iterator[AzuriteServer]:
     if find_azurite() is None:
         pytest.skip("azurite-blob is not installed: run scripts/setup.sh")
     with AzuriteServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def rclone_server() -> Iterator[RcloneS3Server]:
+    """A started ``rclone serve s3`` over a temporary directory, shared by the whole session."""
+    with RcloneS3Server() as server:
         yield server
 
 

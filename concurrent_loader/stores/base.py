@@ -17,7 +17,16 @@ from typing import Protocol, runtime_checkable
 from ..config import FetchConfig
 from .checksum import Checksum
 
-__all__ = ["Body", "ByteRange", "Capabilities", "ObjectInfo", "Store", "StoreConfig"]
+__all__ = [
+    "Body",
+    "ByteRange",
+    "Capabilities",
+    "DelimitedStore",
+    "Level",
+    "ObjectInfo",
+    "Store",
+    "StoreConfig",
+]
 
 
 @dataclass(frozen=True)
@@ -25,12 +34,15 @@ class Capabilities:
     """What a backend can do. ``remote``: reads go over the network (False: the store also
     reads without a loop, ``get_blocking``, in the decode job); ``listing``: ``list`` works;
     ``ranges``: ``get`` honours ``byte_range``; ``whole_reads_up_to``: a whole object up to
-    this many bytes is read with one ``get``, never in parts (0: any may go in parts)."""
+    this many bytes is read with one ``get``, never in parts (0: any may go in parts);
+    ``delimiter_listing``: the store is a :class:`DelimitedStore` (``list_level`` lists one
+    prefix, one level at a time if asked), so a root is listed by prefixes in parallel."""
 
     remote: bool
     listing: bool
     ranges: bool
     whole_reads_up_to: int = 0
+    delimiter_listing: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +67,18 @@ class ObjectInfo:
 
     key: str
     size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Level:
+    """What one prefix holds: its objects (keys relative to the store's root) and, listed
+    by level, its sub-prefixes up to the next ``/`` (relative to the root, ending in ``/``),
+    whose objects are not in ``objects``; ``truncated``: only the first of several pages
+    was asked for."""
+
+    objects: list[ObjectInfo]
+    prefixes: list[str]
+    truncated: bool = False
 
 
 @dataclass(slots=True)
@@ -88,6 +112,20 @@ class Store(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class DelimitedStore(Store, Protocol):
+    """A store that lists one prefix at a time (``capabilities.delimiter_listing``)."""
+
+    async def list_level(
+        self, prefix: str, *, delimited: bool, first_page: int | None = None
+    ) -> Level:
+        """The objects under ``prefix`` (relative to the root, ``""`` or ending in ``/``):
+        with ``delimited``, only those up to the next ``/`` and the sub-prefixes below it,
+        else every one (``prefixes`` empty); with ``first_page``, only a first page of at
+        most that many. Failures name the prefix (``s3://bucket/prefix/``)."""
+        ...
 
 
 class BlockingStore(Store, Protocol):

@@ -12,7 +12,10 @@ guarantees:
   content coding is asked for or decoded;
 * ``max_bytes`` bounds the body, checked against ``Content-Length`` before any body byte;
 * ``byte_range=(start, end)`` (``end`` exclusive) succeeds only as that exact range (a
-  matching ``206``; else ``MALFORMED_RESPONSE``); a ``200`` is refused (``BadRequest``);
+  matching ``206``, or a ``200`` whose ``Content-Range``, or ``Content-Length`` for a range
+  from byte 0, shows it is the range; another range or length is ``MALFORMED_RESPONSE``);
+  any other ``200`` (the whole object, perhaps) is refused (``BadRequest``) and its
+  connection closed before a body byte is read;
 * ``digest_for(status, headers)``, called once the final head is read, may return a
   :class:`BodyDigest` of its own: it is fed every body byte (after framing), in order,
   exactly once, as the bytes arrive, and comes back as :attr:`Response.digest`;

@@ -25,7 +25,8 @@ class FramingError(Exception):
 
 
 class ProtocolError(FramingError):
-    """Not a well-framed HTTP/1.1 response, or a ``206`` that is not the range asked for."""
+    """Not a well-framed HTTP/1.1 response, or a partial answer that is not the range asked
+    for."""
 
 
 class UnsupportedEncoding(FramingError):
@@ -37,7 +38,7 @@ class BodyTooLarge(FramingError):
 
 
 class RangeIgnored(FramingError):
-    """A ranged request answered with a success other than ``206 Partial Content``."""
+    """A ranged request answered with a success that does not show it is the range."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -200,37 +201,49 @@ class ChunkedDecoder:
 def check_partial(
     status: int, headers: dict[str, str], framing: int, byte_range: tuple[int, int]
 ) -> None:
-    """Check the head of a 2xx response to a request for ``byte_range`` (end exclusive):
-    only a ``206`` (a ``200`` may be far larger than the range: ``RangeIgnored``), whose
-    ``Content-Range`` and ``Content-Length`` match the range (else ``ProtocolError``)."""
+    """Check the head of a 2xx response to a request for ``byte_range`` (end exclusive).
+
+    A ``206`` must match the range: its ``Content-Range`` (if any) and ``Content-Length``
+    (else ``ProtocolError``). Another success (``200``, as ``rclone serve s3`` answers) is
+    taken only when it shows it holds exactly the range: a ``Content-Range`` of exactly the
+    range, or, without one, a range from byte 0 and a ``Content-Length`` of its size (the
+    body is those bytes whether the server cut it or the object is that long). Any other
+    ``200`` may be the whole object, far larger than the range: ``RangeIgnored``, refused
+    before any body byte is read."""
     start, end = byte_range
-    if status != 206:
+    if headers.get("content-type", "").lower().startswith("multipart/"):
+        raise ProtocolError(f"a multipart {status} to a single-range request")
+    content_range = headers.get("content-range")
+    if status != 206 and content_range is None and not (start == 0 and framing == end):
+        size = f"{framing} bytes" if framing >= 0 else "a body of unknown length"
         raise RangeIgnored(
             status,
-            f"asked for bytes {start}-{end - 1}, got {status} instead of 206 Partial Content: "
-            "the server does not support ranged GETs",
+            f"asked for bytes {start}-{end - 1}, got {status} with {size} and no "
+            "Content-Range: the server ignored the range (the body may be the whole object)",
         )
-    if headers.get("content-type", "").lower().startswith("multipart/"):
-        raise ProtocolError("a multipart 206 to a single-range request")
-    content_range = headers.get("content-range")
     if content_range is not None:
-        unit, _, rest = content_range.strip().partition(" ")
-        span, _, complete = rest.partition("/")
-        first, _, last = span.partition("-")
-        if (
-            unit.lower() != "bytes"
-            or not _is_number(first)
-            or not _is_number(last)
-            or not (complete == "*" or _is_number(complete))
-            or (complete != "*" and int(last) >= int(complete))
-        ):
-            raise ProtocolError(f"bad Content-Range {content_range[:100]!r}")
-        if int(first) != start or int(last) != end - 1:
-            raise ProtocolError(
-                f"asked for bytes {start}-{end - 1}, got Content-Range {content_range[:100]!r}"
-            )
+        _check_content_range(content_range, start, end)
     if framing >= 0:
         check_partial_length(framing, byte_range)
+
+
+def _check_content_range(content_range: str, start: int, end: int) -> None:
+    """Refuse (``ProtocolError``) a ``Content-Range`` that is not ``bytes start-(end-1)/n``."""
+    unit, _, rest = content_range.strip().partition(" ")
+    span, _, complete = rest.partition("/")
+    first, _, last = span.partition("-")
+    if (
+        unit.lower() != "bytes"
+        or not _is_number(first)
+        or not _is_number(last)
+        or not (complete == "*" or _is_number(complete))
+        or (complete != "*" and int(last) >= int(complete))
+    ):
+        raise ProtocolError(f"bad Content-Range {content_range[:100]!r}")
+    if int(first) != start or int(last) != end - 1:
+        raise ProtocolError(
+            f"asked for bytes {start}-{end - 1}, got Content-Range {content_range[:100]!r}"
+        )
 
 
 def check_partial_length(length: int, byte_range: tuple[int, int]) -> None:

@@ -1,9 +1,9 @@
-"""Fixtures of the end-to-end tests that run against both local S3 implementations.
+"""Fixtures of the end-to-end tests that run against every local S3 implementation.
 
-``any_server`` is SeaweedFS (``s3_server``) or moto (``moto_server``): a test that uses it
-runs once against each. ``server_data`` is the same data on each of them: the image
-dataset of ``tests/conftest.py`` and objects whose keys a signer or a URL encoder can get
-wrong, uploaded once per server.
+``any_server`` is SeaweedFS (``s3_server``), moto (``moto_server``) or ``rclone serve s3``
+(``rclone_server``): a test that uses it runs once against each. ``server_data`` is the
+same data on each of them: the image dataset of ``tests/conftest.py`` and objects whose
+keys a signer or a URL encoder can get wrong, uploaded once per server.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from concurrent_loader.testing import S3ServerProcess, ServerCertificate, make_p
 
 DatasetT = TypeVar("DatasetT")
 
-SERVERS = ("seaweedfs", "moto")
+#: the servers ``any_server`` runs each test against, and their session fixtures
+SERVERS = {"seaweedfs": "s3_server", "moto": "moto_server", "rclone": "rclone_server"}
 BUCKET = "e2e"
 IMAGE_PREFIX = "images/train/"
 ODD_PREFIX = "odd/"
@@ -74,11 +75,10 @@ class ServerData:
         return f"s3://{self.bucket}/{ODD_PREFIX}"
 
 
-@pytest.fixture(scope="session", params=SERVERS)
+@pytest.fixture(scope="session", params=list(SERVERS))
 def any_server(request: pytest.FixtureRequest) -> S3ServerProcess:
     """Each local S3 server in turn (a test using it runs once per server)."""
-    name = "s3_server" if request.param == "seaweedfs" else "moto_server"
-    server: S3ServerProcess = request.getfixturevalue(name)
+    server: S3ServerProcess = request.getfixturevalue(SERVERS[request.param])
     return server
 
 

@@ -1,7 +1,8 @@
 """The plain HTTP(S) store checks GCS's ``x-goog-hash`` and ``Content-MD5``: a real HTTP
 server on 127.0.0.1 sends them, the fault proxy in front of it inverts a byte of the body,
-and the store fetches it again or ends in ``IntegrityError``; a range is not checked against
-the whole object's checksum, and an object without one still loads."""
+and the store fetches it again or ends in ``IntegrityError``; a range (answered ``206``, or
+``200`` with its ``Content-Range``) is not checked against the whole object's checksum, and
+an object without one still loads."""
 
 from __future__ import annotations
 
@@ -42,7 +43,10 @@ class _Objects(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def do_GET(self) -> None:
-        headers = OBJECTS.get(self.path)
+        # Under /data-200/, a range is answered as rclone answers it: 200, its Content-Range
+        # and exactly its bytes, with the whole object's headers (Content-MD5 too).
+        answer_200 = self.path.startswith("/data-200/")
+        headers = OBJECTS.get(self.path.replace("/data-200/", "/data/", 1))
         if headers is None:
             self.send_error(404)
             return
@@ -50,10 +54,10 @@ class _Objects(http.server.BaseHTTPRequestHandler):
         ranged = self.headers.get("Range")
         if ranged:
             first, _, last = ranged.removeprefix("bytes=").partition("-")
-            body, status = BODY[int(first) : int(last) + 1], 206
+            body, status = BODY[int(first) : int(last) + 1], 200 if answer_200 else 206
         self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
-        if status == 206:
+        if ranged:
             self.send_header("Content-Range", f"bytes {first}-{last}/{len(BODY)}")
         for name, value in headers.items():
             if status == 200 or name != "Content-MD5":  # a range's MD5 would be its own
@@ -127,4 +131,28 @@ def test_a_range_keeps_the_whole_objects_checksum_for_its_reader(
     assert part.object_checksum is not None and part.object_checksum.algorithm == "crc32c"
     part.object_checksum.check(BODY, "whole")  # the object's, not the range's
     whole = asyncio.run(get(ByteRange(0, len(BODY))))  # a range that is the whole: checked
+    assert bytes(whole.data) == BODY and whole.object_checksum is None
+
+
+@pytest.mark.parametrize("name", ["goog.bin", "md5.bin"])
+def test_a_200_for_a_range_is_not_checked_against_the_whole_objects_checksum(
+    origin: str, proxy_factory: Callable[..., Any], name: str
+) -> None:
+    proxy = proxy_factory(origin)
+
+    async def get(byte_range: ByteRange) -> Any:
+        store = HttpConfig.from_url(f"{proxy.endpoint_url}/data-200/").open(FetchConfig())
+        try:
+            return await store.get(name, byte_range)
+        finally:
+            await store.close()
+
+    part = asyncio.run(get(ByteRange(1000, 2000)))
+    assert bytes(part.data) == BODY[1000:2000]
+    if name == "goog.bin":  # GCS's hash is the object's: kept for the assembled read
+        assert part.object_checksum is not None
+        part.object_checksum.check(BODY, "whole")
+    else:  # a Content-MD5 is not taken for a part
+        assert part.object_checksum is None
+    whole = asyncio.run(get(ByteRange(0, len(BODY))))  # the whole object: checked as it is
     assert bytes(whole.data) == BODY and whole.object_checksum is None

@@ -21,7 +21,7 @@ from concurrent_loader.cache import CacheConfig, CachedStoreConfig
 from concurrent_loader.stores import HttpConfig, LocalConfig, StoreConfig
 from concurrent_loader.stores.readahead import Readahead, ReadaheadConfig
 from concurrent_loader.stores.s3 import S3Config
-from concurrent_loader.testing import LocalS3Server, MotoS3Server, S3ServerProcess
+from concurrent_loader.testing import LocalS3Server, MotoS3Server, RcloneS3Server, S3ServerProcess
 from concurrent_loader.testing.azurite_server import AzuriteServer
 from concurrent_loader.testing.files import FileServer
 from concurrent_loader.testing.gcs_server import FakeGcsServer
@@ -151,6 +151,12 @@ def azure_store(azurite_server: AzuriteServer) -> Case:
         azurite_server._conformance_filled = True  # type: ignore[attr-defined]
     config = azurite_server.store_config(BUCKET, PREFIX)
     return Case(config, past_end="error", after_close="error")
+
+
+@store_case
+def s3_rclone_store(rclone_server: RcloneS3Server, aws_env: Callable[..., Any]) -> Case:
+    aws_env(rclone_server)
+    return Case(_s3_config(rclone_server), past_end="error", after_close="error")
 
 
 @store_case

@@ -76,6 +76,8 @@ class Server:
     ``/range-long/N``    206 with the right Content-Range, but one byte more body
     ``/range-bare/N``    206 without Content-Range, the right length
     ``/range-bare-chunked-long/N`` 206 chunked, no Content-Range, one byte more body
+    ``/range-200/N``     the range as ``/range/N`` sends it, with status 200 (rclone's)
+    ``/range-200-chunked/N`` the same, its body chunked
 
     ``requests`` lists ``(path, headers)`` as received; ``strays_sent`` counts the
     unasked-for responses written. ``wait_for_requests(n)`` and
@@ -306,7 +308,7 @@ class Server:
         part = body[first : last + 1]
         if route in ("range-long", "range-bare-chunked-long"):
             part += b"!"
-        head = [b"HTTP/1.1 206 Partial Content"]
+        head = [b"HTTP/1.1 200 OK" if "200" in route else b"HTTP/1.1 206 Partial Content"]
         if "bare" not in route:
             head.append(b"Content-Range: bytes %d-%d/%d" % (first, last, n))
         if "chunked" in route:

@@ -229,10 +229,39 @@ def test_partial_content_accepted() -> None:
 
 @pytest.mark.parametrize("status", [200, 201, 203])
 def test_a_whole_object_for_a_range_is_refused(status: int) -> None:
-    with pytest.raises(RangeIgnored) as info:
-        check_partial(status, {"content-length": "100"}, 100, (10, 20))
-    assert info.value.status == status
-    assert isinstance(info.value, FramingError)
+    for byte_range, framing in (((10, 20), 100), ((0, 10), 100), ((10, 20), 10)):
+        with pytest.raises(RangeIgnored, match="no Content-Range") as info:
+            check_partial(status, {}, framing, byte_range)
+        assert info.value.status == status
+        assert isinstance(info.value, FramingError)
+    # Without a Content-Range, a body of unknown length may be the whole object.
+    for framing in (CHUNKED, UNTIL_CLOSE):
+        with pytest.raises(RangeIgnored, match="unknown length"):
+            check_partial(status, {}, framing, (0, 10))
+
+
+def test_a_200_holding_exactly_the_range_is_accepted() -> None:
+    # rclone serve s3 answers a range with 200, its Content-Range and exactly those bytes.
+    for headers in ({"content-range": "bytes 10-19/100"}, {"content-range": "bytes 10-19/*"}):
+        check_partial(200, headers, 10, (10, 20))
+        check_partial(200, headers, CHUNKED, (10, 20))  # length checked at the end
+    # From byte 0, a Content-Length of the range's size is those bytes whatever the server
+    # did (cut it, or the object is that long).
+    check_partial(200, {}, 10, (0, 10))
+
+
+@pytest.mark.parametrize(
+    ("content_range", "length"),
+    [
+        ("bytes 0-99/100", 100),  # the whole object, said so
+        ("bytes 10-19/100", 100),  # the range said, the whole object sent
+        ("bytes 11-20/100", 10),
+        ("bytes 10-19/15", 10),
+    ],
+)
+def test_a_200_that_is_not_exactly_the_range_is_refused(content_range: str, length: int) -> None:
+    with pytest.raises(ProtocolError):
+        check_partial(200, {"content-range": content_range}, length, (10, 20))
 
 
 @pytest.mark.parametrize(

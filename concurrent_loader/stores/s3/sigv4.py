@@ -167,9 +167,11 @@ class SigV4Signer:
         credentials: Credentials,
         *,
         amz_date: str | None = None,
+        query: str = "",
     ) -> list[tuple[str, str]]:
-        """The headers that sign ``GET canonical_path`` (encoded, no query) for ``host``, exactly
-        the ``Host`` header sent. ``amz_date`` (``YYYYMMDDTHHMMSSZ``) overrides the time."""
+        """The headers that sign ``GET canonical_path`` (encoded) for ``host``, exactly the
+        ``Host`` header sent, with ``query`` (canonical: encoded, sorted; none by default).
+        ``amz_date`` (``YYYYMMDDTHHMMSSZ``) overrides the time."""
         if amz_date is None:
             amz_date = self._now()
         elif len(amz_date) != 16 or amz_date[8] != "T" or amz_date[15] != "Z":
@@ -177,7 +179,7 @@ class SigV4Signer:
         day_key = self._key_for(credentials, amz_date[:8])
         # x-amz-content-sha256 is the empty body's hash, as botocore sends it for a GET.
         canonical_request = (
-            f"GET\n{canonical_path}\n\nhost:{host}{self._canonical_host}"
+            f"GET\n{canonical_path}\n{query}\nhost:{host}{self._canonical_host}"
             f"x-amz-content-sha256:{EMPTY_SHA256}\nx-amz-date:{amz_date}\n"
             f"{day_key.token_line}\n{day_key.signed_headers}\n{EMPTY_SHA256}"
         )

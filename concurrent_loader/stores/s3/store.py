@@ -3,11 +3,13 @@
 GETs are signed by :class:`~.sigv4.SigV4Signer` and sent through the pooled transport; the
 route (:mod:`.route`) and credentials (:mod:`.credentials`) are botocore's, resolved once
 when the dataset is made (a worker builds no botocore session unless it must), and
-aiobotocore lists from the same configuration. A ``301`` naming another region re-resolves
-the route once and retries; any other wrong-region answer is ``BadRequest``
-(``WRONG_REGION``). Every GET asks for the object's checksum and checks the body
-(``verify_checksums``, on; ``verify_etag_md5``, off; :mod:`..checksum`), piece by piece
-as the transport reads it (a fresh digest per response: retries and hedges share none).
+aiobotocore lists from the same configuration (:mod:`.listing`), a whole prefix or one
+level of it (``delimiter_listing``: the root is listed by prefixes in parallel). A ``301``
+naming another region re-resolves the route once and retries; any other wrong-region
+answer is ``BadRequest`` (``WRONG_REGION``). Every GET asks for the object's checksum and
+checks the body (``verify_checksums``, on; ``verify_etag_md5``, off; :mod:`..checksum`),
+piece by piece as the transport reads it (a fresh digest per response: retries and hedges
+share none).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -24,17 +27,18 @@ from urllib.parse import urlsplit
 from ...config import FetchConfig
 from ...errors import BadRequest, ConfigError, FetchError, Reason
 from ...transport import ConnectionPool, DigestFor, Proxy
-from ..base import Body, ByteRange, Capabilities, ObjectInfo
+from ..base import Body, ByteRange, Capabilities, Level, ObjectInfo
 from ..checksum import RunningChecksum, covers_whole_object, s3_checksum
 from ..shared import ssl_context_for
-from .credentials import CredentialCache, CredentialSource, redact_botocore_logs
-from .errors import error_for_exception, error_for_response, refused_certificate
+from .credentials import CredentialCache, CredentialSource
+from .errors import error_for_response
+from .listing import Bucket, S3Lister, page_query, parse_page
 from .route import S3Route, resolve_route
 from .sigv4 import CHECKSUM_MODE_HEADER, EMPTY_SHA256, SigV4Signer, encode_s3_key
 
 __all__ = ["S3Config", "S3Store"]
 
-_CAPABILITIES = Capabilities(remote=True, listing=True, ranges=True)
+_CAPABILITIES = Capabilities(remote=True, listing=True, ranges=True, delimiter_listing=True)
 
 
 @dataclass(frozen=True)
@@ -162,6 +166,11 @@ class S3Config:
     def open(self, fetch: FetchConfig) -> S3Store:
         return S3Store(self, fetch)
 
+    def bucket_to_list(self) -> Bucket:
+        return Bucket(
+            self.bucket, self.prefix, self.endpoint_url, self.addressing_style, self.credentials
+        )
+
     def __str__(self) -> str:
         return self.url_for("")
 
@@ -181,10 +190,13 @@ class S3Store:
         self._route = config.route or config.resolve_route(session=session)
         self._redirect: asyncio.Future[None] | None = None
         self._signer = self._signer_for(self._route.region)
+        # Listing pages ask for no checksum.
+        self._list_signer = SigV4Signer(self._route.region)
         self._credentials = (
             None if source.anonymous else CredentialCache(source, self.url_for(""), session)
         )
         self._transport = self._make_transport(self._route)
+        self._lister = S3Lister(config.bucket_to_list(), self._route, fetch)
         # The transport's digest_for, for a whole body and for a range.
         self._digest_for: tuple[DigestFor, DigestFor] | None = None
         if config.verify_checksums or config.verify_etag_md5:
@@ -270,13 +282,19 @@ class S3Store:
         self, ranged: bool, status: int, headers: dict[str, str]
     ) -> RunningChecksum | None:
         """A fresh check of each successful response's body, fed as it arrives (so the bytes
-        are checked while still in the CPU's cache), against S3's checksum (on a range, that
-        part's, as botocore checks it), else, on a whole body, its ETag as MD5."""
+        are checked while still in the CPU's cache), against S3's checksum (on a ``206``,
+        that part's, as botocore checks it; a ``200`` for a range is checked only when it is
+        the whole object), else, on a whole body, its ETag as MD5."""
         if status not in (200, 206):
             return None
         config = self.config
-        checksum = s3_checksum(headers, etag_md5=False) if config.verify_checksums else None
-        etag_md5 = config.verify_etag_md5 and (not ranged or covers_whole_object(headers))
+        whole = not ranged or covers_whole_object(headers)
+        # A 200 for a range (rclone's answer) may carry the whole object's checksum.
+        part_checksum = whole or status == 206
+        checksum = None
+        if config.verify_checksums and part_checksum:
+            checksum = s3_checksum(headers, etag_md5=False)
+        etag_md5 = config.verify_etag_md5 and whole
         if checksum is None and etag_md5:
             checksum = s3_checksum({"etag": headers.get("etag", "")}, etag_md5=True)
         return None if checksum is None else checksum.running()
@@ -291,55 +309,85 @@ class S3Store:
         loop = asyncio.get_running_loop()
         route = await loop.run_in_executor(None, self.config.resolve_route, region)
         old, self._transport = self._transport, self._make_transport(route)
+        lister = S3Lister(self.config.bucket_to_list(), route, self._fetch)
+        old_lister, self._lister = self._lister, lister
         self._route = route
         self._signer = self._signer_for(route.region)
+        self._list_signer = SigV4Signer(route.region)
         await old.close()
+        await old_lister.close()
 
     async def list(self) -> AsyncIterator[ObjectInfo]:
         """Every object under the prefix, page by page, via aiobotocore."""
-        from aiobotocore.config import AioConfig
-        from aiobotocore.session import AioSession
-        from botocore import UNSIGNED
+        root = self.config.prefix
+        async for page in self._lister.pages(""):
+            for item in page.get("Contents", ()):
+                yield ObjectInfo(item["Key"][len(root) :], int(item["Size"]))
 
-        config, source, fetch = self.config, self.config.credentials, self._fetch
-        redact_botocore_logs()
-        session = AioSession(profile=source.profile)
-        if source.access_key and source.secret_key:
-            session.set_credentials(source.access_key, source.secret_key, source.session_token)
-        aio_config = AioConfig(
-            signature_version=UNSIGNED if source.anonymous else None,
-            s3={"addressing_style": config.addressing_style} if config.addressing_style else None,
-            connect_timeout=fetch.timeouts.connect,
-            read_timeout=fetch.timeouts.read,
-            # total_max_attempts counts the first attempt, as RetryConfig.max_attempts does.
-            retries={"total_max_attempts": fetch.retry.max_attempts, "mode": "standard"},
-        )
-        prefix = config.prefix
-        try:
-            client_args: dict[str, Any] = {
-                "endpoint_url": config.endpoint_url,
-                "region_name": self._route.region,
-                "config": aio_config,
-                "verify": (self._route.ca_bundle or None) if fetch.verify_tls else False,
-            }
-            async with session.create_client("s3", **client_args) as client:
-                client.meta.events.register_first("needs-retry.s3", _no_retry_of_certificates)
-                paginator = client.get_paginator("list_objects_v2")
-                async for page in paginator.paginate(Bucket=config.bucket, Prefix=prefix):
-                    for item in page.get("Contents", ()):
-                        yield ObjectInfo(item["Key"][len(prefix) :], int(item["Size"]))
-        except (FetchError, asyncio.CancelledError):
-            raise
-        except Exception as exc:
-            raise error_for_exception(exc, self.url_for(""), stage="list") from exc
+    async def list_level(
+        self, prefix: str, *, delimited: bool, first_page: int | None = None
+    ) -> Level:
+        """The objects under ``prefix`` (and, ``delimited``, its sub-prefixes instead of what
+        is below them): ``DelimitedStore``'s contract. Pages are signed GETs through the
+        store's transport (:func:`.listing.page_query`, :func:`.listing.parse_page`)."""
+        url = self.url_for(prefix)
+        objects: list[ObjectInfo] = []
+        prefixes: list[str] = []
+        token = None
+        while True:
+            query = page_query(
+                self.config.prefix + prefix, delimited=delimited, token=token, max_keys=first_page
+            )
+            try:
+                body = await self._list_page(query, url)
+                level, token = parse_page(body, self.config.prefix, url)
+            except FetchError as exc:
+                exc.__setstate__({"stage": "list"})  # sets it and renders the message again
+                raise
+            objects += level.objects
+            prefixes += level.prefixes
+            if token is None or first_page is not None:
+                return Level(objects, prefixes, level.truncated)
+
+    async def _list_page(self, query: str, url: str) -> bytes | bytearray:
+        """One listing page's body; a retryable failure is tried again, up to
+        ``RetryConfig.max_attempts`` attempts in all, after a full-jitter backoff."""
+        retry = self._fetch.retry
+        attempt = 1
+        while True:
+            route = self._route
+            # The bucket's own path, as botocore sends it: /bucket (path style) or /.
+            path = route.path_prefix.rstrip("/") or "/"
+            if self._credentials is None:
+                headers = [("x-amz-content-sha256", EMPTY_SHA256)]
+            else:
+                credentials = self._credentials.get()
+                headers = self._list_signer.headers_for_get(
+                    route.origin.host_header, path, credentials, query=query
+                )
+            try:
+                response = await self._transport.get(
+                    route.origin,
+                    f"{path}?{query}",
+                    headers,
+                    url=url,
+                    max_bytes=self._fetch.max_object_bytes,
+                )
+                if response.status == 200:
+                    return response.body
+                region = response.headers.get("x-amz-bucket-region")
+                if region and region != route.region and response.status in (301, 400):
+                    await self._follow_region(region)  # as a GET does; then again
+                    if self._route.region == region:
+                        continue
+                raise error_for_response(response.status, response.body, url)
+            except FetchError as exc:
+                if not exc.retryable or attempt >= retry.max_attempts:
+                    raise
+            cap = min(retry.max_delay, retry.base_delay * 2 ** (attempt - 1))
+            await asyncio.sleep(random.uniform(0, cap))
+            attempt += 1
 
     async def close(self) -> None:
+        await self._lister.close()
         await self._transport.close()
-
-
-def _no_retry_of_certificates(caught_exception: BaseException | None = None, **_: Any) -> None:
-    """A botocore ``needs-retry`` handler: a refused certificate ends the listing at once."""
-    from botocore.exceptions import SSLError
-
-    if isinstance(caught_exception, SSLError) and refused_certificate(caught_exception):
-        raise caught_exception

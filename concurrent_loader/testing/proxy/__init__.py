@@ -6,7 +6,7 @@ server lacks: time to first byte (fixed, ``latency_ms`` +- ``jitter_ms``, or log
 from ``latency_p50_ms`` and ``latency_p99_ms``), stragglers, bandwidth caps per
 connection and in total, and injected faults (503 SlowDown, 500, connection resets before
 or in the middle of a body, truncated bodies, stalls, extra slow responses, a body with one
-byte inverted, a stray response after a complete one). The
+byte inverted, a stray response after a complete one, a range ignored). The
 ``"s3-like"`` preset gives a first byte after 30 ms at the median and 200 ms at p99, and
 makes 0.5 % of object GETs 2 s late.
 

@@ -28,6 +28,7 @@ FAULT_NAMES: tuple[str, ...] = (
     "slow",
     "corrupt",
     "stray_bytes",
+    "ignore_range",
 )
 
 
@@ -61,6 +62,7 @@ class FaultPlan:
     slow: float = 0.0
     corrupt: float = 0.0
     stray_bytes: float = 0.0
+    ignore_range: float = 0.0
     stall_seconds: float = 30.0
     extra_latency_ms: float = 0.0
     storm_start_s: float = 0.0

@@ -115,6 +115,12 @@ class Request:
     def has_body(self) -> bool:
         return self.chunked or self.content_length > 0
 
+    def drop_header(self, name: bytes) -> None:
+        """Forward the request without its ``name`` (lower-case) header lines."""
+        self.header_lines = [
+            line for line in self.header_lines if line.partition(b":")[0].strip().lower() != name
+        ]
+
     def upstream_head(self) -> bytes:
         return (
             b"\r\n".join(

@@ -255,6 +255,8 @@ class ProxyServer:
         if fault in ("slowdown_503", "error_500", "reset_before"):
             return await self._reject(request, client, fault, delay)
 
+        if fault == "ignore_range":
+            request.drop_header(b"range")
         try:
             response = await self._send_upstream(request, client, upstream)
         except (

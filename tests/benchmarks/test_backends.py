@@ -1,0 +1,26 @@
+"""``benchmarks.backends`` keeps working on every backend's local server: its smoke run
+measures our loader over each (through the latency proxy) and local disk, and the client
+CPU per GET of each (and obstore's on the S3 servers), all finite. No speed is asserted."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from benchmarks import backends
+from concurrent_loader.testing import find_azurite
+
+
+@pytest.mark.slow
+def test_the_backends_benchmark_smoke_run_reports_every_backend(tmp_path):
+    if find_azurite() is None:
+        pytest.skip("azurite-blob is not installed: run scripts/setup.sh")
+    out = tmp_path / "backends.json"
+    report = backends.main(["--smoke", "--data-dir", str(tmp_path / "data"), "--out", str(out)])
+    assert set(report["steady"]) == {"local", *backends.SERVERS}
+    assert set(report["cpu"]) >= set(backends.SERVERS)
+    for section in ("steady", "cpu"):
+        for name, row in report[section].items():
+            assert math.isfinite(row["median"]) and row["median"] > 0, (section, name, row)
+    assert out.exists()
