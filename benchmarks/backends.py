@@ -85,20 +85,6 @@ def started(backend: str, storage_cpus: list[int]) -> Iterator[Any]:
         yield server
 
 
-def fill(server: Any, train_dir: Path) -> None:
-    """``train_dir`` under ``train/`` in the bucket, eight uploads at a time."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    files = sorted(p for p in train_dir.rglob("*") if p.is_file())
-
-    def put(path: Path) -> None:
-        key = "train/" + path.relative_to(train_dir).as_posix()
-        server.put_object(BUCKET, key, path.read_bytes())
-
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        list(pool.map(put, files))
-
-
 def loader_spec(args: argparse.Namespace, train_dir: Path, config: Any | None) -> dict[str, Any]:
     """A ``benchmarks.measure`` spec: the loader over ``config`` (None: local disk)."""
     params = LoaderParams(
@@ -130,7 +116,7 @@ def steady(args: argparse.Namespace, stack: contextlib.ExitStack, train_dir: Pat
 
     configs: dict[str, Any] = {"local": None}
     for backend, server in args.servers.items():
-        fill(server, train_dir)
+        server.upload_dir(train_dir, BUCKET, "train/")
         proxy = stack.enter_context(
             ProxyProcess(
                 upstream=server.endpoint_url,
@@ -226,11 +212,14 @@ async def _cpu_pass(client: Any, server: Any, keys: list[str], args: argparse.Na
 def cpu_per_get(args: argparse.Namespace) -> dict:
     """Client CPU microseconds per GET, per backend (and obstore on the S3 servers)."""
     keys = [f"{i:06d}.bin" for i in range(args.objects)]
-    data = random.Random(0).randbytes(args.size)
+    with tempfile.TemporaryDirectory() as objects:
+        data = random.Random(0).randbytes(args.size)
+        for key in keys:
+            Path(objects, key).write_bytes(data)
+        for server in args.servers.values():
+            server.upload_dir(objects, BUCKET, "cpu/")
     clients: list[tuple[str, Any, Any]] = []
     for backend, server in args.servers.items():
-        for key in keys:
-            server.put_object(BUCKET, "cpu/" + key, data)
         clients.append((backend, server, ours))
         if backend in ("s3", "rclone"):
             clients.append((f"obstore ({backend})", server, obstore_s3))

@@ -26,6 +26,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Any, NamedTuple, Self
+from urllib.parse import urlsplit
 
 from ..stores.azure.credentials import AZURITE_ACCOUNT, AZURITE_KEY
 from ..stores.azure.store import AzureConfig
@@ -258,7 +259,10 @@ class AzuriteServer(ChildProcess):
         self, container: str, prefix: str = "", endpoint_url: str | None = None, **options: Any
     ) -> AzureConfig:
         """The config of ``az://container/prefix`` here (Shared Key by default), or through
-        ``endpoint_url`` (a proxy in front of this server)."""
+        ``endpoint_url`` (a proxy in front of this server: its origin alone is enough, the
+        account's path is added, as Azurite serves accounts path-style)."""
+        if endpoint_url is not None and not urlsplit(endpoint_url).path.strip("/"):
+            endpoint_url = f"{endpoint_url.rstrip('/')}/{self.account}"
         if not {"account_key", "sas_token", "connection_string", "anonymous", "credential"} & set(
             options
         ):

@@ -13,6 +13,7 @@ from concurrent_loader.testing import find_azurite
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_the_backends_benchmark_smoke_run_reports_every_backend(tmp_path):
     if find_azurite() is None:
         pytest.skip("azurite-blob is not installed: run scripts/setup.sh")
