@@ -4,6 +4,6 @@ otherwise)."""
 
 import os
 
-INSIDE = "CONCURRENT_LOADER_LOOPBACK_NAMESPACE"
+from tests.executors.namespace import INSIDE
 
 collect_ignore = [] if os.environ.get(INSIDE) else ["cluster"]

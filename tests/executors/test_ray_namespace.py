@@ -1,6 +1,6 @@
 """Runs the Ray tests (``cluster/``) in a child pytest inside a loopback-only network
-namespace (``unshare -rn``: a user and a network namespace whose only interface is ``lo``),
-where the one Ray cluster they share listens on 127.0.0.1 and reaches nothing else."""
+namespace (:mod:`tests.executors.namespace`), where the one Ray cluster they share listens
+on 127.0.0.1 and reaches nothing else."""
 
 from __future__ import annotations
 
@@ -12,26 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.executors.conftest import INSIDE
+from tests.executors.namespace import ENTER, INSIDE, loopback_namespace
 
 ROOT = Path(__file__).resolve().parents[2]
-ENTER = "ip link set lo up && exec \"$0\" \"$@\""
-
-
-def loopback_namespace() -> str | None:
-    """Why a loopback-only namespace cannot be made here (None: it can)."""
-    try:
-        probe = subprocess.run(
-            ["unshare", "-rn", "sh", "-c", "ip link set lo up"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"unshare -rn could not run ({exc})"
-    if probe.returncode != 0:
-        return f"unshare -rn failed: {probe.stderr.strip() or probe.returncode}"
-    return None
 
 
 @pytest.mark.slow

@@ -97,23 +97,25 @@ def test_an_actor_killed_mid_epoch_loses_no_batch_and_repeats_none(ray_cluster, 
         remote.close()
 
 
-@pytest.mark.parametrize("first_on_ray", [True, False], ids=["ray-then-local", "local-then-ray"])
-def test_resume_across_executors_is_exact(ray_cluster, numbered, first_on_ray):
+def test_resume_across_executors_is_exact(ray_cluster, numbered):
     dataset = ObjectDataset(str(numbered), decode=index_of)
-    expected = epochs(dataset, 2)
-    first = loader(dataset, executor=on_ray() if first_on_ray else None)
-    second = loader(dataset, seed=99, executor=None if first_on_ray else on_ray())
+    expected = epochs(dataset, 3)
+    local = loader(dataset)
+    list(local)
+    batches = iter(local)
+    head = [next(batches) for _ in range(3)]
+    remote = loader(dataset, seed=99, executor=on_ray(actors=1))
     try:
-        list(first)
-        batches = iter(first)
-        head = [next(batches) for _ in range(3)]
-        state = first.state_dict()
-        first.close()
-        second.load_state_dict(state)
-        assert head + list(second) == expected[1]
+        remote.load_state_dict(local.state_dict())  # taken with local workers
+        assert head + list(remote) == expected[1]
+        batches = iter(remote)
+        head = [next(batches) for _ in range(2)]
+        state = remote.state_dict()  # taken with actors
     finally:
-        first.close()
-        second.close()
+        remote.close()
+    again = loader(dataset, seed=123)
+    again.load_state_dict(state)
+    assert head + list(again) == expected[2]
 
 
 def test_errors_keep_their_type_and_object_and_the_epoch_goes_on(ray_cluster, tmp_path):
@@ -121,7 +123,9 @@ def test_errors_keep_their_type_and_object_and_the_epoch_goes_on(ray_cluster, tm
     dataset = ObjectDataset(str(root), decode=index_of)  # lists the 12 files
     missing = root / "00005.bin"
     missing.unlink()
-    remote = ConcurrentDataLoader(dataset, batch_size=BATCH, collate_fn=list, executor=on_ray())
+    remote = ConcurrentDataLoader(
+        dataset, batch_size=BATCH, collate_fn=list, executor=on_ray(actors=1)
+    )
     try:
         batches = iter(remote)
         assert next(batches) == [0, 1, 2, 3]
@@ -143,7 +147,7 @@ def test_the_skip_policy_marks_the_batch_that_lost_a_sample(ray_cluster, tmp_pat
         collate_fn=list,
         on_error="skip",
         max_skipped=1,
-        executor=on_ray(),
+        executor=on_ray(actors=1),
     )
     try:
         got = list(remote)
@@ -159,7 +163,10 @@ def test_no_more_than_max_batches_in_flight_are_started(ray_cluster, tmp_path):
     window = 3
     dataset = StartLog(40, tmp_path / "started.log")
     remote = ConcurrentDataLoader(
-        dataset, batch_size=BATCH, collate_fn=list, executor=on_ray(max_batches_in_flight=window)
+        dataset,
+        batch_size=BATCH,
+        collate_fn=list,
+        executor=on_ray(actors=1, max_batches_in_flight=window),
     )
     try:
         for number, batch in enumerate(remote):
@@ -177,7 +184,7 @@ def test_no_more_than_max_batches_in_flight_are_started(ray_cluster, tmp_path):
 def test_close_and_garbage_collection_leave_no_actor(ray_cluster, numbered):
     ray = ray_cluster
     dataset = ObjectDataset(str(numbered), decode=index_of)
-    closed = loader(dataset, executor=on_ray())
+    closed = loader(dataset, executor=on_ray(actors=1))
     for _ in closed:
         break  # an epoch left early: the actors stay for the next one
     handles = actors_of(closed)
@@ -185,7 +192,7 @@ def test_close_and_garbage_collection_leave_no_actor(ray_cluster, numbered):
     closed.close()
     assert not any(alive(ray, handle) for handle in handles)
 
-    dropped = loader(dataset, executor=on_ray())
+    dropped = loader(dataset, executor=on_ray(actors=1))
     next(iter(dropped))
     handles = actors_of(dropped)
     del dropped
