@@ -123,7 +123,8 @@ class RayWorkers:
         )
         # Sent once: each actor gets the dataset and its settings by reference.
         self._setup = ray.put((dataset, collate_fn, options, worker_init_fn))
-        self._actors: list[_Actor] = []
+        self._actors: list[_Actor] = []  # the live ones
+        self._start_failed: WorkerError | None = None
         self._finalizer = weakref.finalize(self, _kill, ray, self._actors, started_ray)
         for row in range(executor.actors):
             self._actors.append(self._start(row))
@@ -135,7 +136,7 @@ class RayWorkers:
     @property
     def actors(self) -> list[Any]:
         """The handles of the live actors."""
-        return [actor.handle for actor in self._actors if actor.alive]
+        return [actor.handle for actor in self._actors]
 
     def epoch(self, batches: Sequence[Sequence[Any]], seed: int, pin_memory: bool) -> Iterator[Any]:
         """The outcomes of ``batches``, in order (the batch, a ``Partial`` or a ``Failure``)."""
@@ -146,7 +147,10 @@ class RayWorkers:
         sent = delivered = 0
 
         def send(number: int) -> None:
-            actor = min((a for a in self._actors if a.alive), key=lambda a: a.in_flight)
+            if not self._actors:  # every actor failed to start
+                done[number] = Failure(self._start_failed or WorkerError("no Ray actor"))
+                return
+            actor = min(self._actors, key=lambda a: a.in_flight)
             runs[number] += 1
             actor.in_flight += 1
             ref = actor.handle.run.remote(seed, number, list(batches[number]))
@@ -165,7 +169,9 @@ class RayWorkers:
                         outcome, vector = ray.get(ref)
                     except ray.exceptions.RayActorError as exc:
                         self._lost(actor, exc)
-                        if runs[number] < self._executor.max_attempts:
+                        if self._start_failed is not None:
+                            done[number] = Failure(self._start_failed)
+                        elif runs[number] < self._executor.max_attempts:
                             send(number)
                         else:
                             done[number] = Failure(_gave_up(number, runs[number], exc))
@@ -191,8 +197,17 @@ class RayWorkers:
         if not actor.alive:
             return
         actor.alive = False
-        log.warning("Ray actor %d died (%s); its batches run again on the others", actor.row, exc)
         self._actors.remove(actor)
+        if getattr(exc, "actor_init_failed", False):
+            # The dataset, collate function or worker_init_fn fails in an actor: so would it
+            # in the next one.
+            error = WorkerError(
+                f"a Ray actor could not start: {exc}", stage="worker", cause=Reason.WORKER_DIED
+            )
+            error.__cause__ = exc
+            self._start_failed = error
+            return
+        log.warning("Ray actor %d died (%s); its batches run again on the others", actor.row, exc)
         self._actors.append(self._start(actor.row))
 
     def close(self) -> None:

@@ -14,9 +14,15 @@ from typing import Any
 import pytest
 import torch
 
-from concurrent_loader import ConcurrentDataLoader, ObjectDataset, ObjectNotFound
+from concurrent_loader import ConcurrentDataLoader, ObjectDataset, ObjectNotFound, WorkerError
 from concurrent_loader.loader.ray_workers import RayExecutor
-from tests.executors.cluster.workload import SlowIndex, StartLog, index_of, write_numbered
+from tests.executors.cluster.workload import (
+    SlowIndex,
+    StartLog,
+    fail_to_start,
+    index_of,
+    write_numbered,
+)
 
 COUNT = 60
 BATCH = 4
@@ -133,6 +139,16 @@ def test_errors_keep_their_type_and_object_and_the_epoch_goes_on(ray_cluster, tm
             next(batches)
         assert raised.value.url is not None and raised.value.url.endswith("00005.bin")
         assert next(batches) == [8, 9, 10, 11]
+    finally:
+        remote.close()
+
+
+def test_an_actor_that_cannot_start_is_a_worker_error_naming_why(ray_cluster, numbered):
+    dataset = ObjectDataset(str(numbered), decode=index_of)
+    remote = loader(dataset, worker_init_fn=fail_to_start, executor=on_ray(actors=1))
+    try:
+        with pytest.raises(WorkerError, match="no scratch disk"):
+            next(iter(remote))
     finally:
         remote.close()
 

@@ -12,7 +12,7 @@ from torch.utils.data import Dataset
 
 from tests.helpers import body_for, index_of, key_for
 
-__all__ = ["SlowIndex", "StartLog", "index_of", "write_numbered"]
+__all__ = ["SlowIndex", "StartLog", "fail_to_start", "index_of", "write_numbered"]
 
 
 def write_numbered(root: Path, count: int) -> Path:
@@ -56,3 +56,8 @@ class StartLog(Dataset[int]):
         if not self.log.exists():
             return set()
         return {int(line) for line in self.log.read_text().split()}
+
+
+def fail_to_start(worker: int) -> None:
+    """A ``worker_init_fn`` that fails, as one needing what the actor's node lacks would."""
+    raise RuntimeError(f"worker {worker}: this node has no scratch disk")
