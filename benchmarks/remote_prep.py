@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(_REPO_ROOT) not in sys.path:
@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     common |= {"decode_threads": 1, "prefetch_batches": 2}
 
     results: dict[str, Any] = {"trainer_cpu": trainer_cpu, "actor_cpus": sorted(actor_cpus)}
-    synthetic = next(iter(ConcurrentDataLoader(dataset, **common)))
+    synthetic = default_collate([dataset[i] for i in range(args.batch_size)])
     results["synthetic_steps_per_s"] = steps_per_s(iter(lambda: synthetic, None), step, args.steps)
     workers = ConcurrentDataLoader(dataset, num_workers=1, persistent_workers=True, **common)
     results["local_steps_per_s"] = steps_per_s(endless(workers), step, args.steps)
@@ -208,8 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--images", type=int, default=256, help="generated JPEGs")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--image-size", type=int, default=224)
-    parser.add_argument("--steps", type=int, default=48, help="timed steps per feed")
-    parser.add_argument("--step-matmuls", type=int, default=120, help="compute per step")
+    parser.add_argument("--steps", type=int, default=32, help="timed steps per feed")
+    parser.add_argument("--step-matmuls", type=int, default=240, help="compute per step")
     parser.add_argument("--handoff-batches", type=int, default=64)
     parser.add_argument("--data-dir", type=Path, default=_REPO_ROOT / ".bench/data")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: seconds, for CI")
