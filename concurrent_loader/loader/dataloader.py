@@ -96,6 +96,11 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         executor: RayExecutor | None = None,
     ) -> None:
         check_max_skipped(max_skipped)
+        if executor is not None and num_workers:
+            raise ConfigError(
+                "executor= makes the batches on its Ray actors: leave num_workers at 0 "
+                f"(got {num_workers})"
+            )
         source = source_of(dataset)
         options = PipelineOptions.derive(
             fetch_config=source.fetch_config if source else None,

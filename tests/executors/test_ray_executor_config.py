@@ -39,3 +39,11 @@ def test_the_window_defaults_to_prefetch_batches_per_actor():
 
     assert RayExecutor(actors=3).window(PipelineOptions(prefetch_batches=4)) == 12
     assert RayExecutor(actors=3, max_batches_in_flight=5).window(PipelineOptions()) == 5
+
+
+def test_local_workers_and_actors_are_not_both_asked_for():
+    pytest.importorskip("ray", reason="RayExecutor is made only where Ray is installed")
+    from concurrent_loader import ConcurrentDataLoader
+
+    with pytest.raises(ConfigError, match="num_workers"):
+        ConcurrentDataLoader(list(range(8)), num_workers=2, executor=RayExecutor())
