@@ -11,8 +11,9 @@ batches through Ray's object store. Invariants of :meth:`RayWorkers.epoch`:
   the live actor with the fewest batches in flight, so a slow actor holds back at most the
   batches it was given;
 - an actor that dies (``ray.kill``, a lost node, the OS) is replaced, and each batch it held
-  is sent again to the live actors, up to ``max_attempts`` runs in all; past that the batch's
-  outcome is a ``WorkerError``;
+  (or whose finished result was lost with its node) is sent again to the live actors, up to
+  ``max_attempts`` runs in all; past that the batch's outcome is a ``WorkerError``; an actor
+  that fails as it starts is a ``WorkerError`` for every batch, without replacements;
 - leaving an epoch early cancels its calls still queued; :meth:`RayWorkers.close` (or the
   pool being collected) kills every actor it made, and shuts Ray down only if it started it.
 """
@@ -167,8 +168,10 @@ class RayWorkers:
                     actor.in_flight -= 1
                     try:
                         outcome, vector = ray.get(ref)
-                    except ray.exceptions.RayActorError as exc:
-                        self._lost(actor, exc)
+                    except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
+                        # The actor died, or the node holding its finished batch did.
+                        if isinstance(exc, ray.exceptions.RayActorError):
+                            self._lost(actor, exc)
                         if self._start_failed is not None:
                             done[number] = Failure(self._start_failed)
                         elif runs[number] < self._executor.max_attempts:
