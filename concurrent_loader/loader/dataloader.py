@@ -101,6 +101,8 @@ class ConcurrentDataLoader(DataLoader[T_co]):
                 "executor= makes the batches on its Ray actors: leave num_workers at 0 "
                 f"(got {num_workers})"
             )
+        if executor is not None and isinstance(dataset, IterableDataset):
+            raise ConfigError("executor= needs a map-style dataset (batches are planned here)")
         source = source_of(dataset)
         options = PipelineOptions.derive(
             fetch_config=source.fetch_config if source else None,

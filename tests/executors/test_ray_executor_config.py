@@ -47,3 +47,17 @@ def test_local_workers_and_actors_are_not_both_asked_for():
 
     with pytest.raises(ConfigError, match="num_workers"):
         ConcurrentDataLoader(list(range(8)), num_workers=2, executor=RayExecutor())
+
+
+def test_an_iterable_dataset_is_not_sent_to_actors():
+    pytest.importorskip("ray", reason="RayExecutor is made only where Ray is installed")
+    from torch.utils.data import IterableDataset
+
+    from concurrent_loader import ConcurrentDataLoader
+
+    class Stream(IterableDataset[int]):
+        def __iter__(self):
+            return iter(range(8))
+
+    with pytest.raises(ConfigError, match="map-style"):
+        ConcurrentDataLoader(Stream(), executor=RayExecutor())
