@@ -119,8 +119,11 @@ class RayWorkers:
         self._executor = executor
         self._window = executor.window(options)
         self._stats = stats
+        # Spread over the nodes: more nodes' CPUs and network links per trainer.
         self._actor_class = ray.remote(PrepActor).options(
-            num_cpus=executor.cpus_per_actor, max_concurrency=self._window
+            num_cpus=executor.cpus_per_actor,
+            max_concurrency=self._window,
+            scheduling_strategy="SPREAD",
         )
         # Sent once: each actor gets the dataset and its settings by reference.
         self._setup = ray.put((dataset, collate_fn, options, worker_init_fn))
