@@ -27,10 +27,9 @@ class RayCluster:
     worker_node: Any
 
     def node_leaves(self) -> None:
-        """The worker node goes (its actors and the objects it holds with it); a new one
-        joins in its place."""
+        """The worker node goes, with its actors and the objects it holds (for good: the
+        head alone runs what follows)."""
         self.cluster.remove_node(self.worker_node)
-        self.worker_node = self._add_node()
 
     def _add_node(self) -> Any:
         node = self.cluster.add_node(num_cpus=CPUS_PER_NODE, node_ip_address="127.0.0.1")

@@ -94,43 +94,6 @@ def test_batches_are_the_samplers_in_order_each_sample_once(ray_cluster, numbere
         remote.close()
 
 
-def test_an_actor_killed_mid_epoch_loses_no_batch_and_repeats_none(ray_cluster, numbered):
-    ray = ray_cluster.ray
-    expected = epochs(ObjectDataset(str(numbered), decode=index_of), 2)
-    slow = ObjectDataset(str(numbered), decode=SlowIndex(0.02))
-    remote = loader(slow, executor=on_ray(max_batches_in_flight=4))
-    try:
-        batches = iter(remote)
-        got = [next(batches), next(batches)]
-        victim = actors_of(remote)[0]
-        ray.kill(victim)
-        got += list(batches)
-        assert got == expected[0]
-        assert ends(ray, victim)
-        replaced = actors_of(remote)
-        assert len(replaced) == 2 and victim not in replaced
-        assert list(remote) == expected[1]  # the next epoch on the new pair
-    finally:
-        remote.close()
-
-
-def test_a_node_that_leaves_mid_epoch_loses_no_batch_and_repeats_none(ray_cluster, numbered):
-    expected = epochs(ObjectDataset(str(numbered), decode=index_of), 1)
-    slow = ObjectDataset(str(numbered), decode=SlowIndex(0.02))
-    # One actor per node (actors are spread over the nodes).
-    remote = loader(slow, executor=on_ray(cpus_per_actor=1, max_batches_in_flight=4))
-    try:
-        batches = iter(remote)
-        got = [next(batches), next(batches)]
-        before = actors_of(remote)
-        ray_cluster.node_leaves()
-        got += list(batches)
-        assert got == expected[0]
-        assert len(set(before) - set(actors_of(remote))) == 1  # its actor, replaced
-    finally:
-        remote.close()
-
-
 def test_resume_across_executors_is_exact(ray_cluster, numbered):
     dataset = ObjectDataset(str(numbered), decode=index_of)
     expected = epochs(dataset, 3)
@@ -243,3 +206,33 @@ def test_close_and_garbage_collection_leave_no_actor(ray_cluster, numbered):
     gc.collect()
     assert all(ends(ray, handle) for handle in handles)
     assert ray.is_initialized()  # a Ray the loader did not start stays up
+
+
+# Last: the worker node it takes away is not replaced.
+def test_an_actor_killed_or_its_node_gone_mid_epoch_loses_no_batch_and_repeats_none(
+    ray_cluster, numbered
+):
+    ray = ray_cluster.ray
+    expected = epochs(ObjectDataset(str(numbered), decode=index_of), 2)
+    slow = ObjectDataset(str(numbered), decode=SlowIndex(0.02))
+    # One actor per node (actors are spread over the nodes).
+    remote = loader(slow, executor=on_ray(cpus_per_actor=1, max_batches_in_flight=4))
+    try:
+        batches = iter(remote)
+        got = [next(batches), next(batches)]
+        victim = actors_of(remote)[0]
+        ray.kill(victim)
+        got += list(batches)
+        assert got == expected[0]
+        assert ends(ray, victim)
+        pair = actors_of(remote)
+        assert len(pair) == 2 and victim not in pair  # replaced
+
+        batches = iter(remote)
+        got = [next(batches), next(batches)]
+        ray_cluster.node_leaves()
+        got += list(batches)
+        assert got == expected[1]
+        assert len(set(pair) - set(actors_of(remote))) == 1  # the node's actor, replaced
+    finally:
+        remote.close()
