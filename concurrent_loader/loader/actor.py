@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -49,6 +50,8 @@ class PrepActor:
         self._collate = collate_fn
         self._options = options
         self._stats = StageStats(stats, cache=cache_tally())
+        self._lock = threading.Lock()
+        self._calls_ended = 0
         source = source_of(dataset)
         self._lease: Runtime | None = None
         if source is not None and source.store.capabilities.remote:
@@ -56,9 +59,10 @@ class PrepActor:
         if worker_init_fn is not None:  # as torch calls it in each worker process
             worker_init_fn(index)
 
-    def run(self, seed: int, number: int, indices: Sequence[Any]) -> tuple[Any, list[float]]:
+    def run(self, seed: int, number: int, indices: Sequence[Any]) -> tuple[Any, int, list[float]]:
         """Batch ``number`` of the epoch whose base seed is ``seed``: its outcome, and the
-        actor's counters after it."""
+        actor's counters after it with how many calls had ended then (replies of calls run
+        side by side may arrive in either order: the later counters win)."""
         # As torch seeds worker w with base_seed + w: transforms that draw random numbers see
         # a seed that depends on the epoch and the batch, not on which actor ran it.
         torch.manual_seed(seed + number)
@@ -71,7 +75,9 @@ class PrepActor:
             stats=self._stats,
         )
         (outcome,) = pipeline.outcomes()
-        return outcome, self._stats.vector()
+        with self._lock:
+            self._calls_ended += 1
+            return outcome, self._calls_ended, self._stats.vector()
 
     def pid(self) -> int:
         return os.getpid()

@@ -80,6 +80,7 @@ class _Actor:
     row: int  # its row of the counters (an actor that replaces another takes its row)
     in_flight: int = 0
     alive: bool = True
+    counted: int = 0  # the calls ended when the counters last written were taken
 
 
 def _kill(ray: Any, actors: list[_Actor], started_ray: bool) -> None:
@@ -170,7 +171,7 @@ class RayWorkers:
                     number, actor = in_flight.pop(ref)
                     actor.in_flight -= 1
                     try:
-                        outcome, vector = ray.get(ref)
+                        outcome, calls_ended, vector = ray.get(ref)
                     except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as exc:
                         # The actor died, or the node holding its finished batch did.
                         if isinstance(exc, ray.exceptions.RayActorError):
@@ -185,7 +186,9 @@ class RayWorkers:
                     except ray.exceptions.RayTaskError as exc:  # this module's own failure
                         done[number] = Failure(exc.cause if exc.cause is not None else exc)
                         continue
-                    self._stats.write(actor.row, StageStats(vector))
+                    if calls_ended > actor.counted:
+                        actor.counted = calls_ended
+                        self._stats.write(actor.row, StageStats(vector))
                     done[number] = outcome
                 outcome = done.pop(delivered)
                 delivered += 1
@@ -193,8 +196,9 @@ class RayWorkers:
                     outcome = pin(outcome)
                 yield outcome
         finally:
-            for ref in in_flight:  # an epoch left early: what is still queued need not run
-                try:
+            for ref, (_, actor) in in_flight.items():  # an epoch left early
+                actor.in_flight -= 1
+                try:  # what is still queued need not run
                     ray.cancel(ref)
                 except Exception as exc:
                     log.debug("cancelling a Ray call: %s", exc)
