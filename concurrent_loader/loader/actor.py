@@ -53,6 +53,7 @@ class PrepActor:
         self._lock = threading.Lock()
         self._calls_ended = 0
         source = source_of(dataset)
+        # Held until the actor's process ends (it is killed, never asked to stop).
         self._lease: Runtime | None = None
         if source is not None and source.store.capabilities.remote:
             self._lease = acquire_runtime()
@@ -81,8 +82,3 @@ class PrepActor:
 
     def pid(self) -> int:
         return os.getpid()
-
-    def close(self) -> None:
-        lease, self._lease = self._lease, None
-        if lease is not None:
-            lease.release()
