@@ -16,6 +16,8 @@ import torch
 
 from concurrent_loader import ConcurrentDataLoader, ObjectDataset, ObjectNotFound, WorkerError
 from concurrent_loader.loader.ray_workers import RayExecutor
+from concurrent_loader.stores import HttpConfig
+from concurrent_loader.testing.files import FileServer
 from tests.executors.cluster.workload import (
     SlowIndex,
     StartLog,
@@ -23,6 +25,7 @@ from tests.executors.cluster.workload import (
     index_of,
     write_numbered,
 )
+from tests.helpers import key_for
 
 COUNT = 60
 BATCH = 4
@@ -116,22 +119,27 @@ def test_resume_across_executors_is_exact(ray_cluster, numbered):
 
 
 def test_errors_keep_their_type_and_object_and_the_epoch_goes_on(ray_cluster, tmp_path):
+    # Over HTTP from the project's file server: the actor's remote path (its event loop,
+    # fetch client and connections), and a 404 for the missing object.
     root = write_numbered(tmp_path / "data", 12)
-    dataset = ObjectDataset(str(root), decode=index_of)  # lists the 12 files
-    missing = root / "00005.bin"
-    missing.unlink()
-    remote = ConcurrentDataLoader(
-        dataset, batch_size=BATCH, collate_fn=list, executor=on_ray(actors=1)
-    )
-    try:
-        batches = iter(remote)
-        assert next(batches) == [0, 1, 2, 3]
-        with pytest.raises(ObjectNotFound) as raised:
-            next(batches)
-        assert raised.value.url is not None and raised.value.url.endswith("00005.bin")
-        assert next(batches) == [8, 9, 10, 11]
-    finally:
-        remote.close()
+    (root / key_for(5)).unlink()
+    with FileServer(root) as server:
+        url = server.endpoint_url + "/"
+        keys = [key_for(i) for i in range(12)]
+        dataset = ObjectDataset(HttpConfig.from_url(url), keys=keys, decode=index_of)
+        remote = ConcurrentDataLoader(
+            dataset, batch_size=BATCH, collate_fn=list, executor=on_ray(actors=1)
+        )
+        try:
+            batches = iter(remote)
+            assert next(batches) == [0, 1, 2, 3]
+            with pytest.raises(ObjectNotFound) as raised:
+                next(batches)
+            assert raised.value.url == url + key_for(5)
+            assert next(batches) == [8, 9, 10, 11]
+            assert remote.stats()["requests"] >= 2 * BATCH  # the two whole batches, at least
+        finally:
+            remote.close()
 
 
 def test_an_actor_that_cannot_start_is_a_worker_error_naming_why(ray_cluster, numbered):
