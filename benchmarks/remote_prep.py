@@ -206,10 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=256, help="generated JPEGs")
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--steps", type=int, default=32, help="timed steps per feed")
-    parser.add_argument("--step-matmuls", type=int, default=240, help="compute per step")
+    parser.add_argument("--step-matmuls", type=int, default=60, help="compute per step")
     parser.add_argument("--handoff-batches", type=int, default=64)
     parser.add_argument("--data-dir", type=Path, default=_REPO_ROOT / ".bench/data")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: seconds, for CI")
