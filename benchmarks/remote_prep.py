@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--steps", type=int, default=32, help="timed steps per feed")
-    parser.add_argument("--step-matmuls", type=int, default=60, help="compute per step")
+    parser.add_argument("--step-matmuls", type=int, default=600, help="compute per step")
     parser.add_argument("--handoff-batches", type=int, default=64)
     parser.add_argument("--data-dir", type=Path, default=_REPO_ROOT / ".bench/data")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: seconds, for CI")
