@@ -10,7 +10,14 @@ from .dataset import IMG_EXTENSIONS, ImageFolder, ObjectDataset
 from .decode import EncodedImage
 from .errors import *  # noqa: F403  (the error tree: errors.__all__)
 from .fetch.parts import PartsConfig
-from .loader import ConcurrentDataLoader, PartialBatch, PartialDict, PartialList, is_partial
+from .loader import (
+    ConcurrentDataLoader,
+    PartialBatch,
+    PartialDict,
+    PartialList,
+    RayExecutor,
+    is_partial,
+)
 from .pipeline import SkippedSample
 from .shards.dataset import ImageSample, ShardDataset
 from .stores.azure import AzureConfig
@@ -23,5 +30,6 @@ __version__ = "0.1.0"
 __all__ = ["IMG_EXTENSIONS", "AzureConfig", "ConcurrentDataLoader", "EncodedImage", "FetchConfig"]
 __all__ += ["GcsConfig", "HedgeConfig"]
 __all__ += ["ImageFolder", "ImageSample", "ObjectDataset", "PartialBatch", "PartialDict"]
-__all__ += ["PartialList", "PartsConfig", "Readahead", "RetryConfig", "S3Config", "ShardDataset"]
+__all__ += ["PartialList", "PartsConfig", "RayExecutor", "Readahead", "RetryConfig", "S3Config"]
+__all__ += ["ShardDataset"]
 __all__ += ["SkippedSample", "Timeouts", "is_partial", *errors.__all__]

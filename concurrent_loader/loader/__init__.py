@@ -2,5 +2,7 @@
 
 from .dataloader import ConcurrentDataLoader
 from .iterator import PartialBatch, PartialDict, PartialList, is_partial
+from .ray_workers import RayExecutor
 
-__all__ = ["ConcurrentDataLoader", "PartialBatch", "PartialDict", "PartialList", "is_partial"]
+__all__ = ["ConcurrentDataLoader", "PartialBatch", "PartialDict", "PartialList", "RayExecutor"]
+__all__ += ["is_partial"]

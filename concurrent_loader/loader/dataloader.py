@@ -10,6 +10,7 @@ generator holding the same base seed) iterates :class:`~.worker.PlannedBatches` 
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import warnings
@@ -36,6 +37,7 @@ from .iterator import EpochIterator, Skips, check_max_skipped
 from .lookahead import predict_next_epoch
 from .plan import Unbatched, draw_batches, draws_from_global, tell_sampler
 from .processes import Workers
+from .ray_workers import RayExecutor, RayWorkers, base_seed
 from .starting import fresh_credentials, frozen_heap
 
 __all__ = ["ConcurrentDataLoader"]
@@ -58,7 +60,9 @@ class ConcurrentDataLoader(DataLoader[T_co]):
     - ``on_error``: ``"raise"`` (``next()`` raises the failed batch's error, the next call goes
       on) or ``"skip"``, within ``max_skipped`` (a count or a fraction of the epoch's samples);
     - ``log_every_s``: log :meth:`stats` this often; ``stall_timeout_s``: a process waiting
-      this long raises ``LoaderStalled`` (None: never).
+      this long raises ``LoaderStalled`` (None: never);
+    - ``executor``: None (batches made by ``num_workers`` local worker processes) or a
+      :class:`~.ray_workers.RayExecutor` (made on Ray actors, which live until :meth:`close`).
     """
 
     def __init__(
@@ -89,8 +93,16 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         max_skipped: int | float = 0.01,
         log_every_s: float | None = None,
         stall_timeout_s: float | None = 300.0,
+        executor: RayExecutor | None = None,
     ) -> None:
         check_max_skipped(max_skipped)
+        if executor is not None and num_workers:
+            raise ConfigError(
+                "executor= makes the batches on its Ray actors: leave num_workers at 0 "
+                f"(got {num_workers})"
+            )
+        if executor is not None and isinstance(dataset, IterableDataset):
+            raise ConfigError("executor= needs a map-style dataset (batches are planned here)")
         source = source_of(dataset)
         options = PipelineOptions.derive(
             fetch_config=source.fetch_config if source else None,
@@ -131,6 +143,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         self.max_skipped = max_skipped
         self.log_every_s = log_every_s
         self.stall_timeout_s = stall_timeout_s
+        self.executor = executor
         self.skipped: list[SkippedSample] = []
 
         self._iterable = isinstance(dataset, IterableDataset)
@@ -139,7 +152,9 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         self._shuffle = bool(shuffle)
         self._epoch = 0
         self._generators = resume.GeneratorStates(generator, sampler, batch_sampler)
-        self._shared_stats = SharedStats(max(num_workers, 0))
+        self._shared_stats = SharedStats(executor.actors - 1 if executor else max(num_workers, 0))
+        self._options = options
+        self._ray_workers: RayWorkers | None = None
         self._waits = StallLedger()
         self._iterating_since: float | None = None
         self._pending_state: dict[str, Any] | None = None
@@ -225,18 +240,29 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             raise ConfigError(
                 f"the state resumes after batch {skip}, but this epoch has {len(batches)} batches"
             )
-        predicted = self._predict_next_epoch()
-        starts_workers = self.num_workers > 0 and new_iterator
-        if starts_workers:
-            fresh_credentials(self.dataset)
         workers = self._workers
-        inner = workers.inner(self, batches, skip, collate, predicted)
-        with warnings.catch_warnings(), frozen_heap() if starts_workers else nullcontext():
-            # Said once above, as torch says it once per iterator.
-            warnings.filterwarnings("ignore", message="This DataLoader will create")
-            inner_batches = iter(inner)
-        if self.persistent_workers:
-            workers.started = True
+        failure: Callable[[BaseException], BaseException] = _same
+        if self.executor is not None:
+            # The seed a new inner iterator would have drawn, so either way leaves the
+            # generators in the same state (a state taken with one resumes with the other).
+            seed = base_seed(workers.generator)
+            pin_memory = self.pin_memory and torch.cuda.is_available()
+            actors = self._actors(self.executor, collate)
+            inner_batches = actors.epoch(batches[skip:], seed, pin_memory)
+        else:
+            predicted = self._predict_next_epoch()
+            starts_workers = self.num_workers > 0 and new_iterator
+            if starts_workers:
+                fresh_credentials(self.dataset)
+            inner = workers.inner(self, batches, skip, collate, predicted)
+            with warnings.catch_warnings(), frozen_heap() if starts_workers else nullcontext():
+                # Said once above, as torch says it once per iterator.
+                warnings.filterwarnings("ignore", message="This DataLoader will create")
+                inner_batches = iter(inner)
+            if self.persistent_workers:
+                workers.started = True
+            processes = workers.processes
+            failure = functools.partial(workers.failure, processes=processes)
         self._iterating_since = self._iterating_since or time.perf_counter()
         self._progress = resume.EpochProgress(
             epoch=epoch,
@@ -249,17 +275,36 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         )
         skips = Skips(self.on_error, self.max_skipped, self._progress.samples)
         self.skipped = skips.skipped
-        processes = workers.processes
         return EpochIterator(
             inner_batches,
             self._progress,
-            failure=lambda exc: workers.failure(exc, processes),
+            failure=failure,
             skips=skips,
             waits=self._waits,
             pin_memory=self.pin_memory,
             log_every_s=self.log_every_s,
             stats=self.stats,
         )
+
+    def _actors(self, executor: RayExecutor, collate: Callable[[list[Any]], Any]) -> RayWorkers:
+        if self._ray_workers is None:
+            fresh_credentials(self.dataset)
+            self._ray_workers = RayWorkers(
+                executor,
+                self.dataset,
+                collate,
+                self._options,
+                self._shared_stats,
+                self.worker_init_fn,
+            )
+        return self._ray_workers
+
+    def close(self) -> None:
+        """End the Ray actors this loader made (local workers end with their epoch, or with
+        the loader when persistent)."""
+        ray_workers, self._ray_workers = self._ray_workers, None
+        if ray_workers is not None:
+            ray_workers.close()
 
     def _predict_next_epoch(self) -> list[list[Any]]:
         """The next epoch's batches, for persistent workers to fetch ahead (:mod:`.lookahead`);
@@ -299,7 +344,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         """Loader metrics merged over every process (see ``README``); ``verdict`` names the
         bottleneck."""
         elapsed = time.perf_counter() - self._iterating_since if self._iterating_since else 0.0
-        processes = max(1, self.num_workers)
+        processes = self.executor.actors if self.executor else max(1, self.num_workers)
         source = source_of(self.dataset)
         fetch_slots = source.fetch_config.inflight_cap if source else self.getitem_threads
         return loader_stats(
@@ -309,3 +354,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             fetch_slots=fetch_slots * processes,
             decode_slots=self.decode_threads * processes,
         )
+
+
+def _same(exc: BaseException) -> BaseException:
+    return exc

@@ -1,0 +1,84 @@
+"""The body of one Ray actor of a :class:`~.ray_workers.RayWorkers`: the process's own
+pipeline, one batch per call.
+
+An actor is a long-lived worker process on some node. It holds a runtime lease for its whole
+life (as a persistent DataLoader worker does), so its event loop, fetch clients, open
+connections and the node-local cache's open files stay from one batch, and one epoch, to the
+next. Each call runs the unchanged :class:`~concurrent_loader.pipeline.BatchPipeline` over
+one batch; calls run concurrently on the actor's threads (Ray's ``max_concurrency``), so the
+batches the trainer has in flight on it share its fetch client, byte budget and connections.
+
+Invariants: a call returns exactly one outcome for its batch (the collated batch, a
+``Partial`` or a ``Failure`` carrying the exception as data, so it reaches the trainer with
+its type and URL), with this actor's counters so far; nothing here raises for a failed
+sample or batch.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from ..metrics import StageStats
+from ..metrics.stats import cache_tally
+from ..pipeline import BatchPipeline, PipelineOptions, source_of
+from ..runtime import Runtime, acquire_runtime
+
+__all__ = ["PrepActor", "Setup"]
+
+
+Setup = tuple[
+    Dataset[Any], Callable[[list[Any]], Any], PipelineOptions, Callable[[int], None] | None
+]
+
+
+class PrepActor:
+    """Makes batches with ``setup``: the dataset, the collate function, the pipeline's options
+    and the loader's ``worker_init_fn`` (called with ``index``, as torch calls it in worker
+    ``index``); counts into ``stats`` (what an earlier actor in its place counted, so the
+    trainer's sums never go back)."""
+
+    def __init__(self, setup: Setup, stats: list[float], index: int) -> None:
+        dataset, collate_fn, options, worker_init_fn = setup
+        self._dataset = dataset
+        self._collate = collate_fn
+        self._options = options
+        self._stats = StageStats(stats, cache=cache_tally())
+        self._lock = threading.Lock()
+        self._calls_ended = 0
+        source = source_of(dataset)
+        # Held until the actor's process ends (it is killed, never asked to stop).
+        self._lease: Runtime | None = None
+        if source is not None and source.store.capabilities.remote:
+            self._lease = acquire_runtime()
+        if worker_init_fn is not None:  # as torch calls it in each worker process
+            worker_init_fn(index)
+
+    def run(self, seed: int, number: int, indices: Sequence[Any]) -> tuple[Any, int, list[float]]:
+        """Batch ``number`` of the epoch whose base seed is ``seed``: its outcome, and the
+        actor's counters after it with how many calls had ended then (replies of calls run
+        side by side may arrive in either order: the later counters win)."""
+        # As torch seeds worker w with base_seed + w: transforms that draw random numbers see
+        # a seed that depends on the epoch and the batch, not on which actor ran it.
+        torch.manual_seed(seed + number)
+        random.seed(seed + number)
+        pipeline = BatchPipeline(
+            self._dataset,
+            [indices],
+            collate_fn=self._collate,
+            options=self._options,
+            stats=self._stats,
+        )
+        (outcome,) = pipeline.outcomes()
+        with self._lock:
+            self._calls_ended += 1
+            return outcome, self._calls_ended, self._stats.vector()
+
+    def pid(self) -> int:
+        return os.getpid()
