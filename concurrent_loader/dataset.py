@@ -211,7 +211,7 @@ def _read_manifest(
     parent, name = text.rsplit("/", 1)
     store = store_config_for(parent + "/")
     if type(store) is type(root) and hasattr(root, "with_root"):  # the root's options
-        store = root.with_root(parent + "/")
+        store = root.with_root(parent + "/")  # (an Azure root's account, endpoint and key)
     with ObjectDataset(store, keys=[name], fetch_config=config) as manifest_object:
         return bytes(manifest_object[0])
 

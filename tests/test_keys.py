@@ -142,6 +142,28 @@ def test_a_killed_creators_segment_is_removed_by_the_next_one_a_live_ones_kept()
     assert not os.path.exists(live_path)
 
 
+def test_a_dead_creators_segment_that_cannot_be_removed_does_not_stop_a_new_table(monkeypatch):
+    """Another user's leftover in a sticky ``/dev/shm`` cannot be unlinked (EPERM): it is left
+    there, and tables are still made."""
+    dead, dead_path = _holder()
+    dead.send_signal(signal.SIGKILL)
+    dead.wait()
+    unlink = os.unlink
+
+    def refuse(path, *args, **kwargs):
+        if os.fspath(path) == dead_path:
+            raise PermissionError(1, "Operation not permitted", path)
+        return unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", refuse)
+    try:
+        assert list(pickle.loads(pickle.dumps(KeyTable(["x"])))) == ["x"]
+        assert os.path.exists(dead_path)
+    finally:
+        monkeypatch.undo()
+        os.unlink(dead_path)
+
+
 def test_a_forked_child_never_removes_its_parents_segment():
     table = KeyTable(["a"]).acquire()
     pid = os.fork()

@@ -76,7 +76,7 @@ def remove_stale_segments() -> int:
                 try:
                     os.unlink(os.path.join(directory, name))
                     removed += 1
-                except FileNotFoundError:
+                except OSError:  # gone already, or another user's (sticky directory)
                     pass
     return removed
 

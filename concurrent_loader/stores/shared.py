@@ -5,6 +5,7 @@ non-2xx status becomes a :mod:`concurrent_loader.errors` class (S3's codes refin
 
 from __future__ import annotations
 
+import math
 import ssl
 from collections.abc import Mapping
 from typing import TypeVar
@@ -70,13 +71,14 @@ REASONS: dict[type[FetchError], Reason] = {
 
 
 def retry_after_seconds(headers: Mapping[str, str]) -> float | None:
-    """The delay a ``Retry-After`` header asks for, in seconds; None if absent or a date."""
+    """The delay a ``Retry-After`` header asks for, in seconds; None if absent, a date, or not
+    a finite number."""
     value = headers.get("retry-after", "").strip()
     try:
         seconds = float(value)
     except ValueError:
         return None
-    return seconds if seconds >= 0 else None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
 
 
 def ssl_context_for(config: FetchConfig, ca_bundle: str | None = None) -> ssl.SSLContext:

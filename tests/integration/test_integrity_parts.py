@@ -60,3 +60,28 @@ def test_an_object_overwritten_during_a_read_in_parts_is_read_again(
     assert bytes(got) == new, "the read mixed two versions of the object"
     # The first read's three parts and its probe past the end, then a second read.
     assert proxy.stats()["requests_by_method"]["GET"] > 4
+
+
+def test_an_object_read_in_parts_from_rclone_and_corrupted_is_never_returned(
+    rclone_server: Any, proxy_factory: Callable[..., Any]
+) -> None:
+    """``rclone serve s3`` answers ranged GETs with 200s carrying the whole object's CRC32
+    (kept for the assembled read, never checked against one part): a body corrupted on its
+    way (every GET, here) is never returned, whichever way the read ends."""
+    from concurrent_loader import ObjectDataset
+    from concurrent_loader.errors import IntegrityError
+    from concurrent_loader.testing import FaultPlan
+
+    rclone_server.create_bucket(BUCKET)
+    rclone_server.put_object(BUCKET, "parts.bin", random.Random(7).randbytes(SIZE))
+    proxy = proxy_factory(rclone_server.endpoint_url, faults=FaultPlan(corrupt=1.0))
+    root = rclone_server.store_config(BUCKET, "", endpoint_url=proxy.endpoint_url)
+    fetch = FetchConfig(retry=RetryConfig(max_attempts=2, base_delay=0.01, max_delay=0.05))
+    parts = PartsConfig(part_size=SIZE // 3 + 1, parts_in_flight=3)
+    with ObjectDataset(root, ["parts.bin"], fetch_config=fetch, parts=parts) as ds:
+        try:
+            ds[0]
+        except IntegrityError as error:
+            assert error.url == f"s3://{BUCKET}/parts.bin"
+        else:
+            raise AssertionError("corrupted parts were returned")

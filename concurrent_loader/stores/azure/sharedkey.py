@@ -19,7 +19,6 @@ import hmac
 import time
 from collections.abc import Sequence
 from email.utils import formatdate
-from urllib.parse import unquote
 
 from ...errors import ConfigError
 
@@ -45,7 +44,7 @@ def string_to_sign(
     """What Shared Key signs for ``GET path?query`` with these ``x-ms-*`` headers (``path``
     as sent, percent-encoded; ``query`` values not)."""
     headers = "".join(f"{name.lower()}:{value}\n" for name, value in sorted(x_ms_headers))
-    resource = "".join(f"\n{name.lower()}:{unquote(value)}" for name, value in sorted(query))
+    resource = "".join(f"\n{name.lower()}:{value}" for name, value in sorted(query))
     return f"GET\n{_EMPTY_SLOTS}{headers}/{account}{path}{resource}"
 
 

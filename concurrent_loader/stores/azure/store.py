@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import binascii
+import dataclasses
 import os
 import random
 import xml.etree.ElementTree as ET
@@ -158,6 +159,16 @@ class AzureConfig:
 
     def url_for(self, key: str) -> str:
         return f"az://{self.container}/{self.prefix}{key}"
+
+    def with_root(self, url: str) -> AzureConfig:
+        """The same account, endpoint and credential for another ``az://container/prefix``
+        (a manifest's folder, say); a URL naming another account is refused."""
+        container, prefix, account, _ = parse_url(url)
+        if account is not None and account != self.account:
+            raise ConfigError(
+                f"{url!r} is in account {account!r}, not {self.account!r}: give its own config"
+            )
+        return dataclasses.replace(self, container=container, prefix=prefix)
 
     def resolved(self) -> AzureConfig:
         return self

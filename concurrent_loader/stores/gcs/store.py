@@ -305,7 +305,8 @@ class GcsStore:
                     raise
                 wait = retry.backoff(attempt, rng)
                 if isinstance(exc, Throttled):
-                    wait = max(retry.throttle_backoff(attempt, rng), exc.retry_after or 0.0)
+                    asked = min(exc.retry_after or 0.0, retry.max_delay)  # never longer
+                    wait = max(retry.throttle_backoff(attempt, rng), asked)
                 await asyncio.sleep(wait)
         raise AssertionError("unreachable")  # pragma: no cover
 

@@ -39,6 +39,8 @@ from .sigv4 import CHECKSUM_MODE_HEADER, EMPTY_SHA256, SigV4Signer, encode_s3_ke
 __all__ = ["S3Config", "S3Store"]
 
 _CAPABILITIES = Capabilities(remote=True, listing=True, ranges=True, delimiter_listing=True)
+#: the largest listing page read, in bytes (1,000 keys of up to 1,024 bytes, in XML)
+_MAX_PAGE_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -252,13 +254,17 @@ class S3Store:
             body = Body(response.body, response.first_byte_s, etag)
             if isinstance(response.digest, RunningChecksum):
                 response.digest.check(url)
-            # A part of the object: its ETag is the object's MD5, checked once assembled.
-            if (
-                byte_range is not None
-                and self.config.verify_etag_md5
-                and not covers_whole_object(response.headers)
-            ):
-                body.object_checksum = s3_checksum({"etag": etag or ""}, etag_md5=True)
+            if byte_range is not None and not covers_whole_object(response.headers):
+                # A part of the object: the whole object's checksum that a 200 for a range
+                # carries (rclone's answer), else the ETag as its MD5, is checked once the
+                # parts are assembled.
+                config = self.config
+                whole_checksum = None
+                if config.verify_checksums and response.status == 200:
+                    whole_checksum = s3_checksum(response.headers, etag_md5=False)
+                if whole_checksum is None and config.verify_etag_md5:
+                    whole_checksum = s3_checksum({"etag": etag or ""}, etag_md5=True)
+                body.object_checksum = whole_checksum
             return body
         region = response.headers.get("x-amz-bucket-region")
         if region and region != route.region and response.status in (301, 400):
@@ -371,7 +377,7 @@ class S3Store:
                     f"{path}?{query}",
                     headers,
                     url=url,
-                    max_bytes=self._fetch.max_object_bytes,
+                    max_bytes=_MAX_PAGE_BYTES,  # a page of 1,000 long keys, whatever the objects
                 )
                 if response.status == 200:
                     return response.body

@@ -291,3 +291,30 @@ def test_shared_key_and_sas_are_accepted_and_a_wrong_key_or_right_is_refused(
     sas_of_another = azurite_server.sas_token(IMAGES)  # signed for another container
     with pytest.raises(AccessDenied):
         ObjectDataset(azurite_server.store_config(BLOBS, "small/", sas_token=sas_of_another))
+
+
+def test_a_manifest_in_the_container_is_read_with_the_roots_account_and_key(
+    azure_blobs, azurite_server, monkeypatch
+):
+    """The environment names another account on a loopback port nothing listens on; the
+    manifest goes where the root's config says, signed with the root's key."""
+    monkeypatch.setenv(
+        "AZURE_STORAGE_CONNECTION_STRING",
+        "DefaultEndpointsProtocol=http;AccountName=other;AccountKey=c29tZW9uZSBlbHNl;"
+        "BlobEndpoint=http://127.0.0.1:9/other",
+    )
+    keys = [k.removeprefix("small/") for k in azure_blobs.keys]
+    azurite_server.put_object(BLOBS, "manifests/root-options.txt", "\n".join(keys).encode())
+    root = azurite_server.store_config(BLOBS, "small/")
+    with ObjectDataset.from_manifest(
+        "az://blobs/manifests/root-options.txt", root, decode=sha256_hex
+    ) as ds:
+        assert list(ds.keys) == keys
+
+
+def test_a_prefix_with_a_percent_sign_is_listed(azurite_server):
+    """Shared Key signs query values as they are (a ``%41`` in a prefix is not an ``A``)."""
+    azurite_server.put_object(BLOBS, "pct%41/one.bin", b"1")
+    azurite_server.put_object(BLOBS, "pctA/other.bin", b"2")
+    with ObjectDataset(azurite_server.store_config(BLOBS, "pct%41/")) as ds:
+        assert list(ds.keys) == ["one.bin"] and ds[0] == b"1"
