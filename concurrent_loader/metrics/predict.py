@@ -25,9 +25,9 @@ requests in flight each, on C cores):
 
 The recommendation is the setting within C cores that reaches the step rate with the fewest
 cores (without a step rate, or when none reaches it: the highest rate, then the fewest
-cores), with the requests in flight per worker that give it the ingest it needs (1.25 x,
-at least 4), and the cache budget whose share of the dataset lifts the ingest to that need
-when the storage alone cannot (0: no cache needed).
+cores), with the requests in flight per worker at which the measured ingest curve gives
+the rate it needs (x 1.25, at least 4), and the cache budget whose share of the dataset
+lifts the ingest to that need when the storage alone cannot (0: no cache needed).
 """
 
 from __future__ import annotations
@@ -169,9 +169,17 @@ class StageRates:
         return "storage" if ingest < self.decode_at(setting) else "decode"
 
     def inflight_for(self, rate: float, workers: int) -> int:
-        """Requests in flight per worker for an ingest of ``rate`` over ``workers``."""
-        needed = INFLIGHT_HEADROOM * rate * self.latency_s
-        return max(MIN_INFLIGHT, math.ceil(needed / max(workers, 1)))
+        """Requests in flight per worker for an ingest of ``rate`` (at most the ceiling) over
+        ``workers``: where the measured curve reaches it, with headroom."""
+        target = min(rate, self.ingest_ceiling)
+        needed, before_x, before_y = 0.0, 0.0, 0.0
+        for at in sorted(self.ingest):
+            y = self.ingest[at]
+            if y >= target and y > before_y:
+                needed = before_x + (target - before_y) / (y - before_y) * (at - before_x)
+                break
+            before_x, before_y = float(at), max(before_y, y)
+        return max(MIN_INFLIGHT, math.ceil(INFLIGHT_HEADROOM * needed / max(workers, 1)))
 
     def with_efficiency(self, measured: Iterable[tuple[Setting, float]]) -> StageRates:
         """These rates with ``efficiency`` fitted to end-to-end rates measured at settings."""
