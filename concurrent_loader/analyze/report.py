@@ -118,6 +118,7 @@ def plot_rates(result: Analysis, path: str) -> None:
         )
         if result.step_rate is not None:
             ax.axhline(result.step_rate, color="red", label="training step")
+        ax.set_xticks(cores)
         ax.set_xlabel("cores (workers x decode threads)")
         ax.set_ylabel("samples/s")
         ax.set_title(result.root, fontsize=9)
