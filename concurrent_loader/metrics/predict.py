@@ -9,10 +9,11 @@ requests in flight each, on C cores):
   process at N in flight, linearly interpolated between the settings measured (from 0 at 0)
   and flat beyond the largest (no extrapolation past what the storage was seen to give);
   N = W * c;
-- decode: ``max(W, 1) * decode(T) * min(1, C / (max(W, 1) * T))``, where ``decode(T)`` is
-  the rate of T threads of one process on bytes already in memory (interpolated as above),
-  so the threads' contention inside a process is in it, and processes scale until they
-  outnumber the cores;
+- decode: ``decode(max(W, 1) * T)``, where ``decode(n)`` is the rate of n threads of one
+  process on bytes already in memory, measured from 1 to C (interpolated as above, flat past
+  C). The decoders release the GIL, so n threads decode about what n processes do, and
+  the curve holds what the cores really give: on a machine whose cores are busy with other
+  work (or with a storage server on the same node), two decoders are not twice one;
 - the loader: ``efficiency * min(ingest, decode)``; ``efficiency`` is the median over the
   settings measured end to end of ``measured / min(ingest, decode)``, at most 1 (what the
   stages alone do not see: collation, the hand-off to the main process, epoch starts);
@@ -25,9 +26,10 @@ requests in flight each, on C cores):
 
 The recommendation is the setting within C cores that reaches the step rate with the fewest
 cores (without a step rate, or when none reaches it: the highest rate, then the fewest
-cores), with the requests in flight per worker at which the measured ingest curve gives
-the rate it needs (x 1.25, at least 4), and the cache budget whose share of the dataset
-lifts the ingest to that need when the storage alone cannot (0: no cache needed).
+cores; then the most workers), with the requests in flight per worker at which the
+measured ingest curve gives the rate it needs (x 1.25, at least 4), and the cache budget
+whose share of the dataset lifts the ingest to that need when the storage alone cannot (0:
+no cache needed; the rate predicted is with that cache).
 """
 
 from __future__ import annotations
@@ -153,9 +155,7 @@ class StageRates:
         return 1.0 / ((1.0 - share) / rate + hit_cost) if share < 1 or hit_cost else math.inf
 
     def decode_at(self, setting: Setting) -> float:
-        processes = max(setting.workers, 1)
-        oversubscribed = min(1.0, self.cpus / (processes * setting.decode_threads))
-        return processes * interpolate(self.decode, setting.decode_threads) * oversubscribed
+        return interpolate(self.decode, setting.cores)
 
     def stages_at(self, setting: Setting, cache_share: float = 0.0) -> float:
         """``min(ingest, decode)``: the rate before ``efficiency``."""
@@ -233,7 +233,8 @@ def recommend(
         enough = [(s, r) for s, r in options if r >= step_rate]
     else:
         enough = [(s, r) for s, r in options if r >= 0.98 * best]
-    setting, rate = min(enough, key=lambda o: (o[0].cores, o[0].workers, -o[1]))
+    # fewest cores; then more processes (the work outside the decoders holds the GIL)
+    setting, rate = min(enough, key=lambda o: (o[0].cores, -o[0].workers, -o[1]))
     share = 0.0
     if remote and rates.bottleneck(setting) == "storage":
         target = rates.decode_at(setting)

@@ -19,9 +19,9 @@ from concurrent_loader.metrics.predict import (
 )
 
 # One process: 100 obj/s at 10 in flight (0.1 s per GET), 400 at 40, the storage flat at 600
-# from 100 in flight; decode 200/s on one thread, 300/s on two, 400/s on four; 4 cores.
+# from 100 in flight; decode 200/s on one thread, 400/s on two, 700/s on four; 4 cores.
 INGEST = {10: 100.0, 40: 400.0, 100: 600.0}
-DECODE = {1: 200.0, 2: 300.0, 4: 400.0}
+DECODE = {1: 200.0, 2: 400.0, 4: 700.0}
 
 
 def rates(**changes: object) -> StageRates:
@@ -58,11 +58,12 @@ def test_the_loader_rate_is_the_slower_stage_times_the_efficiency():
     model = rates(efficiency=0.8)
     # 2 workers x 1 thread, 20 in flight each: ingest at 40 = 400; decode 2 x 200 = 400
     assert model.loader_rate(Setting(2, 1, 20)) == pytest.approx(0.8 * 400.0)
-    # 1 worker x 2 threads, 5 in flight: ingest at 5 = 50 < decode 300
+    # 1 worker x 2 threads, 5 in flight: ingest at 5 = 50 < decode 400
     assert model.loader_rate(Setting(1, 2, 5)) == pytest.approx(0.8 * 50.0)
     assert model.bottleneck(Setting(1, 2, 5)) == "storage"
-    # 4 workers x 2 threads on 4 cores: 4 x 300 x 4/8 = 600 decode; ingest flat at 600
-    assert model.decode_at(Setting(4, 2, 64)) == pytest.approx(600.0)
+    # decoders are cores: 3 x 1 between 2 and 4 threads; 4 x 2 flat past the 4 cores
+    assert model.decode_at(Setting(3, 1, 64)) == pytest.approx(550.0)
+    assert model.decode_at(Setting(4, 2, 64)) == pytest.approx(700.0)
     assert model.bottleneck(Setting(2, 1, 64)) == "decode"  # ingest at 128: 600 > 400
 
 
@@ -85,7 +86,7 @@ def test_efficiency_is_the_median_measured_share_of_the_model_at_most_one():
     measured = [
         (Setting(1, 1, 64), 100.0),  # model 200 -> 0.5
         (Setting(2, 1, 64), 300.0),  # model 400 -> 0.75
-        (Setting(4, 1, 64), 720.0),  # model 600 -> 1.2
+        (Setting(4, 1, 64), 720.0),  # model 600 (the storage) -> 1.2
     ]
     assert model.with_efficiency(measured).efficiency == pytest.approx(0.75)
     faster = [(Setting(1, 1, 64), 400.0)]
@@ -103,15 +104,21 @@ def test_requests_in_flight_are_where_the_ingest_curve_reaches_the_rate():
 
 def test_without_a_step_the_fastest_setting_on_the_fewest_cores_is_recommended():
     rec = recommend(rates(), dataset_bytes=10**6)
-    # 4 workers x 1: decode 800 capped by the storage's 600; 3 x 1 decode 600, fewer cores
-    assert (rec.setting.workers, rec.setting.decode_threads) == (3, 1)
-    assert rec.rate == pytest.approx(600.0)
+    # 3 cores decode 550; 4 (4 x 1, 2 x 2, 1 x 4) get the storage's 600: most workers first
+    assert (rec.setting.workers, rec.setting.decode_threads) == (4, 1)
     assert rec.stall is None
+    # decode 700 > the storage's 600: a cache holding 1 - 600/700 of the data closes the gap
+    assert rec.cache_share == pytest.approx(cache_share_needed(600.0, 700.0, None))
+    assert rec.cache_share == pytest.approx(1 - 600 / 700)
+    assert rec.cache_budget_bytes == math.ceil(rec.cache_share * 10**6)
+    assert rec.rate == pytest.approx(700.0)
+    assert rec.bottleneck == "decode"
 
 
 def test_with_a_step_rate_the_fewest_cores_that_reach_it_are_recommended():
     rec = recommend(rates(), step_rate=350.0, dataset_bytes=10**6)
-    assert (rec.setting.workers, rec.setting.decode_threads) == (2, 1)  # 400 >= 350
+    # 2 cores decode 400 >= 350 (2 x 1 before 1 x 2)
+    assert (rec.setting.workers, rec.setting.decode_threads) == (2, 1)
     assert rec.stall == 0.0
     # 350/s: from 100 at 10 to 400 at 40, at 35 in flight; with headroom, over 2 workers
     assert rec.setting.inflight == math.ceil(INFLIGHT_HEADROOM * 35 / 2)
@@ -120,8 +127,8 @@ def test_with_a_step_rate_the_fewest_cores_that_reach_it_are_recommended():
 
 def test_a_step_no_setting_reaches_gets_the_fastest_and_its_stall():
     rec = recommend(rates(efficiency=0.5), step_rate=600.0, dataset_bytes=10**6)
-    assert rec.rate == pytest.approx(300.0)  # 0.5 x 600 (storage or decode)
-    assert rec.stall == pytest.approx(0.5)
+    assert rec.rate == pytest.approx(0.5 * 700)  # 4 cores' decode, the cache making up
+    assert rec.stall == pytest.approx(1 - 350 / 600)
 
 
 def test_a_storage_bound_setting_gets_the_cache_budget_that_lifts_its_ingest():
