@@ -27,7 +27,7 @@ requests in flight each, on C cores):
 The recommendation is the setting within C cores that reaches the step rate with the fewest
 cores (without a step rate, or when none reaches it: the highest rate, then the fewest
 cores; then the most workers), with the requests in flight per worker at which the
-measured ingest curve gives the rate it needs (x 1.25, at least 4), and the cache budget
+measured ingest curve gives the rate it needs (x 2, at least 4), and the cache budget
 whose share of the dataset lifts the ingest to that need when the storage alone cannot (0:
 no cache needed; the rate predicted is with that cache).
 """
@@ -52,7 +52,7 @@ __all__ = [
 #: Requests in flight per worker never recommended below this (the self-tuned floor).
 MIN_INFLIGHT = 4
 #: Headroom on the requests in flight that a rate needs (latency is not constant).
-INFLIGHT_HEADROOM = 1.25
+INFLIGHT_HEADROOM = 2.0
 
 
 def interpolate(points: Mapping[int, float], x: float) -> float:
