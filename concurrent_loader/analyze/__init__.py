@@ -19,7 +19,6 @@ holds nothing fails at the listing, before any measurement.
 
 from __future__ import annotations
 
-import os
 import random
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from ..decode import image_decoder
 from ..listing import empty_root, list_store
 from ..listing import progress as listing_progress
 from ..metrics.predict import Recommendation, Setting, StageRates, recommend
+from ..pipeline.options import available_cpus
 from ..stores import StoreConfig
 from .measure import Run, decode_rate, object_size, run_loader
 
@@ -167,7 +167,7 @@ def analyze(
     """Measure ``store``'s dataset and predict (see the module docstring)."""
     if seconds <= 0:
         raise ValueError(f"seconds must be > 0, got {seconds}")
-    cpus = cpus or len(os.sched_getaffinity(0))
+    cpus = cpus or available_cpus()
     if cpus < 1 or batch_size < 1:
         raise ValueError(f"cpus and batch size must be >= 1, got {cpus} and {batch_size}")
     fetch = FetchConfig()
