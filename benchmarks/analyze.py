@@ -76,7 +76,7 @@ def _loader_run(
                 if now - started >= seconds and images:
                     break
         finally:
-            epoch.close()
+            epoch.close()  # type: ignore[attr-defined]  # an EpochIterator
     elapsed = now - (started or now)
     return {
         "images_per_s": images / elapsed,
@@ -119,7 +119,7 @@ def run(
     }
     with LocalS3Server() as server:
         bucket, _ = ensure_uploaded(local, server)
-        credentials = {
+        credentials: dict[str, Any] = {
             "region": server.region,
             "aws_access_key_id": server.access_key,
             "aws_secret_access_key": server.secret_key,
@@ -159,8 +159,20 @@ def run(
                     "measured_stall": stalled["stall_share"],
                     "stall_error_points": 100 * (stalled["stall_share"] - predicted_stall),
                     "stalled_img_s": stalled["images_per_s"],
+                    # the stall model alone: the stall its formula gives for the rate seen
+                    "stall_from_measured_rate": stall_share(stalled["images_per_s"], step_rate),
+                    # the noise: the same setting's end-to-end rate within the analysis
+                    "same_setting_in_analysis_img_s": _same_setting(result, rec.setting),
                 }
     return report
+
+
+def _same_setting(result: Any, setting: Any) -> float | None:
+    """The analysis' own end-to-end rate at ``setting``'s workers and threads, if measured."""
+    for measured, run in result.end_to_end:
+        if (measured.workers, measured.decode_threads) == (setting.workers, setting.decode_threads):
+            return float(run.rate)
+    return None
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -178,8 +190,15 @@ def format_report(report: dict[str, Any]) -> str:
             f"{'within' if rate_ok else 'outside'} 15 %); step {row['step_img_s']:.0f} img/s: "
             f"stall predicted {row['predicted_stall']:.0%}, measured {row['measured_stall']:.0%} "
             f"({row['stall_error_points']:+.0f} points, "
-            f"{'within' if stall_ok else 'outside'} 10)"
+            f"{'within' if stall_ok else 'outside'} 10); the formula on the rate seen "
+            f"{row['stall_from_measured_rate']:.0%}"
         )
+        same = row["same_setting_in_analysis_img_s"]
+        if same is not None:
+            lines.append(
+                f"    the same setting within the analysis: {same:.0f} img/s "
+                f"({row['measured_img_s'] / same - 1:+.0%} run to run)"
+            )
     return "\n".join(lines)
 
 
