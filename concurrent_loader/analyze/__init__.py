@@ -103,7 +103,7 @@ class Analysis:
                     "workers": s.workers,
                     "decode_threads": s.decode_threads,
                     "measured_per_s": run.rate,
-                    "slower_stage_per_s": rates.stages_at(s) if rates else None,
+                    "model_per_s": rates.loader_rate(s) if rates else None,
                 }
                 for s, run in self.end_to_end
             ],

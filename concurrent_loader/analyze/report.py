@@ -34,14 +34,11 @@ def format_report(result: Analysis) -> str:
     lines.append("decode (bytes in memory, one process):")
     for t, rate in result.decode.items():
         lines.append(f"  {t:>3} threads: {rate:8.0f} {unit} ({rate / t:.0f} per thread)")
-    lines.append(
-        f"end to end (measured / the slower stage; their median ratio, {rates.efficiency:.2f}, "
-        "is the pipeline efficiency of settings not measured):"
-    )
+    lines.append(f"end to end (measured / model at pipeline efficiency {rates.efficiency:.2f}):")
     for setting, run in result.end_to_end:
         lines.append(
             f"  {setting.workers:>3} workers x {setting.decode_threads} threads: "
-            f"{run.rate:8.0f} / {rates.stages_at(setting):8.0f} {unit} "
+            f"{run.rate:8.0f} / {rates.loader_rate(setting):8.0f} {unit} "
             f"({rates.bottleneck(setting)} bound)"
         )
     if result.cache is not None:

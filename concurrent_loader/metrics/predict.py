@@ -14,10 +14,9 @@ requests in flight each, on C cores):
   C). The decoders release the GIL, so n threads decode about what n processes do, and
   the curve holds what the cores really give: on a machine whose cores are busy with other
   work (or with a storage server on the same node), two decoders are not twice one;
-- the loader: ``efficiency * min(ingest, decode)``; ``efficiency`` is ``measured /
-  min(ingest, decode)`` of the setting's own end-to-end run when its workers and threads
-  were measured, else the median of those, at most 1 (what the stages alone do not see:
-  collation, the hand-off to the main process, processes sharing the cores);
+- the loader: ``efficiency * min(ingest, decode)``; ``efficiency`` is the median over the
+  settings measured end to end of ``measured / min(ingest, decode)``, at most 1 (what the
+  stages alone do not see: collation, the hand-off to the main process, epoch starts);
 - with a node cache holding a share ``h`` of the dataset: ingest becomes
   ``1 / ((1 - h) / ingest + h / cache_rate)`` (``cache_rate``: the fetch-only rate of
   hits; hits cost nothing when it was not measured);
@@ -38,7 +37,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 
 __all__ = [
     "Recommendation",
@@ -123,8 +122,6 @@ class StageRates:
     sample_bytes: float
     efficiency: float = 1.0
     cache_rate: float | None = None
-    #: (workers, decode threads) -> efficiency, for the settings measured end to end
-    measured: Mapping[tuple[int, int], float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name, points in (("ingest", self.ingest), ("decode", self.decode)):
@@ -136,9 +133,8 @@ class StageRates:
                 raise ValueError(f"{name} rates must be > 0 at settings >= 1, got {points}")
         if self.cpus < 1:
             raise ValueError(f"cpus must be >= 1, got {self.cpus}")
-        for value in (self.efficiency, *self.measured.values()):
-            if not 0 < value <= 1:
-                raise ValueError(f"an efficiency must be in (0, 1], got {value}")
+        if not 0 < self.efficiency <= 1:
+            raise ValueError(f"efficiency must be in (0, 1], got {self.efficiency}")
 
     @property
     def latency_s(self) -> float:
@@ -165,11 +161,8 @@ class StageRates:
         """``min(ingest, decode)``: the rate before ``efficiency``."""
         return min(self.ingest_at(setting, cache_share), self.decode_at(setting))
 
-    def efficiency_at(self, setting: Setting) -> float:
-        return self.measured.get((setting.workers, setting.decode_threads), self.efficiency)
-
     def loader_rate(self, setting: Setting, cache_share: float = 0.0) -> float:
-        return self.efficiency_at(setting) * self.stages_at(setting, cache_share)
+        return self.efficiency * self.stages_at(setting, cache_share)
 
     def bottleneck(self, setting: Setting, cache_share: float = 0.0) -> str:
         ingest = self.ingest_at(setting, cache_share)
@@ -189,15 +182,14 @@ class StageRates:
         return max(MIN_INFLIGHT, math.ceil(INFLIGHT_HEADROOM * needed / max(workers, 1)))
 
     def with_efficiency(self, measured: Iterable[tuple[Setting, float]]) -> StageRates:
-        """These rates with the efficiencies fitted to end-to-end rates measured at settings."""
-        fitted = {
-            (s.workers, s.decode_threads): min(1.0, max(rate / self.stages_at(s), 1e-6))
-            for s, rate in measured
-            if self.stages_at(s) > 0
-        }
-        if not fitted:
+        """These rates with ``efficiency`` fitted to end-to-end rates measured at settings."""
+        ratios = [rate / self.stages_at(s) for s, rate in measured if self.stages_at(s) > 0]
+        if not ratios:
             return self
-        return replace(self, efficiency=statistics.median(fitted.values()), measured=fitted)
+        fitted = min(1.0, max(statistics.median(ratios), 1e-6))
+        return StageRates(
+            self.ingest, self.decode, self.cpus, self.sample_bytes, fitted, self.cache_rate
+        )
 
 
 @dataclass(frozen=True)
@@ -232,8 +224,7 @@ def recommend(
     options = []
     for workers, threads in _candidates(rates):
         decode = rates.decode_at(Setting(workers, threads, 1))
-        efficiency = rates.efficiency_at(Setting(workers, threads, 1))
-        need = decode if step_rate is None else min(decode, step_rate / efficiency)
+        need = decode if step_rate is None else min(decode, step_rate / rates.efficiency)
         inflight = rates.inflight_for(need, workers) if remote else max(MIN_INFLIGHT, 64)
         setting = Setting(workers, threads, inflight)
         options.append((setting, rates.loader_rate(setting)))
@@ -248,7 +239,7 @@ def recommend(
     if remote and rates.bottleneck(setting) == "storage":
         target = rates.decode_at(setting)
         if step_rate is not None:
-            target = min(target, step_rate / rates.efficiency_at(setting))
+            target = min(target, step_rate / rates.efficiency)
         share = min(1.0, cache_share_needed(rates.ingest_at(setting), target, rates.cache_rate))
         rate = rates.loader_rate(setting, share)
     return Recommendation(

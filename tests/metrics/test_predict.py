@@ -81,19 +81,14 @@ def test_the_cache_share_needed_reaches_the_target_ingest():
     assert math.isinf(cache_share_needed(100.0, 300.0, 50.0))  # hits slower than misses
 
 
-def test_efficiency_is_a_measured_settings_own_else_the_median_at_most_one():
+def test_efficiency_is_the_median_measured_share_of_the_model_at_most_one():
     model = rates()
     measured = [
         (Setting(1, 1, 64), 100.0),  # model 200 -> 0.5
         (Setting(2, 1, 64), 300.0),  # model 400 -> 0.75
         (Setting(4, 1, 64), 720.0),  # model 600 (the storage) -> 1.2
     ]
-    fitted = model.with_efficiency(measured)
-    assert fitted.efficiency == pytest.approx(0.75)
-    # a setting measured keeps its own; one not measured gets the median
-    assert fitted.loader_rate(Setting(1, 1, 64)) == pytest.approx(0.5 * 200)
-    assert fitted.loader_rate(Setting(4, 1, 64)) == pytest.approx(1.0 * 600)
-    assert fitted.loader_rate(Setting(3, 1, 64)) == pytest.approx(0.75 * 550)
+    assert model.with_efficiency(measured).efficiency == pytest.approx(0.75)
     faster = [(Setting(1, 1, 64), 400.0)]
     assert model.with_efficiency(faster).efficiency == 1.0
 
