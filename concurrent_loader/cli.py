@@ -256,6 +256,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_pack_arguments(pack)
     pack.set_defaults(run=cmd_pack)
 
+    from .analyze.command import add_analyze_arguments, run_analyze  # its code: analyze/
+
+    analyze = commands.add_parser(
+        "analyze", help="measure ROOT's ingest, decode and end-to-end rates; predict the stall"
+    )
+    common(analyze)
+    add_analyze_arguments(analyze)
+    analyze.set_defaults(run=lambda args: run_analyze(args, root_config(args.root, args)))
+
     _cache_commands(commands)
     return parser
 
