@@ -274,9 +274,13 @@ def main(argv: list[str] | None = None) -> dict:
         }
         if "steady" in args.sections:
             results["steady"] = steady(args, stack, local.train_dir)
-        pin_to(args.client_cpus)
         if "cpu" in args.sections:
-            results["cpu"] = cpu_per_get(args)
+            affinity = sorted(os.sched_getaffinity(0))
+            pin_to(args.client_cpus)  # this process makes the GETs, apart from the servers
+            try:
+                results["cpu"] = cpu_per_get(args)
+            finally:
+                pin_to(affinity)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1, default=str))
     for name, row in results.get("steady", {}).items():

@@ -174,7 +174,7 @@ def test_url_with_a_password_is_refused_without_echoing_it():
 
 @pytest.mark.parametrize(
     "root, scheme",
-    [("gs://bucket/prefix/", "gs"), ("ftp://host/data/", "ftp"), ("hdfs://nn/data/", "hdfs")],
+    [("wasb://c@a/prefix/", "wasb"), ("ftp://host/data/", "ftp"), ("hdfs://nn/data/", "hdfs")],
 )
 def test_unknown_scheme_is_a_config_error_naming_it(root, scheme):
     with pytest.raises(ConfigError) as info:
