@@ -18,6 +18,7 @@ import contextlib
 import http.server
 import random
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -130,5 +131,10 @@ def helpers() -> type[Helpers]:
 def no_loader_threads_left() -> Iterator[None]:
     before = set(loader_threads())
     yield
+    # A closed store's writer or pool thread may still be finishing its last task: give
+    # each new thread a bounded moment to end, then fail on any still running.
+    deadline = time.monotonic() + 5.0
+    for thread in [t for t in loader_threads() if t not in before]:
+        thread.join(max(0.0, deadline - time.monotonic()))
     left = [t.name for t in loader_threads() if t not in before]
-    assert not left, f"threads still running after the test: {left}"
+    assert not left, f"threads still running 5 s after the test: {left}"
