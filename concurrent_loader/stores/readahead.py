@@ -5,10 +5,13 @@
 
 - a range's bytes are exactly a ranged GET's (across a span boundary, from both spans);
 - one GET per span at a time; a cancelled caller (a lost hedge) does not cancel it;
-- spans kept and in flight hold at most :attr:`Readahead.max_bytes`: a span goes once every
-  range declared in it (``ranges``) was read, or as stale once ``max_bytes`` of other
-  ranges were; undeclared ones least recently read first. A range whose span finds no room
-  is read as it is;
+- spans kept and in flight hold at most :attr:`Readahead.max_bytes`. A span with declared
+  ranges (``ranges``) keeps, once it arrives, only those ranges' bytes, each let go as it is
+  read (the memory a shuffle buffer of those samples would take); it goes once all were read,
+  or as stale once ``max_bytes`` of other ranges were (its unread ranges then read as they
+  are, never by fetching the span again). An undeclared span is kept whole, least
+  recently read dropped first. A range whose span finds no room is read as it is; so is a
+  range not declared in a declared span, or read again once let go;
 - whole-object reads, ranges longer than a span and objects of unknown size pass through;
 - a failed span GET is not kept; a range served from a kept span has ``round_trip=False``.
 
@@ -84,12 +87,13 @@ class ReadaheadConfig:
 
 @dataclass(eq=False)
 class _Span:
-    """A kept span: its bytes, how many ranges in it are known (None: not known), those read,
-    and when it was last read (``ReadaheadStore._clock``)."""
+    """A kept span: its bytes (``data``, undeclared) or the unread declared ranges' bytes in it
+    (``pieces``, by their (start, end) clipped to the span), and when it was last read
+    (``ReadaheadStore._clock``)."""
 
-    data: bytes | bytearray
-    expected: int | None
-    read: set[tuple[int, int]]
+    data: bytes | bytearray | None
+    pieces: dict[tuple[int, int], bytes] | None
+    size: int
     last_read: int
 
 
@@ -109,6 +113,9 @@ class ReadaheadStore:
         self._fetching_bytes = 0
         #: bytes of the ranges asked for so far: the clock staleness is measured on
         self._clock = 0
+        #: declared ranges left unread in spans dropped as stale: read as they are, so a span
+        #: is not fetched again for its stragglers
+        self._stragglers: dict[tuple[str, int], set[tuple[int, int]]] = {}
 
     def url_for(self, key: str) -> str:
         return self.inner.url_for(key)
@@ -132,12 +139,11 @@ class ReadaheadStore:
         pieces: list[bytes] = []
         requested = False
         for n in numbers:
-            data, fetched = await self._span_of(key, n, size)
+            piece, fetched = await self._piece(key, n, size, byte_range)
+            if piece is None:  # not declared, or read before and let go
+                return await self.inner.get(key, byte_range)
+            pieces.append(piece)
             requested |= fetched
-            offset = n * self._span
-            start, end = max(byte_range.start - offset, 0), min(byte_range.end - offset, len(data))
-            with memoryview(data) as view:
-                pieces.append(bytes(view[start:end]))
         for n in numbers:
             self._read_from(key, n, byte_range)
         body = pieces[0] if len(pieces) == 1 else b"".join(pieces)
@@ -154,9 +160,13 @@ class ReadaheadStore:
         if self._kept_bytes + self._fetching_bytes + need <= self._max_bytes:
             return True
         stale = self._clock - self._max_bytes
-        for candidate in [s for s, span in self._kept.items() if span.last_read < stale]:
+        for candidate, span in [
+            (s, span) for s, span in self._kept.items() if span.last_read < stale
+        ]:
+            if span.pieces:
+                self._stragglers[candidate] = set(span.pieces)
             self._drop(candidate)
-        for candidate in [s for s, span in self._kept.items() if span.expected is None]:
+        for candidate in [s for s, span in self._kept.items() if span.pieces is None]:
             if self._kept_bytes + self._fetching_bytes + need <= self._max_bytes:
                 break
             self._drop(candidate)
@@ -164,57 +174,86 @@ class ReadaheadStore:
 
     def _drop(self, span_id: tuple[str, int]) -> None:
         span = self._kept.pop(span_id)
-        self._kept_bytes -= len(span.data)
+        self._kept_bytes -= span.size
 
-    def _expected(self, key: str, n: int, size: int) -> int | None:
-        """How many of ``key``'s known ranges overlap span ``n`` (None: not known)."""
-        known = self.config.ranges.get(key)
-        if known is None:
-            return None
-        starts, ends = known
-        low, high = n * self._span, min((n + 1) * self._span, size)
-        return bisect.bisect_left(starts, high) - bisect.bisect_right(ends, low)
+    def _clip(self, n: int, byte_range: ByteRange) -> tuple[int, int]:
+        low = n * self._span
+        return max(byte_range.start, low), min(byte_range.end, low + self._span)
 
     def _read_from(self, key: str, n: int, byte_range: ByteRange) -> None:
-        """Count a read of span ``n``; a span whose known ranges have all been read goes."""
+        """Count a read of span ``n``: its piece of a declared range is let go, and the span
+        with its last one."""
         span = self._kept.get((key, n))
         if span is None:
             return
         span.last_read = self._clock
         self._kept.move_to_end((key, n))
-        span.read.add((byte_range.start, byte_range.end))
-        if span.expected is not None and len(span.read) >= span.expected:
-            self._drop((key, n))
+        if span.pieces is not None:
+            piece = span.pieces.pop(self._clip(n, byte_range), None)
+            if piece is not None:
+                span.size -= len(piece)
+                self._kept_bytes -= len(piece)
+            if not span.pieces:
+                self._drop((key, n))
 
     # ------------------------------------------------------------------ fetching
 
-    async def _span_of(self, key: str, n: int, size: int) -> tuple[bytes | bytearray, bool]:
-        """Span ``n`` of ``key`` and whether this read waited for its GET."""
+    async def _piece(
+        self, key: str, n: int, size: int, byte_range: ByteRange
+    ) -> tuple[bytes | None, bool]:
+        """Span ``n``'s piece of ``byte_range`` (None: not kept) and whether this read waited
+        for the span's GET."""
         span_id = (key, n)
+        start, end = self._clip(n, byte_range)
+        stragglers = self._stragglers.get(span_id)
+        if stragglers is not None:
+            if (start, end) in stragglers:
+                stragglers.discard((start, end))
+                if not stragglers:
+                    del self._stragglers[span_id]
+                return None, False
+            del self._stragglers[span_id]  # read again: a new pass over the span
         kept = self._kept.get(span_id)
         if kept is not None:
-            return kept.data, False
-        task = self._fetching.get(span_id)
-        if task is None:
-            span = ByteRange(n * self._span, min((n + 1) * self._span, size))
-            task = asyncio.get_running_loop().create_task(self.inner.get(key, span))
-            self._fetching[span_id] = task
-            self._fetching_bytes += span.length
-            expected = self._expected(key, n, size)
-            task.add_done_callback(partial(self._arrive, span_id, span.length, expected))
-        body = await asyncio.shield(task)  # a cancelled caller leaves the GET to the others
-        return body.data, True
+            if kept.pieces is not None:
+                return kept.pieces.get((start, end)), False
+            data, fetched = kept.data, False
+        else:
+            task = self._fetching.get(span_id)
+            if task is None:
+                span = ByteRange(n * self._span, min((n + 1) * self._span, size))
+                task = asyncio.get_running_loop().create_task(self.inner.get(key, span))
+                self._fetching[span_id] = task
+                self._fetching_bytes += span.length
+                task.add_done_callback(partial(self._arrive, key, n, span.length))
+            # a cancelled caller leaves the GET to the others
+            data, fetched = (await asyncio.shield(task)).data, True
+        offset = n * self._span
+        with memoryview(data) as view:  # type: ignore[arg-type]
+            return bytes(view[start - offset : end - offset]), fetched
 
-    def _arrive(
-        self, span_id: tuple[str, int], length: int, expected: int | None, task: asyncio.Task[Body]
-    ) -> None:
-        del self._fetching[span_id]
+    def _arrive(self, key: str, n: int, length: int, task: asyncio.Task[Body]) -> None:
+        del self._fetching[(key, n)]
         self._fetching_bytes -= length
         if task.cancelled() or task.exception() is not None:
             return  # its waiters got the error; the next read of the span GETs it again
         data = task.result().data
-        self._kept[span_id] = _Span(data, expected, set(), self._clock)
-        self._kept_bytes += len(data)
+        span = _Span(data, None, len(data), self._clock)
+        known = self.config.ranges.get(key)
+        if known is not None:  # keep the declared ranges' bytes only
+            starts, ends = known
+            low, high = n * self._span, n * self._span + len(data)
+            first, last = bisect.bisect_right(ends, low), bisect.bisect_left(starts, high)
+            with memoryview(data) as view:
+                span.pieces = {}
+                for start, end in zip(starts[first:last], ends[first:last], strict=True):
+                    a, b = max(int(start), low), min(int(end), high)
+                    span.pieces[(a, b)] = bytes(view[a - low : b - low])
+            span.data, span.size = None, sum(map(len, span.pieces.values()))
+            if not span.pieces:
+                return
+        self._kept[(key, n)] = span
+        self._kept_bytes += span.size
 
     # ------------------------------------------------------------------ the rest
 
@@ -229,5 +268,6 @@ class ReadaheadStore:
         if tasks:
             await asyncio.wait(tasks)
         self._kept.clear()
+        self._stragglers.clear()
         self._kept_bytes = 0
         await self.inner.close()

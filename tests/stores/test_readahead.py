@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import random
 
 import pytest
 
@@ -14,6 +15,7 @@ from concurrent_loader import FetchConfig, Readahead
 from concurrent_loader.errors import ConfigError, Reason, ServerError
 from concurrent_loader.stores.base import ByteRange
 from concurrent_loader.stores.readahead import ReadaheadConfig, ReadaheadStore
+from concurrent_loader.streaming.sampler import shuffle_within_window
 from concurrent_loader.testing.memory import MemoryConfig, MemoryStore
 
 SPAN = 1000
@@ -255,3 +257,36 @@ def test_a_window_wider_than_max_bytes_reads_the_overflow_as_it_is_and_no_span_t
     assert len(spans) == len(set(spans)) >= 3  # no span fetched twice
     assert len(spans) + len(singles) == len(fetched)
     assert sum(b - a for a, b in fetched) <= 10 * SPAN + 20 * 500
+
+
+@pytest.mark.parametrize("window", [64, 512])
+def test_a_shuffle_window_within_max_bytes_takes_one_get_per_span(window):
+    # ShardDataset's rule: max_bytes = the shuffle buffer's bytes plus two spans. A span keeps
+    # only its unread samples' bytes, so none is dropped, or fetched again, before all its
+    # samples are read (whole spans kept until then overflowed: about half the samples were
+    # read one GET each).
+    size, span, count = 100, 3200, 32 * 40
+    blob = os.urandom(count * size)
+    cuts = list(range(0, count * size + 1, size))
+    memory = MemoryConfig({"blob": blob})
+    most = -(-window // 2) * size + 2 * span
+    store_config = ReadaheadConfig(
+        memory, {"blob": len(blob)}, Readahead(span, most), {"blob": ranges_of(cuts)}
+    )
+    order = list(shuffle_within_window(range(count), window, random.Random(window)))
+
+    async def run() -> int:
+        store = store_config.open(FetchConfig())
+        assert isinstance(store, ReadaheadStore)
+        peak = 0
+        try:
+            for i in order:
+                body = await store.get("blob", ByteRange(i * size, (i + 1) * size))
+                assert bytes(body.data) == blob[i * size : (i + 1) * size]
+                peak = max(peak, store._kept_bytes + store._fetching_bytes)
+            return peak
+        finally:
+            await store.close()
+
+    assert asyncio.run(run()) <= most
+    assert memory.stats.total == count * size // span  # one GET per span
