@@ -7,13 +7,14 @@ cache's writer included) running.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from concurrent_loader.cache import CacheConfig
+from tests.helpers import no_loader_threads_left
+
+__all__ = ["no_loader_threads_left"]
 
 
 def body_for(index: int, size: int = 1000) -> bytes:
@@ -38,15 +39,3 @@ def cache_config(cache_dir: Path) -> CacheConfig:
     """A resolved config (1 MB budget, fill) for ``cache_dir``."""
     cache_dir.mkdir(exist_ok=True)
     return CacheConfig(str(cache_dir), max_bytes=1_000_000).resolved()
-
-
-def _loader_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("concurrent-loader")]
-
-
-@pytest.fixture(autouse=True)
-def _no_loader_threads_left() -> Iterator[None]:
-    before = set(_loader_threads())
-    yield
-    left = [t.name for t in _loader_threads() if t not in before]
-    assert not left, f"threads still running after the test: {left}"
