@@ -11,7 +11,9 @@ batches the trainer has in flight on it share its fetch client, byte budget and 
 Invariants: a call returns exactly one outcome for its batch (the collated batch, a
 ``Partial`` or a ``Failure`` carrying the exception as data, so it reaches the trainer with
 its type and URL), with this actor's counters so far; nothing here raises for a failed
-sample or batch.
+sample or batch. A batch's tensors cross Ray's object store as numpy arrays (``ship``), which
+Ray moves without a copy into or out of the pickle, where a tensor goes through
+``torch.save``; the trainer copies each out once (``unship``), so its batch is its own.
 """
 
 from __future__ import annotations
@@ -22,15 +24,17 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from ..gpu.tree import Path, map_batch
 from ..metrics import StageStats
 from ..metrics.stats import cache_tally
-from ..pipeline import BatchPipeline, PipelineOptions, source_of
+from ..pipeline import BatchPipeline, Failure, Partial, PipelineOptions, source_of
 from ..runtime import Runtime, acquire_runtime
 
-__all__ = ["PrepActor", "Setup"]
+__all__ = ["PrepActor", "Setup", "ship", "unship"]
 
 
 Setup = tuple[
@@ -78,7 +82,50 @@ class PrepActor:
         (outcome,) = pipeline.outcomes()
         with self._lock:
             self._calls_ended += 1
-            return outcome, self._calls_ended, self._stats.vector()
+            return ship(outcome), self._calls_ended, self._stats.vector()
 
     def pid(self) -> int:
         return os.getpid()
+
+
+class Shipped:
+    """A CPU tensor on its way through Ray's object store, as its numpy array."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Shipped, (self.array,))
+
+
+def _ship_leaf(path: Path, leaf: Any) -> Any:
+    if isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu" and not leaf.requires_grad:
+        try:
+            return Shipped(leaf.numpy())
+        except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16), a subclass
+            return leaf
+    return leaf
+
+
+def _unship_leaf(path: Path, leaf: Any) -> Any:
+    return torch.from_numpy(leaf.array.copy()) if isinstance(leaf, Shipped) else leaf
+
+
+def ship(outcome: Any) -> Any:
+    """``outcome`` with its batch's tensors as :class:`Shipped` arrays."""
+    if isinstance(outcome, Failure):
+        return outcome
+    if isinstance(outcome, Partial):
+        return Partial(map_batch(outcome.batch, _ship_leaf), outcome.skipped)
+    return map_batch(outcome, _ship_leaf)
+
+
+def unship(outcome: Any) -> Any:
+    """``ship``'s outcome with tensors again, each a copy the trainer owns."""
+    if isinstance(outcome, Failure):
+        return outcome
+    if isinstance(outcome, Partial):
+        return Partial(map_batch(outcome.batch, _unship_leaf), outcome.skipped)
+    return map_batch(outcome, _unship_leaf)

@@ -34,7 +34,7 @@ from ..config import check_count
 from ..errors import ConfigError, Reason, WorkerError
 from ..metrics import SharedStats, StageStats
 from ..pipeline import Failure, Partial, PipelineOptions
-from .actor import PrepActor
+from .actor import PrepActor, unship
 from .iterator import pin
 
 __all__ = ["RayExecutor", "RayWorkers"]
@@ -189,7 +189,7 @@ class RayWorkers:
                     if calls_ended > actor.counted:
                         actor.counted = calls_ended
                         self._stats.write(actor.row, StageStats(vector))
-                    done[number] = outcome
+                    done[number] = unship(outcome)
                 outcome = done.pop(delivered)
                 delivered += 1
                 if pin_memory and not isinstance(outcome, Failure | Partial):
