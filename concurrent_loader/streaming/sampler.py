@@ -13,9 +13,11 @@ Guarantees, for given (``shard_lengths``, ``seed``, epoch, rank, world size):
   smallest rank's count (``drop_last=True``), as ``DistributedSampler`` does;
 - locality: the buffered samples lie within ``buffer_size`` consecutive samples of the
   rank's stream;
-- given the loader's ``W`` workers (:meth:`ShardOrderSampler.set_batching`), a rank's shards
-  are split again, whole, into ``W`` streams, and batch ``k`` comes from stream ``k % W``
-  (the batch worker ``k % W`` makes) until the shortest stream runs out near the epoch's end.
+- given the loader's ``W`` workers (:meth:`ShardOrderSampler.set_batching`), a rank's samples,
+  in its shard order, are cut into ``W`` consecutive streams sized so that batch ``k`` comes
+  from stream ``k % W`` (the batch worker ``k % W`` makes) for the whole epoch: a worker reads
+  its own run of shards, and only a shard at a cut is read in part by two neighbouring
+  streams (with padding, the padded samples come from the rank's first batches).
 
 Samples are numbered shard by shard (shard ``s`` holds ``offsets[s] .. offsets[s] +
 lengths[s] - 1``); the functions below the sampler compute the stream.
@@ -123,19 +125,37 @@ class ShardOrderSampler(Sampler[int]):
         shards, count = self.plan()
         nonempty = [s for s in shards if self.shard_lengths[s] > 0]
         # Equal counts across ranks: pad by starting the rank's order again, or cut.
-        if self.workers == 1 or len(nonempty) < self.workers:
+        if self.workers == 1:
             padded = itertools.islice(itertools.cycle(self._indices(shards)), count)
             return self._mixed(padded, rank)
-        # One stream per worker, each over whole shards of its own, batch k from stream
-        # k % workers: the loader's worker k % workers reads only its own shards.
-        per_worker = assign_shards(self.shard_lengths, nonempty, self.workers)
-        streams = [self._mixed(self._indices(own), rank, w) for w, own in enumerate(per_worker)]
+        # One stream per worker, consecutive runs of the rank's samples sized so that batch
+        # k comes from stream k % workers: the loader's worker k % workers reads its own run.
+        total = sum(self.shard_lengths[s] for s in nonempty)
+        sizes = stream_sizes(total, self.batch_size, self.workers)
+        starts = [0, *itertools.accumulate(sizes)]
+        streams = [
+            self._mixed(self._indices(nonempty, starts[w], starts[w + 1]), rank, w)
+            for w in range(self.workers)
+        ]
         once = interleave_batches(streams, self.batch_size)
         return itertools.islice(itertools.cycle(once), count)
 
-    def _indices(self, shards: Sequence[int]) -> Iterator[int]:
-        ranges = (range(self.offsets[s], self.offsets[s] + self.shard_lengths[s]) for s in shards)
-        return itertools.chain.from_iterable(ranges)
+    def _indices(
+        self, shards: Sequence[int], start: int = 0, stop: int | None = None
+    ) -> Iterator[int]:
+        """Positions ``start`` to ``stop`` of the samples of ``shards``, shard by shard."""
+        position = 0
+        for s in shards:
+            length = self.shard_lengths[s]
+            low, high = (
+                max(start - position, 0),
+                length if stop is None else min(stop - position, length),
+            )
+            if low < high:
+                yield from range(self.offsets[s] + low, self.offsets[s] + high)
+            position += length
+            if stop is not None and position >= stop:
+                return
 
     def _mixed(self, stream: Iterator[int], rank: int, worker: int = 0) -> Iterator[int]:
         if not self.shuffle:
@@ -189,10 +209,19 @@ def assign_shards(lengths: Sequence[int], order: Sequence[int], world_size: int)
     return shards
 
 
+def stream_sizes(total: int, batch_size: int, workers: int) -> list[int]:
+    """Samples in each of ``workers`` streams of ``total`` such that batch ``k`` (of
+    ``batch_size``, the last one short) is the ``k // workers``-th of stream ``k % workers``."""
+    full, rest = divmod(total, batch_size)
+    sizes = [batch_size * (full // workers + (w < full % workers)) for w in range(workers)]
+    sizes[full % workers] += rest
+    return sizes
+
+
 def interleave_batches(streams: Sequence[Iterator[int]], batch_size: int) -> Iterator[int]:
     """Batch ``k`` (``batch_size`` indices) from stream ``k % len(streams)``, so that worker
-    ``w`` of a DataLoader gets one stream's indices. Every index comes once; a stream that
-    runs out drops out of the turn (near the epoch's end the batches then mix streams)."""
+    ``w`` of a DataLoader gets one stream's indices (streams of ``stream_sizes``: for the whole
+    epoch). Every index comes once; a stream that runs out drops out of the turn."""
     live = list(streams)
     turn = 0
     while live:

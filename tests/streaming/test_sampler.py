@@ -11,7 +11,11 @@ import pytest
 
 from concurrent_loader.errors import ConfigError
 from concurrent_loader.streaming import ShardOrderSampler
-from concurrent_loader.streaming.sampler import shuffle_within_window
+from concurrent_loader.streaming.sampler import (
+    interleave_batches,
+    shuffle_within_window,
+    stream_sizes,
+)
 
 EQUAL = [25] * 12
 UNEQUAL = [31, 7, 40, 12, 25, 1, 33, 18, 9, 27, 14, 22, 5]
@@ -206,10 +210,10 @@ def test_more_ranks_than_shards_is_a_config_error():
         list(sampler)
 
 
-@pytest.mark.parametrize("lengths", [EQUAL, UNEQUAL])
-@pytest.mark.parametrize(("workers", "batch_size"), [(2, 8), (3, 5), (4, 16)])
+@pytest.mark.parametrize("lengths", [EQUAL, UNEQUAL, [1000, 3, 997]])
+@pytest.mark.parametrize(("workers", "batch_size"), [(2, 8), (3, 5), (4, 16), (8, 3)])
 @pytest.mark.parametrize("shuffle", [True, False])
-def test_with_workers_each_workers_batches_come_from_shards_of_its_own(
+def test_with_workers_each_worker_reads_its_own_run_of_shards_all_epoch(
     lengths, workers, batch_size, shuffle
 ):
     shard = shard_of(lengths)
@@ -221,23 +225,35 @@ def test_with_workers_each_workers_batches_come_from_shards_of_its_own(
         assert sorted(got) == list(range(sum(lengths)))  # every sample once
         assert len(sampler) == len(got)
         batches = [got[k : k + batch_size] for k in range(0, len(got), batch_size)]
-        # A shard belongs to the worker whose batch first reads it; batch k is "pure" when
-        # it is whole and every shard in it belongs to worker k % workers.
-        owner: dict[int, int] = {}
-        pure = []
+        assert all(len(batch) == batch_size for batch in batches[:-1])
+        # Which workers read each shard: one, more only where cuts split it, each cut adding
+        # one reader (an uneven end of an epoch used to let every worker read the others'
+        # last shards).
+        readers: dict[int, set[int]] = {}
         for k, batch in enumerate(batches):
             for i in batch:
-                owner.setdefault(shard[i], k % workers)
-            pure.append(
-                len(batch) == batch_size and all(owner[shard[i]] == k % workers for i in batch)
-            )
-        mixed_from = pure.index(False) if False in pure else len(pure)
-        # Until the shortest stream runs out, every batch is pure; the streams' lengths
-        # differ by at most the longest shard, so only the last few batches mix.
-        assert len(batches) - mixed_from <= workers * (-(-max(lengths) // batch_size) + 1)
+                readers.setdefault(shard[i], set()).add(k % workers)
+        assert sum(len(r) - 1 for r in readers.values()) <= workers - 1
+        runs = [sorted(s for s, r in readers.items() if w in r) for w in range(workers)]
+        assert all(len(run) > 0 for run in runs)
 
 
-def test_workers_beyond_the_shards_share_one_stream():
+@pytest.mark.parametrize("total", [0, 1, 7, 64, 65, 1000])
+@pytest.mark.parametrize(("batch_size", "workers"), [(1, 1), (8, 3), (64, 8)])
+def test_stream_sizes_give_batch_k_to_stream_k_mod_w(total, batch_size, workers):
+    sizes = stream_sizes(total, batch_size, workers)
+    assert sum(sizes) == total
+    streams = [iter(range(n)) for n in sizes]
+    order = list(interleave_batches(streams, batch_size))
+    batches = [order[k : k + batch_size] for k in range(0, total, batch_size)]
+    made = Counter(k % workers for k in range(len(batches)))
+    assert [sizes[w] for w in range(workers)] == [
+        sum(len(b) for k, b in enumerate(batches) if k % workers == w) for w in range(workers)
+    ]
+    assert sum(made.values()) == len(batches)
+
+
+def test_workers_beyond_the_shards_each_read_a_run_of_one():
     sampler = ShardOrderSampler([5, 5])
     sampler.set_batching(batch_size=2, num_workers=4)
     assert sorted(sampler) == list(range(10))
