@@ -130,16 +130,17 @@ def helpers() -> type[Helpers]:
 
 @pytest.fixture(autouse=True)
 def no_loader_threads_left() -> Iterator[None]:
+    # The process's runtime (and the stores it keeps open) lives while any lease is held: a
+    # dataset an earlier test never closed holds one until it is collected. Collect it
+    # first, so that what is left after the test is the test's own.
+    if loader_threads():
+        gc.collect()
     before = set(loader_threads())
     yield
-    # The process's runtime (and the stores it keeps open) lives while any lease is held: a
-    # dataset an earlier test never closed holds one until it is collected. So collect first,
-    # then give each new thread a bounded moment to end (a closed store's writer may still
-    # be finishing its last entry), and fail on any still running.
-    if [t for t in loader_threads() if t not in before]:
-        gc.collect()
+    # A closed store's writer may still be finishing its last entry: give each new thread a
+    # bounded moment to end, then fail on any still running.
     deadline = time.monotonic() + 5.0
     for thread in [t for t in loader_threads() if t not in before]:
         thread.join(max(0.0, deadline - time.monotonic()))
     left = [t.name for t in loader_threads() if t not in before]
-    assert not left, f"threads still running after the test and a collection: {left}"
+    assert not left, f"threads still running after the test: {left}"

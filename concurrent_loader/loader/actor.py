@@ -101,10 +101,20 @@ class Shipped:
 
 
 def _ship_leaf(path: Path, leaf: Any) -> Any:
-    if isinstance(leaf, torch.Tensor) and leaf.device.type == "cpu" and not leaf.requires_grad:
+    # Only a plain, dense tensor that is its whole storage, in order: a subclass keeps its
+    # type and metadata, a view or an expanded tensor its layout, as a tensor.
+    if (
+        type(leaf) is torch.Tensor
+        and leaf.device.type == "cpu"
+        and leaf.layout == torch.strided
+        and not leaf.requires_grad
+        and leaf.is_contiguous()
+        and leaf.storage_offset() == 0
+        and leaf.untyped_storage().nbytes() == leaf.numel() * leaf.element_size()
+    ):
         try:
             return Shipped(leaf.numpy())
-        except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16), a subclass
+        except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16)
             return leaf
     return leaf
 

@@ -6,12 +6,14 @@
 - a range's bytes are exactly a ranged GET's (across a span boundary, from both spans);
 - one GET per span at a time; a cancelled caller (a lost hedge) does not cancel it;
 - spans kept and in flight hold at most :attr:`Readahead.max_bytes`. A span with declared
-  ranges (``ranges``) keeps, once it arrives, only those ranges' bytes, each let go as it is
-  read (the memory a shuffle buffer of those samples would take); it goes once all were read,
-  or as stale once ``max_bytes`` of other ranges were (its unread ranges then read as they
-  are, never by fetching the span again). An undeclared span is kept whole, least
-  recently read dropped first. A range whose span finds no room is read as it is; so is a
-  range not declared in a declared span, or read again once let go;
+  ranges (``ranges``) keeps, once it arrives, only those ranges' bytes (counted whole where
+  ranges overlap), each let go as it is read (the memory a shuffle buffer of those samples
+  would take); a range inside one (a part) is served from it too. It goes once all were
+  read, or as stale once ``max_bytes`` of other ranges were: its unread ranges, and repeats
+  within ``max_bytes`` (a hedge), are then read as they are, never by fetching the span
+  again. An undeclared span is kept whole, least recently read dropped first. A range whose
+  span finds no room is read as it is; so is a range not declared in a declared span, or
+  read again once let go (a new pass fetches the span again);
 - whole-object reads, ranges longer than a span and objects of unknown size pass through;
 - a failed span GET is not kept; a range served from a kept span has ``round_trip=False``.
 
@@ -113,9 +115,10 @@ class ReadaheadStore:
         self._fetching_bytes = 0
         #: bytes of the ranges asked for so far: the clock staleness is measured on
         self._clock = 0
-        #: declared ranges left unread in spans dropped as stale: read as they are, so a span
-        #: is not fetched again for its stragglers
-        self._stragglers: dict[tuple[str, int], set[tuple[int, int]]] = {}
+        #: spans dropped as stale with declared ranges unread: those ranges, and the clock when
+        #: one was last read; they (and repeats within ``max_bytes``, a hedge) are read as they
+        #: are, so a span is not fetched again for its stragglers
+        self._stragglers: dict[tuple[str, int], tuple[set[tuple[int, int]], list[int]]] = {}
 
     def url_for(self, key: str) -> str:
         return self.inner.url_for(key)
@@ -156,7 +159,7 @@ class ReadaheadStore:
         span_id = (key, n)
         if span_id in self._kept or span_id in self._fetching:
             return True
-        need = min((n + 1) * self._span, size) - n * self._span
+        need = self._need(key, n, size)
         if self._kept_bytes + self._fetching_bytes + need <= self._max_bytes:
             return True
         stale = self._clock - self._max_bytes
@@ -164,8 +167,11 @@ class ReadaheadStore:
             (s, span) for s, span in self._kept.items() if span.last_read < stale
         ]:
             if span.pieces:
-                self._stragglers[candidate] = set(span.pieces)
+                self._stragglers[candidate] = (set(span.pieces), [self._clock])
             self._drop(candidate)
+        for candidate, (unread, touched) in list(self._stragglers.items()):
+            if not unread and touched[0] < stale:
+                del self._stragglers[candidate]
         for candidate in [s for s, span in self._kept.items() if span.pieces is None]:
             if self._kept_bytes + self._fetching_bytes + need <= self._max_bytes:
                 break
@@ -175,6 +181,18 @@ class ReadaheadStore:
     def _drop(self, span_id: tuple[str, int]) -> None:
         span = self._kept.pop(span_id)
         self._kept_bytes -= span.size
+
+    def _need(self, key: str, n: int, size: int) -> int:
+        """The bytes span ``n`` takes: its length, or its declared ranges' pieces (which
+        overlap where a shard's ranges do) if more."""
+        low, high = n * self._span, min((n + 1) * self._span, size)
+        known = self.config.ranges.get(key)
+        if known is None:
+            return high - low
+        starts, ends = known
+        first, last = bisect.bisect_right(ends, low), bisect.bisect_left(starts, high)
+        pieces = zip(starts[first:last], ends[first:last], strict=True)
+        return max(high - low, sum(min(int(b), high) - max(int(a), low) for a, b in pieces))
 
     def _clip(self, n: int, byte_range: ByteRange) -> tuple[int, int]:
         low = n * self._span
@@ -205,18 +223,18 @@ class ReadaheadStore:
         for the span's GET."""
         span_id = (key, n)
         start, end = self._clip(n, byte_range)
-        stragglers = self._stragglers.get(span_id)
-        if stragglers is not None:
-            if (start, end) in stragglers:
-                stragglers.discard((start, end))
-                if not stragglers:
-                    del self._stragglers[span_id]
+        record = self._stragglers.get(span_id)
+        if record is not None:
+            unread, touched = record
+            if (start, end) in unread or self._clock - touched[0] <= self._max_bytes:
+                unread.discard((start, end))
+                touched[0] = self._clock
                 return None, False
-            del self._stragglers[span_id]  # read again: a new pass over the span
+            del self._stragglers[span_id]  # read again much later: a new pass over the span
         kept = self._kept.get(span_id)
         if kept is not None:
             if kept.pieces is not None:
-                return kept.pieces.get((start, end)), False
+                return _within(kept.pieces, start, end), False
             data, fetched = kept.data, False
         else:
             task = self._fetching.get(span_id)
@@ -224,17 +242,18 @@ class ReadaheadStore:
                 span = ByteRange(n * self._span, min((n + 1) * self._span, size))
                 task = asyncio.get_running_loop().create_task(self.inner.get(key, span))
                 self._fetching[span_id] = task
-                self._fetching_bytes += span.length
-                task.add_done_callback(partial(self._arrive, key, n, span.length))
+                need = self._need(key, n, size)
+                self._fetching_bytes += need
+                task.add_done_callback(partial(self._arrive, key, n, need))
             # a cancelled caller leaves the GET to the others
             data, fetched = (await asyncio.shield(task)).data, True
         offset = n * self._span
         with memoryview(data) as view:  # type: ignore[arg-type]
             return bytes(view[start - offset : end - offset]), fetched
 
-    def _arrive(self, key: str, n: int, length: int, task: asyncio.Task[Body]) -> None:
+    def _arrive(self, key: str, n: int, need: int, task: asyncio.Task[Body]) -> None:
         del self._fetching[(key, n)]
-        self._fetching_bytes -= length
+        self._fetching_bytes -= need
         if task.cancelled() or task.exception() is not None:
             return  # its waiters got the error; the next read of the span GETs it again
         data = task.result().data
@@ -271,3 +290,15 @@ class ReadaheadStore:
         self._stragglers.clear()
         self._kept_bytes = 0
         await self.inner.close()
+
+
+def _within(pieces: dict[tuple[int, int], bytes], start: int, end: int) -> bytes | None:
+    """The bytes ``start`` to ``end`` from the piece that is exactly that range, or holds it
+    (a part of a sample read in parts), or None."""
+    piece = pieces.get((start, end))
+    if piece is not None:
+        return piece
+    for (low, high), data in pieces.items():
+        if low <= start and end <= high:
+            return data[start - low : end - low]
+    return None

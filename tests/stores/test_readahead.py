@@ -290,3 +290,71 @@ def test_a_shuffle_window_within_max_bytes_takes_one_get_per_span(window):
 
     assert asyncio.run(run()) <= most
     assert memory.stats.total == count * size // span  # one GET per span
+
+
+def test_overlapping_declared_ranges_count_whole_and_stay_within_max_bytes():
+    # A shard's sample ranges overlap (each runs into the next sample's headers): their
+    # pieces take more than the span, and room is reserved for that much.
+    memory = MemoryConfig({"blob": BLOB})
+    starts, ends = [0, 100, 200, 1500], [900, 950, 1000, 2000]
+    store_config = ReadaheadConfig(
+        memory,
+        {"blob": len(BLOB)},
+        Readahead(span_bytes=SPAN, max_bytes=SPAN),
+        {"blob": (starts, ends)},
+    )
+
+    async def run() -> int:
+        store = store_config.open(FetchConfig())
+        assert isinstance(store, ReadaheadStore)
+        peak = 0
+        try:
+            for a, b in zip(starts, ends, strict=True):
+                assert bytes((await store.get("blob", ByteRange(a, b))).data) == BLOB[a:b]
+                peak = max(peak, store._kept_bytes + store._fetching_bytes)
+            return peak
+        finally:
+            await store.close()
+
+    assert asyncio.run(run()) <= SPAN
+
+
+def test_parts_of_a_declared_range_are_served_from_its_piece():
+    memory = MemoryConfig({"blob": BLOB})
+    store_config = ReadaheadConfig(
+        memory,
+        {"blob": len(BLOB)},
+        Readahead(span_bytes=SPAN, max_bytes=4 * SPAN),
+        {"blob": ([0, 400], [400, 1000])},
+    )
+    parts = [ByteRange(400, 600), ByteRange(600, 800), ByteRange(800, 1000)]
+    got = read_all(store_config, parts)
+    assert [data for data, _ in got] == [BLOB[r.start : r.end] for r in parts]
+    assert memory.stats.total == 1  # the span, once
+
+
+def test_a_stragglers_hedge_reads_it_alone_not_the_span_again(monkeypatch):
+    fetched: list[tuple[int, int]] = []
+    read = MemoryStore._read
+
+    def recording(self, key, byte_range):
+        fetched.append((byte_range.start, byte_range.end))
+        return read(self, key, byte_range)
+
+    monkeypatch.setattr(MemoryStore, "_read", recording)
+    memory = MemoryConfig({"blob": BLOB})
+    cuts = list(range(0, 3 * SPAN + 1, 500))
+    store_config = ReadaheadConfig(
+        memory,
+        {"blob": len(BLOB)},
+        Readahead(span_bytes=SPAN, max_bytes=SPAN),
+        {"blob": ranges_of(cuts)},
+    )
+    first, straggler = ByteRange(0, 500), ByteRange(500, 1000)
+    later = [ByteRange(c, c + 500) for c in cuts[2:-1]]
+    # span 0 half read, then dropped as stale once later spans need its room; its straggler
+    # and a hedge of it, read right after, go alone
+    got = read_all(store_config, [first, *later, straggler, straggler])
+    assert [data for data, _ in got][-2:] == [BLOB[500:1000]] * 2
+    assert fetched.count((0, SPAN)) == 1  # span 0 never fetched again
+    assert fetched[-2:] == [(500, 1000)] * 2

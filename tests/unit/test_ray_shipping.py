@@ -50,3 +50,19 @@ def test_partial_batches_keep_their_skipped_and_failures_pass_as_they_are():
     assert torch.equal(back.batch[1], torch.tensor([1, 2]))
     failure = Failure(ValueError("s3://bucket/key: bad"))
     assert ship(failure) is failure and unship(failure) is failure
+
+
+class Marked(torch.Tensor):
+    """A tensor subclass (as torchvision's ``tv_tensors`` are)."""
+
+
+def test_views_subclasses_and_expanded_tensors_travel_as_tensors():
+    base = torch.arange(12).reshape(3, 4)
+    marked = base.clone().as_subclass(Marked)
+    leaves = (base.t(), base[1:], base[0].expand(5, 4), marked)
+    shipped = ship(leaves)
+    assert all(isinstance(leaf, torch.Tensor) for leaf in shipped)
+    back, _ = crossed(leaves)
+    assert all(torch.equal(b, a) for a, b in zip(leaves, back, strict=True))
+    assert type(back[3]) is Marked
+    assert back[0].stride() == base.t().stride()
