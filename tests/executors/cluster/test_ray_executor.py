@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from concurrent_loader import ConcurrentDataLoader, ObjectDataset, ObjectNotFound, WorkerError
+from concurrent_loader.cache import CacheConfig
 from concurrent_loader.loader.ray_workers import RayExecutor
 from concurrent_loader.stores import HttpConfig
 from concurrent_loader.testing.files import FileServer
@@ -140,6 +141,29 @@ def test_errors_keep_their_type_and_object_and_the_epoch_goes_on(ray_cluster, tm
             assert remote.stats()["requests"] >= 2 * BATCH  # the two whole batches, at least
         finally:
             remote.close()
+
+
+def test_actors_keep_and_share_the_node_cache_across_epochs(ray_cluster, numbered, tmp_path):
+    # Two actors, one on each simulated node; both nodes are this machine, so they share one
+    # cache directory, as the actors of one real node do. The first epoch fills it (every
+    # read a miss); in the second every read is a hit, whichever actor makes the batch.
+    with FileServer(numbered) as server:
+        url = server.endpoint_url + "/"
+        keys = [key_for(i) for i in range(COUNT)]
+        cache = CacheConfig(str(tmp_path / "cache"), max_bytes=10**8)
+        dataset = ObjectDataset(HttpConfig.from_url(url), keys=keys, decode=index_of, cache=cache)
+        remote = loader(dataset, executor=on_ray())
+        try:
+            seen = []
+            for _ in range(2):
+                got = list(remote)
+                assert sorted(i for batch in got for i in batch) == list(range(COUNT))
+                stats = remote.stats()
+                seen.append((stats["cache_hits"], stats["cache_misses"]))
+        finally:
+            remote.close()
+    assert seen[0] == (0, COUNT)
+    assert seen[1] == (COUNT, COUNT)  # the second epoch: COUNT hits, no new miss
 
 
 def test_an_actor_that_cannot_start_is_a_worker_error_naming_why(ray_cluster, numbered):
