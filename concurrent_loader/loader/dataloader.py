@@ -353,6 +353,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             elapsed=elapsed,
             fetch_slots=fetch_slots * processes,
             decode_slots=self.decode_threads * processes,
+            actors=self.executor.actors if self.executor else None,
         )
 
 

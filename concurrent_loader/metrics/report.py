@@ -62,13 +62,28 @@ class StallLedger:
 
 
 def verdict(
-    *, wait_share: float, fetch_busy: float, decode_busy: float, cache_hit_rate: float | None = None
+    *,
+    wait_share: float,
+    fetch_busy: float,
+    decode_busy: float,
+    cache_hit_rate: float | None = None,
+    actors: int | None = None,
 ) -> str:
     """One line naming the bottleneck and what to change, from the loop's ``wait_share``, the
-    shares of fetch slots and decode threads busy, and the cache's hit rate (None: no cache)."""
+    shares of fetch slots and decode threads busy, and the cache's hit rate (None: no cache);
+    ``actors``: the batches are made on that many Ray actors (remote prep)."""
     if wait_share < 0.1:
         return f"training step: the loader keeps up (the loop waited {wait_share:.0%} of the time)"
+    more = "num_workers" if actors is None else f"RayExecutor(actors=...) (now {actors})"
+    where = "" if actors is None else f" on the {actors} Ray actors"
     if max(fetch_busy, decode_busy) < 0.5:
+        if actors is not None:
+            return (
+                f"remote prep: the loop waited {wait_share:.0%} of the time, yet fetch slots "
+                f"were only {fetch_busy:.0%} and decode threads {decode_busy:.0%} busy{where}: "
+                "batches wait on their way through Ray's object store, or too few are in "
+                "flight; raise RayExecutor(max_batches_in_flight=...)"
+            )
         return (
             f"loader: the loop waited {wait_share:.0%} of the time, yet fetch slots were only "
             f"{fetch_busy:.0%} and decode threads {decode_busy:.0%} busy; raise "
@@ -76,9 +91,9 @@ def verdict(
         )
     if fetch_busy >= decode_busy:
         line = (
-            f"storage: the loop waited {wait_share:.0%} of the time and fetch slots were "
+            f"storage: the loop waited {wait_share:.0%} of the time and fetch slots{where} were "
             f"{fetch_busy:.0%} busy; raise the dataset's "
-            "`FetchConfig.max_inflight_requests` or num_workers"
+            f"`FetchConfig.max_inflight_requests` or {more}"
         )
         if cache_hit_rate is None:
             return f"{line}, or cache= the dataset on local disk for the epochs after the first"
@@ -89,8 +104,8 @@ def verdict(
             )
         return f"{line}; the cache served {cache_hit_rate:.0%} of reads"
     return (
-        f"decode: the loop waited {wait_share:.0%} of the time and decode threads were "
-        f"{decode_busy:.0%} busy; raise num_workers or decode_threads, or use image_size"
+        f"decode{where}: the loop waited {wait_share:.0%} of the time and decode threads were "
+        f"{decode_busy:.0%} busy; raise {more} or decode_threads, or use image_size"
     )
 
 
@@ -101,9 +116,10 @@ def loader_stats(
     elapsed: float,
     fetch_slots: int,
     decode_slots: int,
+    actors: int | None = None,
 ) -> dict[str, Any]:
     """``total`` is :meth:`SharedStats.total`; ``fetch_slots`` and ``decode_slots`` the GETs
-    and decode threads allowed over every process."""
+    and decode threads allowed over every process; ``actors``: made on Ray actors."""
     fetch, decode = total["fetch"], total["decode"]
     # Every counter by its name, but ``objects``: ``requests`` (a cache hit is a read the
     # fetch client answered too, so it counts hits and misses).
@@ -126,6 +142,7 @@ def loader_stats(
         fetch_busy=fetch["total"] / elapsed / fetch_slots if elapsed else 0.0,
         decode_busy=decode["total"] / elapsed / decode_slots if elapsed else 0.0,
         cache_hit_rate=out["cache_hit_rate"],
+        actors=actors,
     )
     return out
 

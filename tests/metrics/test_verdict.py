@@ -32,3 +32,17 @@ def test_verdict(wait_share, fetch_busy, decode_busy, starts, advice):
 def test_verdict_quotes_the_shares():
     line = verdict(wait_share=0.42, fetch_busy=0.9, decode_busy=0.3)
     assert "42%" in line and "90%" in line
+
+
+@pytest.mark.parametrize(
+    ("fetch_busy", "decode_busy", "starts", "advice"),
+    [
+        (0.2, 0.2, "remote prep", "max_batches_in_flight"),
+        (0.9, 0.3, "storage", "RayExecutor(actors=...) (now 3)"),
+        (0.3, 0.9, "decode on the 3 Ray actors", "RayExecutor(actors=...) (now 3)"),
+    ],
+)
+def test_with_ray_actors_the_verdict_names_remote_prep(fetch_busy, decode_busy, starts, advice):
+    line = verdict(wait_share=0.5, fetch_busy=fetch_busy, decode_busy=decode_busy, actors=3)
+    assert line.startswith(starts + ":")
+    assert advice in line and "num_workers" not in line
