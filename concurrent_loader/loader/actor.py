@@ -123,19 +123,19 @@ def _unship_leaf(path: Path, leaf: Any) -> Any:
     return torch.from_numpy(leaf.array.copy()) if isinstance(leaf, Shipped) else leaf
 
 
-def ship(outcome: Any) -> Any:
-    """``outcome`` with its batch's tensors as :class:`Shipped` arrays."""
+def _each_tensor(outcome: Any, leaf: Callable[[Path, Any], Any]) -> Any:
     if isinstance(outcome, Failure):
         return outcome
     if isinstance(outcome, Partial):
-        return Partial(map_batch(outcome.batch, _ship_leaf), outcome.skipped)
-    return map_batch(outcome, _ship_leaf)
+        return Partial(map_batch(outcome.batch, leaf), outcome.skipped)
+    return map_batch(outcome, leaf)
+
+
+def ship(outcome: Any) -> Any:
+    """``outcome`` with its batch's tensors as :class:`Shipped` arrays."""
+    return _each_tensor(outcome, _ship_leaf)
 
 
 def unship(outcome: Any) -> Any:
     """``ship``'s outcome with tensors again, each a copy the trainer owns."""
-    if isinstance(outcome, Failure):
-        return outcome
-    if isinstance(outcome, Partial):
-        return Partial(map_batch(outcome.batch, _unship_leaf), outcome.skipped)
-    return map_batch(outcome, _unship_leaf)
+    return _each_tensor(outcome, _unship_leaf)

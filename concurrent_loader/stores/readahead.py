@@ -88,6 +88,15 @@ class ReadaheadConfig:
 
 
 @dataclass(eq=False)
+class _Stragglers:
+    """A span dropped as stale: its declared ranges not read yet, and the clock when one of
+    its ranges was last asked for."""
+
+    unread: set[tuple[int, int]]
+    touched: int
+
+
+@dataclass(eq=False)
 class _Span:
     """A kept span: its bytes (``data``, undeclared) or the unread declared ranges' bytes in it
     (``pieces``, by their (start, end) clipped to the span), and when it was last read
@@ -118,7 +127,7 @@ class ReadaheadStore:
         #: spans dropped as stale with declared ranges unread: those ranges, and the clock when
         #: one was last read; they (and repeats within ``max_bytes``, a hedge) are read as they
         #: are, so a span is not fetched again for its stragglers
-        self._stragglers: dict[tuple[str, int], tuple[set[tuple[int, int]], list[int]]] = {}
+        self._stragglers: dict[tuple[str, int], _Stragglers] = {}
 
     def url_for(self, key: str) -> str:
         return self.inner.url_for(key)
@@ -167,10 +176,10 @@ class ReadaheadStore:
             (s, span) for s, span in self._kept.items() if span.last_read < stale
         ]:
             if span.pieces:
-                self._stragglers[candidate] = (set(span.pieces), [self._clock])
+                self._stragglers[candidate] = _Stragglers(set(span.pieces), self._clock)
             self._drop(candidate)
-        for candidate, (unread, touched) in list(self._stragglers.items()):
-            if not unread and touched[0] < stale:
+        for candidate, record in list(self._stragglers.items()):
+            if not record.unread and record.touched < stale:
                 del self._stragglers[candidate]
         for candidate in [s for s, span in self._kept.items() if span.pieces is None]:
             if self._kept_bytes + self._fetching_bytes + need <= self._max_bytes:
@@ -225,10 +234,9 @@ class ReadaheadStore:
         start, end = self._clip(n, byte_range)
         record = self._stragglers.get(span_id)
         if record is not None:
-            unread, touched = record
-            if (start, end) in unread or self._clock - touched[0] <= self._max_bytes:
-                unread.discard((start, end))
-                touched[0] = self._clock
+            if (start, end) in record.unread or self._clock - record.touched <= self._max_bytes:
+                record.unread.discard((start, end))
+                record.touched = self._clock
                 return None, False
             del self._stragglers[span_id]  # read again much later: a new pass over the span
         kept = self._kept.get(span_id)

@@ -191,6 +191,20 @@ def test_bad_settings_are_config_errors(kwargs, match):
         Readahead(**kwargs)
 
 
+@pytest.fixture
+def fetched(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """Every (start, end) the in-memory store is asked for, in order."""
+    asked: list[tuple[int, int]] = []
+    read = MemoryStore._read
+
+    def recording(self, key, byte_range):
+        asked.append((byte_range.start, byte_range.end))
+        return read(self, key, byte_range)
+
+    monkeypatch.setattr(MemoryStore, "_read", recording)
+    return asked
+
+
 def ranges_of(cuts: list[int]) -> tuple[list[int], list[int]]:
     """Consecutive ranges between ``cuts``, as a dataset would list them."""
     return cuts[:-1], cuts[1:]
@@ -227,19 +241,11 @@ def test_a_span_goes_once_every_range_known_in_it_was_read():
 
 
 def test_a_window_wider_than_max_bytes_reads_the_overflow_as_it_is_and_no_span_twice(
-    monkeypatch,
+    fetched,
 ):
     # Ranges read in an order that keeps many spans half read: all ten spans are started
     # before any is finished, with room for three. The overflow goes as single GETs, never
     # as a span fetched again.
-    fetched: list[tuple[int, int]] = []
-    read = MemoryStore._read
-
-    def recording(self, key, byte_range):
-        fetched.append((byte_range.start, byte_range.end))
-        return read(self, key, byte_range)
-
-    monkeypatch.setattr(MemoryStore, "_read", recording)
     memory = MemoryConfig({"blob": BLOB})
     cuts = list(range(0, 10 * SPAN + 1, 500))  # two ranges per span
     store_config = ReadaheadConfig(
@@ -333,15 +339,7 @@ def test_parts_of_a_declared_range_are_served_from_its_piece():
     assert memory.stats.total == 1  # the span, once
 
 
-def test_a_stragglers_hedge_reads_it_alone_not_the_span_again(monkeypatch):
-    fetched: list[tuple[int, int]] = []
-    read = MemoryStore._read
-
-    def recording(self, key, byte_range):
-        fetched.append((byte_range.start, byte_range.end))
-        return read(self, key, byte_range)
-
-    monkeypatch.setattr(MemoryStore, "_read", recording)
+def test_a_stragglers_hedge_reads_it_alone_not_the_span_again(fetched):
     memory = MemoryConfig({"blob": BLOB})
     cuts = list(range(0, 3 * SPAN + 1, 500))
     store_config = ReadaheadConfig(
