@@ -26,7 +26,8 @@ from .decode import EncodedImageDecoder, ImageDecoder, image_decoder
 from .errors import ConfigError
 from .fetch import client_for
 from .fetch.parts import PartsConfig
-from .keys import KeyTable
+from .keys import MAGIC, KeyTable, parse_manifest_text
+from .keys.folders import image_folder
 from .listing import empty_root, list_store
 from .listing import progress as progress_bar
 from .runtime import Runtime, acquire_runtime
@@ -72,17 +73,17 @@ class ObjectDataset(Closing, Dataset[Any]):
         self.store: StoreConfig = with_cache(store, cache, client_for)
         self.fetch_config = fetch_config or FetchConfig()
         self.decode = decode
-        sizes: np.ndarray | None = None
         if keys is None:
             with progress_bar(progress, f"listing {self.store}") as tick:
                 listed = list_store(self.store, self.fetch_config, on_object=tick)
-            keys = [info.key for info in listed]
             sizes = np.fromiter((info.size for info in listed), dtype=np.int64, count=len(listed))
-        table, sizes = self._select(keys if isinstance(keys, KeyTable) else KeyTable(keys), sizes)
-        self.keys = table
+            keys = KeyTable((info.key for info in listed), {"sizes": sizes})
+        # The table lives in a segment every worker maps; this dataset holds it until close().
+        self.keys = self._select(keys if isinstance(keys, KeyTable) else KeyTable(keys)).acquire()
+        self._holds_keys = True
         if isinstance(self.store, CachedStoreConfig):  # it tells when it holds all of them
-            self.store = self.store.for_keys(table)
-        self.source = ObjectSource(self.store, table, self._decoder(), self.fetch_config, sizes)
+            self.store = self.store.for_keys(self.keys)
+        self.source = ObjectSource(self.store, self.keys, self._decoder(), self.fetch_config)
         self._open_nothing()
 
     def _open_nothing(self) -> None:
@@ -91,10 +92,8 @@ class ObjectDataset(Closing, Dataset[Any]):
         self._runtime_lock = threading.Lock()
         self._blocking: tuple[int, BlockingStore] | None = None  # (pid, open store)
 
-    def _select(
-        self, keys: KeyTable, sizes: np.ndarray | None
-    ) -> tuple[KeyTable, np.ndarray | None]:
-        return keys, sizes
+    def _select(self, keys: KeyTable) -> KeyTable:
+        return keys
 
     def _decoder(self) -> ObjectDecoder:
         return CallDecoder(self.decode)
@@ -106,14 +105,18 @@ class ObjectDataset(Closing, Dataset[Any]):
         root: str | os.PathLike[str] | StoreConfig | None = None,
         **kwargs: Any,
     ) -> ObjectDataset:
-        """A dataset whose keys are the lines of ``manifest`` (a local file or an object URL):
-        keys relative to ``root`` (default: the manifest's directory), split on ``\\n`` only
-        (a trailing ``\\r`` dropped), blank and ``#`` lines skipped. A remote manifest on
-        ``root``'s backend is read with its options."""
+        """A dataset whose keys are those of ``manifest`` (a local file or an object URL):
+        keys relative to ``root`` (default: the manifest's directory). A text manifest is
+        split on ``\\n`` only (a trailing ``\\r`` dropped), blank and ``#`` lines skipped; a
+        binary one (``concurrent-loader manifest`` writes it beside the text, ``.bin``) also
+        holds the objects' sizes and loads without parsing. A remote manifest on ``root``'s
+        backend is read with its options."""
         base = store_config_for(root) if root is not None else None
-        text = _read_manifest(manifest, base, kwargs.get("fetch_config") or FetchConfig())
-        keys = [line.removesuffix("\r") for line in text.split("\n")]
-        keys = [key for key in keys if key.strip() and not key.startswith("#")]
+        data = _read_manifest(manifest, base, kwargs.get("fetch_config") or FetchConfig())
+        try:
+            keys = KeyTable.load(data) if data.startswith(MAGIC) else parse_manifest_text(data)
+        except ValueError as exc:  # UnicodeDecodeError too
+            raise ConfigError(f"the manifest {os.fspath(manifest)} cannot be read: {exc}") from exc
         if base is None:
             base = store_config_for(os.path.dirname(os.fspath(manifest)) + "/")
         return cls(base, keys=keys, **kwargs)
@@ -165,16 +168,22 @@ class ObjectDataset(Closing, Dataset[Any]):
         return opened[1]
 
     def close(self) -> None:
-        """Give back what ``ds[i]`` calls opened in this process. Idempotent."""
+        """Give back what ``ds[i]`` calls opened in this process, and this dataset's hold on
+        its key table (unlinked when no dataset of the creating process holds it: workers
+        started afterwards cannot map it). Idempotent."""
         finalizer = getattr(self, "_finalizer", None)
         if finalizer is not None:
             finalizer()
         self._open_nothing()
+        if getattr(self, "_holds_keys", False):
+            self._holds_keys = False
+            self.keys.release()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         for name in ("_runtime", "_runtime_lock", "_finalizer", "_blocking"):
             state.pop(name, None)
+        state["_holds_keys"] = False  # a copy in another process maps the table, never owns it
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -194,29 +203,28 @@ def _release_if_current(runtime: Runtime) -> None:
 
 def _read_manifest(
     manifest: str | os.PathLike[str], root: StoreConfig | None, config: FetchConfig
-) -> str:
+) -> bytes:
     text = os.fspath(manifest)
     if "://" not in text or text.startswith("file://"):
-        # newline="": no translation of \r or \r\n, so lines split as documented.
-        with open(text.removeprefix("file://"), encoding="utf-8", newline="") as f:
+        with open(text.removeprefix("file://"), "rb") as f:
             return f.read()
     parent, name = text.rsplit("/", 1)
     store = store_config_for(parent + "/")
     if type(store) is type(root) and hasattr(root, "with_root"):  # the root's options
         store = root.with_root(parent + "/")  # (an Azure root's account, endpoint and key)
     with ObjectDataset(store, keys=[name], fetch_config=config) as manifest_object:
-        return bytes(manifest_object[0]).decode("utf-8")
+        return bytes(manifest_object[0])
 
 
 @dataclass(eq=False)
 class _ImageFolderDecoder:
     decoder: ImageDecoder | EncodedImageDecoder
-    targets: np.ndarray
+    keys: KeyTable  # its "targets" column: a worker maps it, nothing is pickled
     target_transform: Callable[[int], Any] | None
 
     def __call__(self, index: int, data: bytes | bytearray, url: str) -> tuple[Any, Any]:
         image = self.decoder(data, url)
-        target: Any = int(self.targets[index])
+        target: Any = int(self.keys.column("targets")[index])  # type: ignore[index]
         if self.target_transform is not None:
             target = self.target_transform(target)
         return image, target
@@ -254,31 +262,40 @@ class ImageFolder(ObjectDataset):
         self.extensions = tuple(e.lower() for e in extensions)
         super().__init__(root, keys, decode=None, **kwargs)
 
-    def _select(
-        self, keys: KeyTable, sizes: np.ndarray | None
-    ) -> tuple[KeyTable, np.ndarray | None]:
+    def _select(self, keys: KeyTable) -> KeyTable:
+        found = image_folder(keys, self.extensions)  # None: unsorted keys, the slow path
+        picks, targets, self.classes = found if found is not None else self._sorted(keys)
+        if len(picks) == 0:
+            found_none = f"no images ({', '.join(self.extensions)}) in class folders"
+            raise empty_root(self.store, f"{found_none} under {self.store}")
+        self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+        if found is not None:
+            return keys.subset(picks, {"targets": targets})
+        sizes = keys.column("sizes")
+        columns = {"targets": targets} | ({} if sizes is None else {"sizes": sizes[picks]})
+        return KeyTable((keys[int(i)] for i in picks), columns)
+
+    def _sorted(self, keys: KeyTable) -> tuple[np.ndarray, np.ndarray, list[str]]:
         chosen = sorted(
             (key, i)
             for i, key in enumerate(keys)
             if "/" in key and key.lower().endswith(self.extensions)
         )
-        if not chosen:
-            found = f"no images ({', '.join(self.extensions)}) in class folders"
-            raise empty_root(self.store, f"{found} under {self.store}")
-        images = [key for key, _ in chosen]
-        self.classes = sorted({k.split("/", 1)[0] for k in images})
-        self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
-        self.targets = np.fromiter(
-            (self.class_to_idx[k.split("/", 1)[0]] for k in images),
-            dtype=np.int64,
-            count=len(images),
-        )
-        if sizes is not None:
-            sizes = sizes[np.fromiter((i for _, i in chosen), dtype=np.int64, count=len(chosen))]
-        return KeyTable(images), sizes
+        classes = sorted({key.split("/", 1)[0] for key, _ in chosen})
+        rank = {name: i for i, name in enumerate(classes)}
+        picks = np.array([i for _, i in chosen], dtype=np.int64)
+        targets = np.array([rank[key.split("/", 1)[0]] for key, _ in chosen], dtype=np.int64)
+        return picks, targets, classes
+
+    @property
+    def targets(self) -> np.ndarray:
+        """The class index of each image (in the shared key table)."""
+        targets = self.keys.column("targets")
+        assert targets is not None  # every ImageFolder table has them
+        return targets
 
     def _decoder(self) -> ObjectDecoder:
-        return _ImageFolderDecoder(self.decoder, self.targets, self.target_transform)
+        return _ImageFolderDecoder(self.decoder, self.keys, self.target_transform)
 
     @property
     def samples(self) -> list[tuple[str, int]]:

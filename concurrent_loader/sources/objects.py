@@ -56,24 +56,24 @@ class CallDecoder:
 
 @dataclass(eq=False, repr=False)
 class ObjectSource:
-    """``keys[i]`` of ``store``, decoded by ``decoder``; ``sizes[i]`` (bytes) when listed."""
+    """``keys[i]`` of ``store``, decoded by ``decoder``; the object's size in bytes when the
+    table has a ``sizes`` column (a listing's, or a binary manifest's)."""
 
     store: StoreConfig
     keys: KeyTable
     decoder: ObjectDecoder
     fetch_config: FetchConfig
-    sizes: np.ndarray | None = None
 
-    def __post_init__(self) -> None:
-        if self.sizes is not None and len(self.sizes) != len(self.keys):
-            raise ValueError(f"{len(self.sizes)} sizes for {len(self.keys)} keys")
+    @property
+    def sizes(self) -> np.ndarray | None:
+        return self.keys.column("sizes")
 
     def __len__(self) -> int:
         return len(self.keys)
 
     def reads(self, index: int) -> Sequence[Read]:
-        size = int(self.sizes[index]) if self.sizes is not None else None
-        return (Read(self.keys[index], size=size),)
+        sizes = self.keys.column("sizes")
+        return (Read(self.keys[index], size=None if sizes is None else int(sizes[index])),)
 
     def decode(self, index: int, bodies: Sequence[bytes | bytearray]) -> Any:
         return self.decoder(index, bodies[0], self.url_for(index))

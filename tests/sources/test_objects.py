@@ -59,19 +59,17 @@ def test_other_errors_become_decode_errors_naming_the_object():
 
 def test_one_read_per_sample_with_its_size_when_known():
     store = MemoryConfig({})
-    keys = KeyTable(["a.bin", "d/b.bin"])
-    sized = ObjectSource(store, keys, CallDecoder(None), FetchConfig(), np.array([3, 5]))
+    keys = KeyTable(["a.bin", "d/b.bin"], {"sizes": np.array([3, 5])})
+    sized = ObjectSource(store, keys, CallDecoder(None), FetchConfig())
     assert isinstance(sized, SampleSource)
     assert len(sized) == 2
     assert sized.reads(1) == (Read("d/b.bin", size=5),)
     assert sized.url_for(1) == "memory://test/d/b.bin"
     assert sized.decode(0, [b"xyz"]) == b"xyz"
-    unsized = ObjectSource(store, keys, CallDecoder(None), FetchConfig())
+    unsized = ObjectSource(store, KeyTable(["a.bin"]), CallDecoder(None), FetchConfig())
     assert unsized.reads(0) == (Read("a.bin"),)
 
 
 def test_sizes_must_match_the_keys():
-    with pytest.raises(ValueError, match="2 sizes for 1 keys"):
-        ObjectSource(
-            MemoryConfig({}), KeyTable(["a"]), CallDecoder(None), FetchConfig(), np.array([1, 2])
-        )
+    with pytest.raises(ValueError, match="column 'sizes': 1 integers needed"):
+        KeyTable(["a"], {"sizes": np.array([1, 2])})

@@ -72,3 +72,34 @@ def test_a_remote_manifest_is_read_and_its_folder_is_the_root():
         with pytest.raises(ObjectNotFound) as missing:
             ObjectDataset.from_manifest(f"{origin}/m/none.txt")
         assert missing.value.url == f"{origin}/m/none.txt"
+
+
+def test_the_cli_writes_a_binary_form_that_reads_back_the_same_keys_and_sizes(tmp_path):
+    from concurrent_loader.cli import main
+
+    root = tmp_path / "root"
+    names = [key for key in ODD_KEYS if "/" not in key] + ["sub/ü b.bin"]
+    for i, name in enumerate(names):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(b"x" * i)
+    manifest = tmp_path / "keys.txt"
+    assert main(["manifest", str(root), "-o", str(manifest), "--no-progress"]) == 0
+    text = ObjectDataset.from_manifest(manifest, root=str(root))
+    binary = ObjectDataset.from_manifest(f"{manifest}.bin", root=str(root))
+    assert list(binary.keys) == list(text.keys) == sorted(names)
+    assert binary.source.sizes.tolist() == [names.index(k) for k in binary.keys]
+    assert text.source.sizes is None
+    assert binary[len(names) - 1] == text[len(names) - 1]
+
+
+def test_a_manifest_that_is_not_utf8_or_a_damaged_binary_one_is_a_config_error(tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"a.bin\n\xff.bin\n")
+    with pytest.raises(ConfigError, match="bad.txt cannot be read"):
+        ObjectDataset.from_manifest(bad)
+    good = tmp_path / "good.txt"
+    good.write_bytes(b"a.bin\n")
+    ObjectDataset.from_manifest(good).keys.save(tmp_path / "cut.bin")
+    (tmp_path / "cut.bin").write_bytes((tmp_path / "cut.bin").read_bytes()[:40])
+    with pytest.raises(ConfigError, match="cut.bin cannot be read"):
+        ObjectDataset.from_manifest(tmp_path / "cut.bin")
