@@ -13,6 +13,8 @@
 from __future__ import annotations
 
 import asyncio
+import html
+import re
 import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -141,11 +143,65 @@ def page_query(
     )
 
 
+#: elements of a page that is not plainly written (CDATA, comments, a DTD, prefixed names)
+_UNUSUAL = (b"<!", b":Contents>", b":Key>", b":Size>", b":Prefix>", b":CommonPrefixes>")
+_ELEMENT = re.compile(rb"<(Key|Size)>([^<]*)</\1>")
+_TOP = re.compile(rb"<(EncodingType|IsTruncated|NextContinuationToken)>([^<]*)</\1>")
+_PREFIX = re.compile(rb"<CommonPrefixes>\s*<Prefix>([^<]*)</Prefix>\s*</CommonPrefixes>")
+
+
+def _plain_page(body: bytes, root: str) -> tuple[Level, str | None] | None:
+    """:func:`parse_page` by splitting and regular expressions, several times less CPU per
+    key than the tree (which bounds a parallel listing of a large root); None for a page
+    that is not plainly written (the tree reads it then). The tests check it equal to the
+    tree's reading on every server's pages."""
+    if b"<ListBucketResult" not in body[:512] or any(mark in body for mark in _UNUSUAL):
+        return None
+    head, *blocks = body.split(b"<Contents>")
+    outside = [head]
+    fields = []
+    for block in blocks:
+        inside, end, after = block.partition(b"</Contents>")
+        found = _ELEMENT.findall(inside)
+        if not end or len(found) != 2 or found[0][0] == found[1][0]:
+            return None
+        fields.append(found)
+        outside.append(after)
+    rest = b"".join(outside)
+    top = dict(_TOP.findall(rest))
+    url_encoded = top.get(b"EncodingType") == b"url"
+    cut = len(root)
+
+    def text(raw: bytes) -> str:
+        value = raw.decode()
+        if "&" in value:
+            value = html.unescape(value)  # XML's five entities and character references
+        return (unquote_plus(value) if url_encoded else value)[cut:]
+
+    objects = []
+    for (first, a), (_, b) in fields:
+        key, size = (a, b) if first == b"Key" else (b, a)
+        objects.append(ObjectInfo(text(key), int(size)))
+    prefixes = [text(raw) for raw in _PREFIX.findall(rest)]
+    if rest.count(b"<CommonPrefixes>") != len(prefixes):
+        return None
+    truncated = top.get(b"IsTruncated", b"").strip().lower() == b"true"
+    token = top.get(b"NextContinuationToken")
+    if truncated and not token:
+        return None  # the tree raises the error
+    return Level(objects, prefixes, truncated), html.unescape(token.decode()) if token else None
+
+
 def parse_page(body: bytes | bytearray, root: str, url: str) -> tuple[Level, str | None]:
     """One ``ListObjectsV2`` answer: its objects and common prefixes (relative to ``root``,
     the bucket's prefix), ``truncated`` when more pages follow, and the next page's token.
     A body that is not such an answer is ``ConnectionFailed`` (``MALFORMED_RESPONSE``)
     naming ``url``."""
+    plain = _plain_page(bytes(body), root)
+    return plain if plain is not None else _tree_page(body, root, url)
+
+
+def _tree_page(body: bytes | bytearray, root: str, url: str) -> tuple[Level, str | None]:
     try:
         tree = ET.fromstring(bytes(body))
     except ET.ParseError as exc:

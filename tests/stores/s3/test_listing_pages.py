@@ -8,7 +8,7 @@ import pytest
 
 from concurrent_loader.errors import ConnectionFailed, Reason
 from concurrent_loader.stores.base import ObjectInfo
-from concurrent_loader.stores.s3.listing import page_query, parse_page
+from concurrent_loader.stores.s3.listing import _plain_page, _tree_page, page_query, parse_page
 from concurrent_loader.stores.s3.sigv4 import SigV4Signer
 from tests.stores.s3.test_sigv4 import CREDENTIALS, FROZEN, botocore_headers
 
@@ -97,3 +97,61 @@ def test_a_page_that_is_not_a_listing_is_a_malformed_response_naming_the_prefix(
         "list",
     )
     assert info.value.retryable
+
+
+PLAIN_PAGES = {
+    "url-encoded, S3's element order": _page(
+        "<Name>b</Name><Prefix>root/</Prefix><KeyCount>2</KeyCount><EncodingType>url"
+        "</EncodingType><IsTruncated>true</IsTruncated><NextContinuationToken>t&amp;1"
+        "</NextContinuationToken><Contents><Key>root/a+b%2Bc.bin</Key><LastModified>"
+        "2026-01-01T00:00:00.000Z</LastModified><ETag>&quot;e&quot;</ETag><Size>12</Size>"
+        "<Owner><ID>o</ID><DisplayName>o</DisplayName></Owner><StorageClass>STANDARD"
+        "</StorageClass></Contents><Contents><Key>root/%C3%BC%25.bin</Key><Size>0</Size>"
+        "</Contents><CommonPrefixes><Prefix>root/sub+dir/</Prefix></CommonPrefixes>"
+    ),
+    "not encoded: entities and character references": _page(
+        "<IsTruncated>false</IsTruncated><Contents><Key>root/a&amp;b&lt;&#233;&#x41;+%41"
+        "</Key><Size>3</Size></Contents><CommonPrefixes><Prefix>root/&quot;q&apos;/</Prefix>"
+        "</CommonPrefixes>"
+    ),
+    "size before key, pretty-printed": _page(
+        "\n  <IsTruncated>false</IsTruncated>\n  <Contents>\n    <Size>7</Size>\n"
+        "    <Key>root/x.bin</Key>\n  </Contents>\n  <CommonPrefixes>\n    <Prefix>root/d/"
+        "</Prefix>\n  </CommonPrefixes>\n"
+    ),
+    "no namespace, no objects": _page("<IsTruncated>false</IsTruncated>", ns=""),
+}
+
+UNUSUAL_PAGES = {
+    "CDATA": _page(
+        "<IsTruncated>false</IsTruncated><Contents><Key><![CDATA[root/a<b]]></Key>"
+        "<Size>1</Size></Contents>"
+    ),
+    "a comment": _page(
+        "<IsTruncated>false</IsTruncated><Contents><Key>root/a<!-- x --></Key>"
+        "<Size>1</Size></Contents>"
+    ),
+    "prefixed names": (
+        b'<?xml version="1.0"?><ListBucketResult xmlns:s3="http://s3.amazonaws.com/doc/'
+        b'2006-03-01/"><s3:IsTruncated>false</s3:IsTruncated><s3:Contents><s3:Key>root/a'
+        b"</s3:Key><s3:Size>1</s3:Size></s3:Contents></ListBucketResult>"
+    ),
+    "an object without a size": _page(
+        "<IsTruncated>false</IsTruncated><Contents><Key>root/a</Key></Contents>"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", PLAIN_PAGES)
+def test_a_plain_page_is_read_without_the_tree_as_the_tree_reads_it(name: str) -> None:
+    body = PLAIN_PAGES[name]
+    plain = _plain_page(body, "root/")
+    assert plain is not None
+    assert plain == _tree_page(body, "root/", URL)
+
+
+@pytest.mark.parametrize("name", UNUSUAL_PAGES)
+def test_a_page_not_plainly_written_is_left_to_the_tree(name: str) -> None:
+    body = UNUSUAL_PAGES[name]
+    assert _plain_page(body, "root/") is None
+    assert parse_page(body, "root/", URL) == _tree_page(body, "root/", URL)
