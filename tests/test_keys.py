@@ -181,6 +181,51 @@ def test_a_dead_creators_segment_that_cannot_be_removed_does_not_stop_a_new_tabl
         os.unlink(dead_path)
 
 
+def test_in_a_pid_namespace_without_its_own_proc_a_live_table_is_never_removed():
+    """Regression: under ``unshare -p`` with the host's ``/proc``, a creator could not read its
+    own start time, named its segment as if dead, and its next table removed the first."""
+    script = textwrap.dedent(
+        """
+        import os
+        from concurrent_loader.keys import KeyTable
+        first = KeyTable(["a", "b"])
+        second = KeyTable(["c"])
+        print(os.path.exists(first.path), list(first))
+        """
+    )
+    # Past the pids the host is likely to be using, so that ours is absent from its /proc.
+    burn = 'for i in $(seq 400); do /bin/true; done; exec "$0" "$@"'
+    command = ["unshare", "-rpf", "--", "sh", "-c", burn, sys.executable, "-c", script]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        pytest.skip("no unshare(1) on this machine")
+    if done.returncode != 0 and "unshare" in done.stderr:
+        pytest.skip(f"user and pid namespaces not available: {done.stderr.strip()}")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[0] == "True ['a', 'b']"
+
+
+def test_a_creator_that_cannot_read_its_start_time_is_never_judged_dead(monkeypatch):
+    from concurrent_loader.keys import segment
+
+    start_time = segment._start_time
+    monkeypatch.setattr(
+        segment, "_start_time", lambda pid: None if pid == os.getpid() else start_time(pid)
+    )
+    first = KeyTable(["a"])
+    KeyTable(["b"])  # cleans up before it is made
+    assert os.path.exists(first.path) and list(pickle.loads(pickle.dumps(first))) == ["a"]
+
+
+def test_subset_refuses_picks_out_of_order():
+    table = KeyTable(["a", "b", "c"], {"sizes": [1, 2, 3]})
+    assert list(table.subset(np.array([0, 2]))) == ["a", "c"]
+    for picks in ([2, 0], [1, 1]):
+        with pytest.raises(ValueError, match="ascending"):
+            table.subset(np.array(picks))
+
+
 def test_a_forked_child_never_removes_its_parents_segment():
     table = KeyTable(["a"]).acquire()
     pid = os.fork()
@@ -225,3 +270,7 @@ def test_image_folder_rules_on_the_tables_bytes_match_them_on_strs(seed):
     assert image_folder(KeyTable(shuffled), extensions) is None  # unsorted: the slow path
     assert image_folder(KeyTable(["c/1.jpg", "x.txt", "b/1.jpg"]), extensions) is None
     assert image_folder(KeyTable(["a/1.jpg", "a\x00/1.jpg"]), extensions) is None
+
+
+def test_no_extensions_take_the_slow_path_which_finds_no_images():
+    assert image_folder(KeyTable(["a/1.jpg"]), ()) is None

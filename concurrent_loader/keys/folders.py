@@ -54,7 +54,9 @@ def image_folder(
     extension of ``extensions`` in any case), each one's class index and the sorted classes;
     None when the table is not read so (the images are not sorted, an extension is not plain
     ASCII, or the keys' lengths vary too much): the caller then takes the slow path."""
-    if not all(e.isascii() and "k" not in e for e in extensions):  # KELVIN SIGN lowers to k
+    if not extensions or not all(
+        e.isascii() and "k" not in e for e in extensions
+    ):  # KELVIN SIGN lowers to k
         return None
     blob = table._segment.arrays["blob"]
     starts, ends = key_spans(table)

@@ -51,6 +51,15 @@ def _pid_namespace() -> str:
         return "0"
 
 
+def _proc_is_ours() -> bool:
+    """Whether ``/proc`` shows this process's pid namespace (``unshare -p`` without a new
+    ``/proc`` shows another: its pids, and their start times, are not ours to judge)."""
+    try:
+        return int(os.readlink("/proc/self")) == os.getpid()
+    except (OSError, ValueError):
+        return False
+
+
 def _directories() -> list[str]:
     return [d for d in ("/dev/shm", tempfile.gettempdir()) if os.path.isdir(d)]
 
@@ -58,6 +67,8 @@ def _directories() -> list[str]:
 def remove_stale_segments() -> int:
     """Remove the segments whose creator is no longer running; their number."""
     removed = 0
+    if not _proc_is_ours():  # no creator can be told dead: leave every file
+        return removed
     namespace = _pid_namespace()
     for directory in _directories():
         try:
@@ -69,7 +80,10 @@ def remove_stale_segments() -> int:
                 continue
             try:
                 space, pid, started = name[len(PREFIX) :].split("-")[:3]
-                alive = space != namespace or _start_time(int(pid)) in (started, "0")
+                # "0": a creator that could not read its start time, never judged dead
+                alive = (
+                    space != namespace or started == "0" or _start_time(int(pid)) in (started, "0")
+                )
             except ValueError:
                 continue
             if not alive:
@@ -88,7 +102,8 @@ def _new_segment_file(size: int) -> tuple[str, int]:
     the temporary directory (pages of a file the kernel may write back when memory is short)."""
     remove_stale_segments()
     pid = os.getpid()
-    name = f"{PREFIX}{_pid_namespace()}-{pid}-{_start_time(pid)}-{secrets.token_hex(6)}"
+    started = (_start_time(pid) if _proc_is_ours() else None) or "0"
+    name = f"{PREFIX}{_pid_namespace()}-{pid}-{started}-{secrets.token_hex(6)}"
     candidates = [d for d in _directories() if shutil.disk_usage(d).free >= size + (64 << 20)]
     for directory in candidates or [tempfile.gettempdir()]:
         path = os.path.join(directory, name)

@@ -91,6 +91,8 @@ class KeyTable(Sequence[str]):
     def subset(self, picks: np.ndarray, columns: Mapping[str, Any] | None = None) -> KeyTable:
         """A new table of keys ``picks`` (ascending indices) with this table's columns at
         those indices and ``columns`` (of ``len(picks)``) beside them."""
+        if np.any(np.diff(picks) <= 0):  # gather copies spans in the blob's order
+            raise ValueError("subset needs strictly ascending picks")
         ends = self._segment.arrays["offsets"].astype(np.int64)
         starts, stops = ends[:-1][picks], ends[1:][picks]
         mine = {k: v[picks] for k, v in self._segment.arrays.items() if k not in _KEYS}

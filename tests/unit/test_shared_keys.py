@@ -113,3 +113,10 @@ def test_an_image_folder_of_unsorted_keys_sorts_them():
         assert list(dataset.keys) == ["cat/a.jpg", "cat/z.jpg", "dog/b.png"]
         assert dataset.targets.tolist() == [0, 0, 1] and dataset.classes == ["cat", "dog"]
         assert dataset.source.sizes is None
+
+
+def test_an_image_folder_without_extensions_finds_no_images():
+    from concurrent_loader.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="no images"):
+        ImageFolder(MemoryConfig({"cat/a.jpg": b"x"}), keys=["cat/a.jpg"], extensions=())
