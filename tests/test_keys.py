@@ -255,6 +255,7 @@ def test_image_folder_rules_on_the_tables_bytes_match_them_on_strs(seed):
     rng = random.Random(seed)
     folders = ["a", "a-b", "a b", "ab", "日本", "Z", "x" * 20, "b/c", ""]
     names = ["1.jpg", "2.JPEG", "3.Png", "notes.txt", "jpg", "x.jpgx", "long" * 9 + ".webp"]
+    names += [".jpg", "g", "pg", "x.jp", "\u212a.jpg"]  # short keys after a key's bytes
     keys = sorted({f"{rng.choice(folders)}/{rng.choice(names)}" for _ in range(300)})
     keys += ["top.jpg", "t.jpg/"]
     keys.sort()
@@ -270,6 +271,13 @@ def test_image_folder_rules_on_the_tables_bytes_match_them_on_strs(seed):
     assert image_folder(KeyTable(shuffled), extensions) is None  # unsorted: the slow path
     assert image_folder(KeyTable(["c/1.jpg", "x.txt", "b/1.jpg"]), extensions) is None
     assert image_folder(KeyTable(["a/1.jpg", "a\x00/1.jpg"]), extensions) is None
+    for tiny in (["a/.png"], ["/.jpg"], ["a/.jp", "a/g"]):  # blobs of 4 to 8 bytes
+        assert image_folder(KeyTable(tiny), extensions) is not None
+        found, expected = (
+            image_folder(KeyTable(tiny), extensions),
+            _reference_image_folder(tiny, extensions),
+        )
+        assert (found[0].tolist(), found[1].tolist(), found[2]) == expected
 
 
 def test_no_extensions_take_the_slow_path_which_finds_no_images():

@@ -8,12 +8,13 @@ does); a table whose rows would cost more than a few times its bytes takes the s
 from __future__ import annotations
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from .table import KeyTable
 
 __all__ = ["image_folder"]
 
-_ROWS_BYTES = 64 << 20  # the bytes of rows compared at once
+_ROWS_BYTES = 4 << 20  # the bytes of rows compared at once (temporaries the allocator reuses)
 
 
 def key_spans(table: KeyTable) -> tuple[np.ndarray, np.ndarray]:
@@ -40,8 +41,8 @@ def _rows(blob: np.ndarray, starts: np.ndarray, lengths: np.ndarray, width: int)
     rows = np.empty((len(starts), width), dtype=np.uint8)
     inside = starts <= len(blob) - width
     if len(blob) >= width:
-        rows[inside] = np.lib.stride_tricks.sliding_window_view(blob, width)[starts[inside]]
-    windows = np.lib.stride_tricks.sliding_window_view(tail, width)
+        rows[inside] = sliding_window_view(blob, width)[starts[inside]]
+    windows = sliding_window_view(tail, width)
     rows[~inside] = windows[starts[~inside] - tail_start]
     rows *= np.arange(width) < lengths[:, None]
     return rows
@@ -65,7 +66,15 @@ def image_folder(
     if len(starts) * width > 4 * len(blob) + (1 << 20):
         return None
     suffixes = {e.lower().encode() for e in extensions}
+    if max(map(len, suffixes)) > 8:
+        return None
+    by_size: dict[int, np.ndarray] = {}
+    for suffix in suffixes:
+        same_size = [int.from_bytes(suffix, "big"), *by_size.get(len(suffix), [])]
+        by_size[len(suffix)] = np.array(same_size, dtype=np.uint64)
     chunk = max(2, _ROWS_BYTES // width)
+    # every 8 bytes of the blob, by where they start (a tiny blob's keys are all read below)
+    eights = sliding_window_view(blob, 8) if len(blob) >= 8 else np.zeros((1, 8), np.uint8)
     image = np.zeros(len(starts), bool)
     folder_lengths = np.zeros(len(starts), np.int64)
     differ = np.zeros(max(len(starts) - 1, 0), bool)  # pair (i, i + 1): another folder
@@ -74,17 +83,18 @@ def image_folder(
         rows = _rows(blob, starts[span], lengths[span], width)
         slash = rows == ord("/")
         folder_lengths[span] = np.where(slash.any(axis=1), slash.argmax(axis=1), -1)
-        # The last bytes of each key, lowered (ASCII), against each extension's.
+        # The last 8 bytes of each key (zeros before a shorter one), lowered (ASCII), as a
+        # big-endian integer: an extension of n bytes is its low n bytes.
         at = np.arange(len(rows))
-        back = max(len(x) for x in suffixes)
-        ends_at = np.maximum(lengths[span][:, None] - back + np.arange(back), 0)
-        last = rows[at[:, None], ends_at]
-        last = np.where((last >= 65) & (last <= 90), last | 32, last)
+        last = eights[np.maximum(ends[span] - 8, 0)]
+        for row in np.flatnonzero(ends[span] < 8):  # a key ending in the blob's first 8 bytes
+            last[row] = np.frombuffer(bytes(blob[: ends[span][row]]).rjust(8, b"\0"), np.uint8)
+        last |= ((last >= 65) & (last <= 90)).view(np.uint8) << 5
+        tail = last.view(">u8")[:, 0]
         found = np.zeros(len(rows), bool)
-        for suffix in suffixes:
-            wanted = np.frombuffer(suffix, dtype=np.uint8)
-            tail_matches = (last[:, back - len(suffix) :] == wanted).all(axis=1)
-            found |= (lengths[span] >= len(suffix)) & tail_matches
+        for size, wanted in by_size.items():  # the bytes before a key are not its own
+            mine = lengths[span] >= size
+            found |= mine & np.isin(tail & np.uint64((1 << 8 * size) - 1), wanted)
         image[span] = found & (folder_lengths[span] >= 0)
         # Adjacent keys of the chunk: where they first differ decides their order and folder.
         unequal = rows[1:] != rows[:-1]
