@@ -130,6 +130,11 @@ def helpers() -> type[Helpers]:
 
 @pytest.fixture(autouse=True)
 def no_loader_threads_left() -> Iterator[None]:
+    yield from threads_checked()
+
+
+def threads_checked() -> Iterator[None]:
+    """The check around one test (a generator for a fixture to ``yield from``)."""
     # The process's runtime (and the stores it keeps open) lives while any lease is held: a
     # dataset an earlier test never closed holds one until it is collected. Collect it
     # first, so that what is left after the test is the test's own.

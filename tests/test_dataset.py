@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import pickle
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -21,6 +22,17 @@ from concurrent_loader import (
 )
 from concurrent_loader.stores import S3Config
 from concurrent_loader.testing.memory import MemoryConfig
+from tests import helpers as shared
+
+
+@pytest.fixture
+def helpers() -> type[shared.Helpers]:
+    return shared.Helpers
+
+
+@pytest.fixture(autouse=True)
+def no_loader_threads_left() -> Iterator[None]:
+    yield from shared.threads_checked()
 
 
 def test_keys_and_sizes_come_from_the_listing_sorted(helpers):
