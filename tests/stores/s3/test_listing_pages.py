@@ -84,6 +84,8 @@ def test_keys_are_taken_as_they_are_when_not_encoded(ns: str) -> None:
         b"not xml at all",
         b"<Error><Code>InternalError</Code></Error>",
         _page("<IsTruncated>true</IsTruncated>"),  # no token to go on with
+        _page("<IsTruncated>false</IsTruncated>").replace(b"false", b"f\xffalse"),  # not UTF-8
+        b"<Wrapper>" + _page("<IsTruncated>false</IsTruncated>")[38:] + b"</Wrapper>",
     ],
 )
 def test_a_page_that_is_not_a_listing_is_a_malformed_response_naming_the_prefix(
@@ -102,17 +104,19 @@ def test_a_page_that_is_not_a_listing_is_a_malformed_response_naming_the_prefix(
 PLAIN_PAGES = {
     "url-encoded, S3's element order": _page(
         "<Name>b</Name><Prefix>root/</Prefix><KeyCount>2</KeyCount><EncodingType>url"
-        "</EncodingType><IsTruncated>true</IsTruncated><NextContinuationToken>t&amp;1"
+        "</EncodingType><IsTruncated>true</IsTruncated><NextContinuationToken>t%2B1/="
         "</NextContinuationToken><Contents><Key>root/a+b%2Bc.bin</Key><LastModified>"
         "2026-01-01T00:00:00.000Z</LastModified><ETag>&quot;e&quot;</ETag><Size>12</Size>"
         "<Owner><ID>o</ID><DisplayName>o</DisplayName></Owner><StorageClass>STANDARD"
         "</StorageClass></Contents><Contents><Key>root/%C3%BC%25.bin</Key><Size>0</Size>"
         "</Contents><CommonPrefixes><Prefix>root/sub+dir/</Prefix></CommonPrefixes>"
     ),
-    "not encoded: entities and character references": _page(
-        "<IsTruncated>false</IsTruncated><Contents><Key>root/a&amp;b&lt;&#233;&#x41;+%41"
-        "</Key><Size>3</Size></Contents><CommonPrefixes><Prefix>root/&quot;q&apos;/</Prefix>"
-        "</CommonPrefixes>"
+    "not encoded": _page(
+        "<IsTruncated>false</IsTruncated><Contents><Key>root/a+b%41 \u00e9</Key><Size>3</Size>"
+        "</Contents><CommonPrefixes><Prefix>root/q'/</Prefix></CommonPrefixes>"
+    ),
+    "a token on a page that is not truncated": _page(
+        "<IsTruncated>false</IsTruncated><NextContinuationToken>t</NextContinuationToken>"
     ),
     "size before key, pretty-printed": _page(
         "\n  <IsTruncated>false</IsTruncated>\n  <Contents>\n    <Size>7</Size>\n"
@@ -123,6 +127,41 @@ PLAIN_PAGES = {
 }
 
 UNUSUAL_PAGES = {
+    "entities and character references": _page(
+        "<IsTruncated>false</IsTruncated><Contents><Key>root/a&amp;b&lt;&#233;&#x41;+%41"
+        "</Key><Size>3</Size></Contents><CommonPrefixes><Prefix>root/&quot;q&apos;/</Prefix>"
+        "</CommonPrefixes>"
+    ),
+    "a character reference in the token": _page(
+        "<IsTruncated>true</IsTruncated><NextContinuationToken>a&amp;b&#x80;"
+        "</NextContinuationToken>"
+    ),
+    "whitespace in a tag": _page(
+        "<IsTruncated >true</IsTruncated><NextContinuationToken>t</NextContinuationToken>"
+        "<Contents ><Key>root/a</Key><Size>1</Size></Contents >"
+    ),
+    "an attribute": _page(
+        '<IsTruncated>false</IsTruncated><Contents xmlns="x"><Key>root/a</Key><Size>1</Size>'
+        "</Contents>"
+    ),
+    "a self-closing element": _page("<IsTruncated>false</IsTruncated><Contents/>"),
+    "a carriage return in a key": _page(
+        "<IsTruncated>false</IsTruncated><Contents><Key>root/a\r\nb</Key><Size>1</Size></Contents>"
+    ),
+    "an empty size": _page(
+        "<IsTruncated>false</IsTruncated><Contents><Key>root/a</Key><Size></Size></Contents>"
+    ),
+    "an element twice": _page("<IsTruncated>false</IsTruncated><IsTruncated>true</IsTruncated>"),
+    "a flag with spaces": _page("<IsTruncated>false </IsTruncated>"),
+    "a processing instruction": _page(
+        "<IsTruncated>false</IsTruncated><?pi <Contents><Key>root/x</Key><Size>1</Size>"
+        "</Contents>?>"
+    ),
+    "another encoding": (
+        b'<?xml version="1.0" encoding="ISO-8859-1"?><ListBucketResult>'
+        b"<IsTruncated>false</IsTruncated><Contents><Key>root/\xc3\xa9</Key><Size>1</Size>"
+        b"</Contents></ListBucketResult>"
+    ),
     "CDATA": _page(
         "<IsTruncated>false</IsTruncated><Contents><Key><![CDATA[root/a<b]]></Key>"
         "<Size>1</Size></Contents>"
