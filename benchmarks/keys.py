@@ -143,7 +143,7 @@ def run(
                 # A fresh process per manifest and repeat, so growth is this manifest's alone;
                 # workers are measured in the first, the other repeats time ``ready`` only.
                 readies = []
-                for repeat in range(repeats):
+                for repeat in range(max(1, repeats)):
                     command = [sys.executable, "-m", "benchmarks.keys", "--child", str(path)]
                     command += [str(raw), "--methods", ",".join(methods) if repeat == 0 else ""]
                     child = subprocess.run(

@@ -55,9 +55,8 @@ def image_folder(
     extension of ``extensions`` in any case), each one's class index and the sorted classes;
     None when the table is not read so (the images are not sorted, an extension is not plain
     ASCII, or the keys' lengths vary too much): the caller then takes the slow path."""
-    if not extensions or not all(
-        e.isascii() and "k" not in e for e in extensions
-    ):  # KELVIN SIGN lowers to k
+    # KELVIN SIGN lowers to k: an extension with a k is left to the slow path
+    if not extensions or not all(e.isascii() and "k" not in e for e in extensions):
         return None
     blob = table._segment.arrays["blob"]
     starts, ends = key_spans(table)
