@@ -141,12 +141,23 @@ class Runtime:
         self._leases += 1
 
     def release(self) -> None:
-        """Return one lease; the last one closes the runtime."""
+        """Return one lease; the last one closes the runtime. Safe in a finalizer, which
+        may run on any thread: on one of the runtime's own, a new thread closes it."""
         with _lock:
             self._leases -= 1
             if self._leases > 0 or self._closed:
                 return
+            if self.pid == os.getpid() and threading.current_thread() in self._own_threads():
+                self._leases += 1  # the closer's, returned by it (unless leased again by then)
+                closer = threading.Thread(
+                    target=self.release, name="concurrent-loader-closer", daemon=True
+                )
+                closer.start()
+                return
             self._close_locked()
+
+    def _own_threads(self) -> list[threading.Thread]:
+        return [self._thread, *self._executor.threads]
 
     def _close_locked(self, *, at_exit: bool = False) -> None:
         global _current
@@ -172,7 +183,7 @@ class Runtime:
         deadline = time.monotonic() + (EXIT_JOIN_TIMEOUT_S if at_exit else QUIESCE_TIMEOUT_S)
         self._thread.join(max(0.0, deadline - time.monotonic()))
         self._executor.shutdown(wait=False, cancel_futures=True)
-        threads = [self._thread, *self._executor.threads]
+        threads = self._own_threads()
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         if at_exit:  # no fork follows: no OS-level wait to delay the exit
@@ -222,12 +233,16 @@ def _wait_until_ended(threads: Iterable[threading.Thread], deadline: float) -> b
     return True
 
 
-_lock = threading.Lock()
+# Reentrant: a finalizer that returns a lease may run on a thread already holding it.
+_lock = threading.RLock()
 _current: Runtime | None = None
 # Runtimes of this process whose threads may still run: the ones a fork must quiesce.
 _live: set[Runtime] = set()
 # Runtimes inherited through fork, kept unreachable: never touched or finalised here.
 _orphans: list[Runtime] = []
+# What a fork in progress holds, opened after it (even if closed meanwhile).
+_held_runtimes: list[Runtime] = []
+_held_pools: list[GatedThreadPool] = []
 
 
 def acquire_runtime() -> Runtime:
@@ -244,16 +259,16 @@ def acquire_runtime() -> Runtime:
 
 
 def _before_fork() -> None:
-    # Not under _lock: the forking thread may hold it.
+    # Not under _lock: the forking thread may hold it. What is held here is opened after the
+    # fork even if it closed meanwhile (its queued jobs would otherwise wait for ever).
     pid = os.getpid()
-    for runtime in list(_live):
-        if runtime.pid == pid:
-            runtime._quiesce_for_fork()
+    _held_runtimes[:] = [runtime for runtime in _live if runtime.pid == pid]
+    _held_pools[:] = [pool for pool in pools if pool._pid == pid]
+    for runtime in _held_runtimes:
+        runtime._quiesce_for_fork()
     deadline = time.monotonic() + QUIESCE_TIMEOUT_S
-    for pool in list(pools):
-        if pool._pid == pid and not pool._gate.hold(
-            lambda: False, max(0.0, deadline - time.monotonic())
-        ):
+    for pool in _held_pools:
+        if not pool._gate.hold(lambda: False, max(0.0, deadline - time.monotonic())):
             log.warning(
                 "a concurrent-loader decode or __getitem__ thread did not finish its job "
                 "within %.0f s; forking anyway (a child may hang in a C library lock)",
@@ -262,22 +277,23 @@ def _before_fork() -> None:
 
 
 def _after_fork_in_parent() -> None:
-    pid = os.getpid()
-    for runtime in list(_live):
-        if runtime.pid == pid:
-            runtime._resume_after_fork()
-    for pool in list(pools):
-        if pool._pid == pid:
-            pool._gate.open()
+    for runtime in _held_runtimes:
+        runtime._resume_after_fork()
+    for pool in _held_pools:
+        pool._gate.open()
+    _held_runtimes.clear()
+    _held_pools.clear()
 
 
 def _after_fork_in_child() -> None:
     global _current, _lock
     # The parent's pools have no thread here; their copies are only ever closed.
-    for pool in list(pools):
+    for pool in [*pools, *_held_pools]:
         pool._gate.open()
     pools.clear()
-    _lock = threading.Lock()
+    _held_runtimes.clear()
+    _held_pools.clear()
+    _lock = threading.RLock()
     if _current is not None:
         _orphans.append(_current)
         _current = None

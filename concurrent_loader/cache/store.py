@@ -96,9 +96,9 @@ class CachedStore:
         paused = "writes to it pause (retried after a back-off)"
         on_failure = functools.partial(self._warn, doing="writing an entry", consequence=paused)
         self._writer = EntryWriter(self._leftovers.writer, on_failure)
-        # Run at close, at collection (a store on the local path is never closed) or at a
-        # worker's exit (multiprocessing's exit hook runs it).
-        self._at_exit = multiprocessing.util.Finalize(self, self._leftovers, exitpriority=10)
+        # At collection (a store on the local path is never closed) or at a process's exit
+        # (multiprocessing's exit hook, in a worker too); close() cancels it.
+        self._at_exit = multiprocessing.util.Finalize(self, self._leftovers.at_end, exitpriority=10)
 
     def url_for(self, key: str) -> str:
         return self.names.url_for(key)
@@ -290,7 +290,8 @@ class CachedStore:
             return
         self._closed = True
         self._dir = None
-        await asyncio.to_thread(self._at_exit)
+        self._at_exit.cancel()
+        await asyncio.to_thread(self._leftovers)
         if self.inner is not None:
             await self.inner.close()
 

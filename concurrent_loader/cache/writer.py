@@ -11,9 +11,11 @@ first reopens a directory removed or made again.
 
 from __future__ import annotations
 
+import _thread
 import concurrent.futures
 import contextlib
 import logging
+import multiprocessing.util
 import threading
 import time
 from collections.abc import Callable
@@ -129,7 +131,7 @@ class EntryWriter:
 
 class Leftovers:
     """What a cached store leaves to finish (its writer, reads for the ledger, the
-    directory's files, a runtime lease): called once, from ``close()``, collection or process
+    directory's files, a runtime lease): done once, at ``close()``, collection or process
     exit, so it holds no reference to the store (one on the local path is never closed)."""
 
     def __init__(self, directory: CacheDirectory | None) -> None:
@@ -148,7 +150,21 @@ class Leftovers:
                 self._runtime = acquire_runtime()
             return self._runtime
 
+    def at_end(self) -> None:
+        """The store's finalizer. A collection may come on any thread, holding any lock (the
+        cache's ledger lock through another store on the same directory, a pool's): the
+        work goes to a new thread, which holds none. At the process's exit (multiprocessing's
+        hook, in a worker too) it is done here, pending writes first."""
+        if multiprocessing.util.is_exiting():
+            self()
+        else:
+            with contextlib.suppress(RuntimeError):  # at interpreter shutdown: nothing left
+                # A low-level thread: starting it takes no lock of threading's.
+                _thread.start_new_thread(self, ())
+
     def __call__(self) -> None:
+        """Finish: wait for pending writes, record the reads, close the files, return the
+        runtime lease. Idempotent."""
         with self._lock:
             if self._done:
                 return

@@ -1,0 +1,137 @@
+"""What is left to do when a dataset or store is collected runs on whatever thread the
+collector runs on, holding whatever that thread holds: the runtime's own loop, a thread
+holding the runtime's lock or the cache's ledger lock. Each case runs in a child process,
+so that a regression hangs the child (killed after ``TIMEOUT_S``), not the test session.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+TIMEOUT_S = 60
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _child(code: str, tmp_path: Path) -> str:
+    """Run ``code`` in a fresh interpreter; its stdout (it must end, and cleanly)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMP": str(tmp_path)}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-X", "dev", "-c", textwrap.dedent(code)],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            env=env,
+            cwd=tmp_path,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"the child hung: {exc.stderr!r}") from None
+    assert done.returncode == 0, done.stderr
+    assert "Exception ignored" not in done.stderr, done.stderr
+    return done.stdout
+
+
+def test_a_store_collected_under_the_ledger_lock_of_another_finishes(tmp_path):
+    # Two stores on one cache directory hold two open files, so the first one's ledger
+    # lock would block the second's last write of its reads, on the thread that holds it.
+    out = _child(
+        """
+        import asyncio, gc, os
+        from concurrent_loader.cache import CacheConfig, CachedStoreConfig, describe_cache
+        from concurrent_loader.config import FetchConfig
+        from concurrent_loader.testing.memory import MemoryConfig
+
+        cache = CacheConfig(os.environ["TMP"] + "/cache", max_bytes=10**7).resolved()
+        config = CachedStoreConfig(MemoryConfig({"a": b"x" * 100}), cache)
+        first, second = config.open(FetchConfig()), config.open(FetchConfig())
+
+        async def read():
+            await first.get("a")
+            await first.flush()
+            await second.get("a")  # a hit, to be recorded when the store goes
+
+        asyncio.run(read())
+        second.cycle = second  # only the collector frees it
+        del second
+        directory = first._dir
+        with directory._locked_ledger(directory._h()):
+            gc.collect()
+        asyncio.run(first.close())
+        for _ in range(500):  # the collected store finishes on a thread of its own
+            info = describe_cache(cache.directory)
+            if info["hits"] == 1:
+                break
+            __import__("time").sleep(0.01)
+        print(info["hits"], info["misses"])
+        """,
+        tmp_path,
+    )
+    assert out.split() == ["1", "1"]
+
+
+def test_a_dataset_collected_on_the_runtime_s_own_loop_closes_it(tmp_path):
+    out = _child(
+        """
+        import gc, threading
+        from concurrent_loader import ObjectDataset
+        from concurrent_loader.testing.memory import MemoryConfig
+
+        ds = ObjectDataset(MemoryConfig({"a": b"x" * 100}), ["a"])
+        assert len(ds[0]) == 100  # the dataset leases the runtime
+        runtime = ds._runtime
+        ds.cycle = ds
+        del ds
+
+        async def collect():
+            gc.collect()  # the last lease returned on the loop's own thread
+
+        runtime.run(collect())
+        runtime._thread.join(10)
+        print(runtime.closed, runtime._thread.is_alive())
+        """,
+        tmp_path,
+    )
+    assert out.split() == ["True", "False"]
+
+
+def test_a_dataset_collected_under_the_runtime_s_lock_closes_it(tmp_path):
+    out = _child(
+        """
+        import gc
+        from concurrent_loader import ObjectDataset, runtime as runtimes
+        from concurrent_loader.testing.memory import MemoryConfig
+
+        ds = ObjectDataset(MemoryConfig({"a": b"x" * 100}), ["a"])
+        assert len(ds[0]) == 100
+        runtime = ds._runtime
+        ds.cycle = ds
+        del ds
+        with runtimes._lock:  # as in acquire_runtime, whose allocations may collect
+            gc.collect()
+        print(runtime.closed, runtime._thread.is_alive())
+        """,
+        tmp_path,
+    )
+    assert out.split() == ["True", "False"]
+
+
+def test_a_pool_shut_down_while_a_fork_holds_it_runs_its_jobs(tmp_path):
+    out = _child(
+        """
+        from concurrent_loader import runtime
+        from concurrent_loader.forkgate import GatedThreadPool
+
+        pool = GatedThreadPool(1, "concurrent-loader-test")
+        runtime._before_fork()  # a fork holds the pool: its jobs wait
+        job = pool.submit(lambda: "ran")
+        pool.shutdown(wait=False)  # gone from the pools a fork knows of
+        runtime._after_fork_in_parent()
+        print(job.result(timeout=10))
+        """,
+        tmp_path,
+    )
+    assert out.split() == ["ran"]
