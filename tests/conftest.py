@@ -7,6 +7,7 @@ a test changes (env vars, proxies) is undone at the end of that test.
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import io
 import os
@@ -34,6 +35,15 @@ IMAGE_PREFIX = "images/train/"
 IMAGE_CLASSES = ("apple", "banana", "cherry")
 IMAGES_PER_CLASS = 8
 IMAGE_SEED = 20240607
+
+
+#: seconds the test process may take to exit once the session is over; then every thread's
+#: stack is printed and it exits with status 1 (a thread that never ends must not hang CI)
+EXIT_TIMEOUT_S = 300
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    faulthandler.dump_traceback_later(EXIT_TIMEOUT_S, exit=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
