@@ -9,6 +9,7 @@ its own client.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import weakref
@@ -26,6 +27,7 @@ from .decode import EncodedImageDecoder, ImageDecoder, image_decoder
 from .errors import ConfigError
 from .fetch import client_for
 from .fetch.parts import PartsConfig
+from .finish import later
 from .keys import MAGIC, KeyTable, parse_manifest_text
 from .keys.folders import image_folder
 from .listing import empty_root, list_store
@@ -154,7 +156,7 @@ class ObjectDataset(Closing, Dataset[Any]):
             if runtime is None or runtime.closed or runtime.pid != os.getpid():
                 runtime = acquire_runtime()
                 self._runtime = runtime
-                self._finalizer = weakref.finalize(self, _release_if_current, runtime)
+                self._finalizer = weakref.finalize(self, _release_later, runtime)
             return runtime
 
     def _blocking_store(self) -> BlockingStore:
@@ -172,8 +174,9 @@ class ObjectDataset(Closing, Dataset[Any]):
         its key table (unlinked when no dataset of the creating process holds it: workers
         started afterwards cannot map it). Idempotent."""
         finalizer = getattr(self, "_finalizer", None)
-        if finalizer is not None:
-            finalizer()
+        detached = finalizer.detach() if finalizer is not None else None
+        if detached is not None:  # returned here and now, not by the finalizer
+            _release_if_current(*detached[2])
         self._open_nothing()
         if getattr(self, "_holds_keys", False):
             self._holds_keys = False
@@ -199,6 +202,11 @@ class ObjectDataset(Closing, Dataset[Any]):
 def _release_if_current(runtime: Runtime) -> None:
     if runtime.pid == os.getpid() and not runtime.closed:
         runtime.release()
+
+
+def _release_later(runtime: Runtime) -> None:
+    # A finalizer: on whatever thread collects the dataset (see concurrent_loader.finish).
+    later(functools.partial(_release_if_current, runtime))
 
 
 def _read_manifest(

@@ -25,6 +25,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Hashable, Iterable
 from typing import Any, Protocol, TypeVar
 
+from .finish import later
 from .forkgate import ForkGate, GatedExecutor, GatedThreadPool, pools
 from .loops import loop_class
 
@@ -141,18 +142,15 @@ class Runtime:
         self._leases += 1
 
     def release(self) -> None:
-        """Return one lease; the last one closes the runtime. Safe in a finalizer, which
-        may run on any thread: on one of the runtime's own, a new thread closes it."""
+        """Return one lease; the last one closes the runtime (on another thread when this is
+        one of the runtime's own). Not from a finalizer: :mod:`concurrent_loader.finish`."""
         with _lock:
             self._leases -= 1
             if self._leases > 0 or self._closed:
                 return
             if self.pid == os.getpid() and threading.current_thread() in self._own_threads():
                 self._leases += 1  # the closer's, returned by it (unless leased again by then)
-                closer = threading.Thread(
-                    target=self.release, name="concurrent-loader-closer", daemon=True
-                )
-                closer.start()
+                later(self.release)
                 return
             self._close_locked()
 
@@ -233,8 +231,7 @@ def _wait_until_ended(threads: Iterable[threading.Thread], deadline: float) -> b
     return True
 
 
-# Reentrant: a finalizer that returns a lease may run on a thread already holding it.
-_lock = threading.RLock()
+_lock = threading.Lock()
 _current: Runtime | None = None
 # Runtimes of this process whose threads may still run: the ones a fork must quiesce.
 _live: set[Runtime] = set()
@@ -262,8 +259,8 @@ def _before_fork() -> None:
     # Not under _lock: the forking thread may hold it. What is held here is opened after the
     # fork even if it closed meanwhile (its queued jobs would otherwise wait for ever).
     pid = os.getpid()
-    _held_runtimes[:] = [runtime for runtime in _live if runtime.pid == pid]
-    _held_pools[:] = [pool for pool in pools if pool._pid == pid]
+    _held_runtimes[:] = [runtime for runtime in list(_live) if runtime.pid == pid]
+    _held_pools[:] = [pool for pool in list(pools) if pool._pid == pid]
     for runtime in _held_runtimes:
         runtime._quiesce_for_fork()
     deadline = time.monotonic() + QUIESCE_TIMEOUT_S
@@ -293,7 +290,7 @@ def _after_fork_in_child() -> None:
     pools.clear()
     _held_runtimes.clear()
     _held_pools.clear()
-    _lock = threading.RLock()
+    _lock = threading.Lock()
     if _current is not None:
         _orphans.append(_current)
         _current = None

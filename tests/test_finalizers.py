@@ -1,7 +1,8 @@
-"""What is left to do when a dataset or store is collected runs on whatever thread the
-collector runs on, holding whatever that thread holds: the runtime's own loop, a thread
-holding the runtime's lock or the cache's ledger lock. Each case runs in a child process,
-so that a regression hangs the child (killed after ``TIMEOUT_S``), not the test session.
+"""A dataset's or store's finalizer runs on whatever thread collects it, holding whatever
+that thread holds (the runtime's own loop, the runtime's lock, the cache's ledger lock), at
+any time, the process's exit included: it only queues its work (concurrent_loader.finish),
+which is done on another thread or at the exit. Each case runs in a child process, so that
+a regression hangs the child (killed after ``TIMEOUT_S``), not the test session.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def test_a_dataset_collected_under_the_runtime_s_lock_closes_it(tmp_path):
     out = _child(
         """
         import gc
-        from concurrent_loader import ObjectDataset, runtime as runtimes
+        from concurrent_loader import ObjectDataset, finish, runtime as runtimes
         from concurrent_loader.testing.memory import MemoryConfig
 
         ds = ObjectDataset(MemoryConfig({"a": b"x" * 100}), ["a"])
@@ -112,6 +113,7 @@ def test_a_dataset_collected_under_the_runtime_s_lock_closes_it(tmp_path):
         del ds
         with runtimes._lock:  # as in acquire_runtime, whose allocations may collect
             gc.collect()
+        finish.wait()  # what the finalizer left
         print(runtime.closed, runtime._thread.is_alive())
         """,
         tmp_path,
@@ -135,3 +137,92 @@ def test_a_pool_shut_down_while_a_fork_holds_it_runs_its_jobs(tmp_path):
         tmp_path,
     )
     assert out.split() == ["ran"]
+
+
+# A store's reads, recorded when it finishes: the ledger's hits and misses.
+_LEDGER = """
+from concurrent_loader.cache import describe_cache
+info = describe_cache(os.environ["TMP"] + "/cache")
+print(info["hits"] + info["misses"])
+"""
+
+
+def test_a_store_collected_at_exit_under_the_ledger_lock_of_another_finishes(tmp_path):
+    _child(
+        """
+        import asyncio, gc, multiprocessing.util, os
+        from concurrent_loader.cache import CacheConfig, CachedStoreConfig
+        from concurrent_loader.config import FetchConfig
+        from concurrent_loader.testing.memory import MemoryConfig
+
+        cache = CacheConfig(os.environ["TMP"] + "/cache", max_bytes=10**7).resolved()
+        config = CachedStoreConfig(MemoryConfig({"a": b"x" * 100}), cache)
+        first, second = config.open(FetchConfig()), config.open(FetchConfig())
+
+        async def read():
+            await first.get("a")
+            await first.flush()
+            await second.get("a")
+
+        asyncio.run(read())
+        second.cycle = second
+        del second
+        gc.disable()  # collected below, during the exit
+
+        def during_exit():
+            directory = first._dir
+            with directory._locked_ledger(directory._h()):
+                gc.collect()
+
+        multiprocessing.util.Finalize(None, during_exit, exitpriority=20)
+        """,
+        tmp_path,
+    )
+    assert _child("import os" + _LEDGER, tmp_path).split() == ["2"]  # both stores finished
+
+
+def test_a_dataset_with_a_cache_left_open_at_exit_records_its_reads(tmp_path):
+    _child(
+        """
+        import os
+        from concurrent_loader import ObjectDataset
+        from concurrent_loader.testing.memory import MemoryConfig
+
+        cache = os.environ["TMP"] + "/cache"
+        ds = ObjectDataset(MemoryConfig({"a": b"x" * 100}), ["a"], cache=cache)
+        assert len(ds[0]) == 100 and len(ds[0]) == 100
+        """,
+        tmp_path,
+    )
+    assert _child("import os" + _LEDGER, tmp_path).split() == ["2"]
+
+
+def test_a_dataset_collected_under_the_ledger_lock_leaves_its_close_to_another_thread(
+    tmp_path,
+):
+    out = _child(
+        """
+        import gc, os, time
+        from concurrent_loader import ObjectDataset, finish
+        from concurrent_loader.cache import CacheConfig, CachedStoreConfig
+        from concurrent_loader.config import FetchConfig
+        from concurrent_loader.testing.memory import MemoryConfig
+
+        cache = os.environ["TMP"] + "/cache"
+        ds = ObjectDataset(MemoryConfig({"a": b"x" * 100}), ["a"], cache=cache)
+        assert len(ds[0]) == 100  # its fetch client's store fills the cache
+        runtime = ds._runtime
+        config = CachedStoreConfig(MemoryConfig({}), CacheConfig(cache).resolved())
+        other = config.open(FetchConfig())
+        ds.cycle = ds
+        del ds
+        started = time.monotonic()
+        with other._dir._locked_ledger(other._dir._h()):  # a writer inside put(), say
+            gc.collect()  # the close needs that lock: it cannot happen here
+        took = time.monotonic() - started
+        finish.wait()
+        print(took < 5, runtime.closed, runtime._thread.is_alive())
+        """,
+        tmp_path,
+    )
+    assert out.split() == ["True", "True", "False"]

@@ -26,7 +26,9 @@ import logging
 import multiprocessing.util
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
+from .. import finish
 from ..config import FetchConfig
+from ..finish import later
 from ..metrics.stats import cache_tally
 from ..runtime import Runtime
 from ..stores.base import Body, ByteRange, Capabilities, ObjectInfo, Store, StoreConfig
@@ -97,8 +99,11 @@ class CachedStore:
         on_failure = functools.partial(self._warn, doing="writing an entry", consequence=paused)
         self._writer = EntryWriter(self._leftovers.writer, on_failure)
         # At collection (a store on the local path is never closed) or at a process's exit
-        # (multiprocessing's exit hook, in a worker too); close() cancels it.
-        self._at_exit = multiprocessing.util.Finalize(self, self._leftovers.at_end, exitpriority=10)
+        # (multiprocessing's exit hook, a worker's too): queued, as a finalizer must
+        # (concurrent_loader.finish), and run on another thread or at that exit.
+        self._at_exit = multiprocessing.util.Finalize(
+            self, later, (self._leftovers,), exitpriority=finish.EXIT_PRIORITY + 5
+        )
 
     def url_for(self, key: str) -> str:
         return self.names.url_for(key)
@@ -290,8 +295,10 @@ class CachedStore:
             return
         self._closed = True
         self._dir = None
-        self._at_exit.cancel()
-        await asyncio.to_thread(self._leftovers)
+        try:
+            await asyncio.to_thread(self._leftovers)
+        except RuntimeError:  # no new thread at interpreter exit: finished here
+            self._leftovers()
         if self.inner is not None:
             await self.inner.close()
 

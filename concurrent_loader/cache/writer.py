@@ -11,11 +11,9 @@ first reopens a directory removed or made again.
 
 from __future__ import annotations
 
-import _thread
 import concurrent.futures
 import contextlib
 import logging
-import multiprocessing.util
 import threading
 import time
 from collections.abc import Callable
@@ -131,8 +129,9 @@ class EntryWriter:
 
 class Leftovers:
     """What a cached store leaves to finish (its writer, reads for the ledger, the
-    directory's files, a runtime lease): done once, at ``close()``, collection or process
-    exit, so it holds no reference to the store (one on the local path is never closed)."""
+    directory's files, a runtime lease): done once, at ``close()``, or after collection or
+    at process exit, so it holds no reference to the store (one on the local path is never
+    closed)."""
 
     def __init__(self, directory: CacheDirectory | None) -> None:
         self.writer = concurrent.futures.ThreadPoolExecutor(
@@ -142,6 +141,7 @@ class Leftovers:
         self.hits = self.misses = self.bytes_served = 0
         self._runtime: Runtime | None = None
         self._lock = threading.Lock()
+        self._finishing = threading.Lock()
         self._done = False
 
     def runtime(self) -> Runtime:
@@ -150,32 +150,21 @@ class Leftovers:
                 self._runtime = acquire_runtime()
             return self._runtime
 
-    def at_end(self) -> None:
-        """The store's finalizer. A collection may come on any thread, holding any lock (the
-        cache's ledger lock through another store on the same directory, a pool's): the
-        work goes to a new thread, which holds none. At the process's exit (multiprocessing's
-        hook, in a worker too) it is done here, pending writes first."""
-        if multiprocessing.util.is_exiting():
-            self()
-        else:
-            with contextlib.suppress(RuntimeError):  # at interpreter shutdown: nothing left
-                # A low-level thread: starting it takes no lock of threading's.
-                _thread.start_new_thread(self, ())
-
     def __call__(self) -> None:
-        """Finish: wait for pending writes, record the reads, close the files, return the
-        runtime lease. Idempotent."""
-        with self._lock:
-            if self._done:
-                return
-            self._done = True
-            runtime, self._runtime = self._runtime, None
-        self.writer.shutdown(wait=True)
-        directory = self.directory
-        if directory is not None:
-            if self.hits or self.misses:
-                with contextlib.suppress(*CACHE_ERRORS):
-                    directory.record_reads(self.hits, self.misses, self.bytes_served)
-            directory.close()
-        if runtime is not None:
-            runtime.release()
+        """Finish (never from a finalizer: :mod:`concurrent_loader.finish`); a second call
+        returns once the first has finished."""
+        with self._finishing:
+            with self._lock:
+                if self._done:
+                    return
+                self._done = True
+                runtime, self._runtime = self._runtime, None
+            self.writer.shutdown(wait=True)
+            directory = self.directory
+            if directory is not None:
+                if self.hits or self.misses:
+                    with contextlib.suppress(*CACHE_ERRORS):
+                        directory.record_reads(self.hits, self.misses, self.bytes_served)
+                directory.close()
+            if runtime is not None:
+                runtime.release()
