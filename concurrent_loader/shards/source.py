@@ -160,7 +160,8 @@ class ShardSource:
         sample = self.sample(index, bodies[0])
         if self.decode_sample is None:
             return sample
-        return call_decode(self.decode_sample, sample, self.url_for(index), self.where(index))
+        where = functools.partial(self.where, index)  # worded only for an error
+        return call_decode(self.decode_sample, sample, sample["__url__"], where)
 
     def sample(self, index: int, body: bytes | bytearray) -> dict[str, Any]:
         """Sample ``index`` from the bytes of its span, after checking them against the index."""
@@ -170,8 +171,8 @@ class ShardSource:
             message = f"got {len(body)} of the sample's {span.length} bytes"
             raise self._error(index, message, Reason.TRUNCATED_SHARD)
         view = memoryview(body)
-        members = self._members(index)
         last = self._last_of_shard(index)
+        listed = self._listed(index, last)
 
         def read(offset: int, length: int) -> memoryview:
             if offset + length > span.end and not last:
@@ -193,37 +194,50 @@ class ShardSource:
             found = list(walk)
         except ShardError as exc:
             raise exc.for_object(url, self.where(index)) from exc
-        self._check(index, found, walk)
-        sample: dict[str, Any] = {"__key__": self.sample_keys[index], "__url__": url}
-        for j in members:
-            split = split_name(self._names[j])
+        key = self.sample_keys[index]
+        own = len(self._members(index))
+        self._check(index, key, found, walk, listed, own)
+        sample: dict[str, Any] = {"__key__": key, "__url__": url}
+        for member in listed[:own]:
+            split = split_name(member.name)
             assert split is not None  # indexed members are sample members
-            start = int(self._offsets[j]) - span.start
-            sample[split[1]] = bytes(view[start : start + int(self._sizes[j])])
+            start = member.offset - span.start
+            sample[split[1]] = bytes(view[start : start + member.size])
         return sample
 
-    def _check(self, index: int, found: list[Member], walk: TarWalk) -> None:
-        """The sample members walked in the span are exactly those the index lists, then the
-        next sample's first member (or the archive's end); a member the index leaves out
-        that webdataset would group into this sample is ``MissingMember``."""
-        last = self._last_of_shard(index)
-        members = list(self._members(index))
-        if not last:
-            members.append(self._members(index + 1)[0])
+    def _listed(self, index: int, last: bool) -> list[Member]:
+        """The members the index lists for sample ``index``, then (unless ``last`` of its
+        shard) the next sample's first: those a walk of its span must find."""
+        first = int(self._first_member[index])
+        stop = int(self._first_member[index + 1]) + (not last)
+        names = [self._names[j] for j in range(first, stop)]
         columns = (self._header_offsets, self._offsets, self._sizes)
-        expected = [Member(self._names[j], *(int(c[j]) for c in columns)) for j in members]
-        error = functools.partial(self._error, index)
+        numbers = zip(*(column[first:stop].tolist() for column in columns), strict=True)
+        return [Member(name, *row) for name, row in zip(names, numbers, strict=True)]
 
-        key = self.sample_keys[index]
+    def _check(
+        self,
+        index: int,
+        key: str,
+        found: list[Member],
+        walk: TarWalk,
+        expected: list[Member],
+        own: int,
+    ) -> None:
+        """The sample members walked in the span are exactly those the index lists (the
+        ``own`` first of ``expected``), then the next sample's first member (or the
+        archive's end); a member the index leaves out that webdataset would group into
+        this sample (``key``) is ``MissingMember``."""
+        last = len(expected) == own
+        first_member = int(self._first_member[index])  # expected[i] is member first_member + i
+        error = functools.partial(self._error, index)
         first = index == self._shard_starts[self.shard_of(index)]
-        previous_key = None if first else self.sample_keys[index - 1]
-        own = len(self._members(index))
         matched = 0
         for member in found:
-            if not is_sample_member(member.name):
-                continue
             if matched < len(expected) and member == expected[matched]:
-                matched += 1
+                matched += 1  # a listed member: a sample member
+                continue
+            if not is_sample_member(member.name):
                 continue
             said = expected[matched] if matched < len(expected) else None
             if said is not None and member.header_offset >= said.header_offset:
@@ -233,7 +247,7 @@ class ShardSource:
                     f"({member.size} bytes at {member.offset}, headers at "
                     f"{member.header_offset})",
                     Reason.INDEX_MISMATCH,
-                    members[matched],
+                    first_member + matched,
                 )
             # A sample member the index leaves out. Grouped as webdataset groups, it is
             # this sample's when it comes between its members, has its key, or (before its
@@ -242,6 +256,7 @@ class ShardSource:
             other = split_name(member.name)
             assert other is not None
             if matched == 0:
+                previous_key = None if first else self.sample_keys[index - 1]
                 ours = other[0] == key or other[0] != previous_key
             else:
                 ours = matched < own or other[0] == key or last
@@ -258,7 +273,7 @@ class ShardSource:
                 f"{said.name!r} at offset {said.header_offset} is not in the shard ({where} "
                 "before it): the index does not match the shard",
                 Reason.INDEX_MISMATCH,
-                members[matched],
+                first_member + matched,
             )
         if last and not walk.at_eof and walk.offset != walk.end:
             raise error(

@@ -22,17 +22,23 @@ class ObjectDecoder(Protocol):
         """Sample ``index`` from the bytes of its object ``url``."""
 
 
-def call_decode(decode: Callable[[Any], Any], data: Any, url: str, part: str | None = None) -> Any:
-    """``decode(data)``, for the object ``url`` (``part`` of it). What ``decode`` raises becomes
-    a ``DecodeError`` naming them (the original as ``__cause__``); a ``LoaderError`` without
-    an object gets them."""
+def call_decode(
+    decode: Callable[[Any], Any],
+    data: Any,
+    url: str,
+    part: str | Callable[[], str] | None = None,
+) -> Any:
+    """``decode(data)``, for the object ``url`` (``part`` of it, or ``part()``: worded only
+    for an error). What ``decode`` raises becomes a ``DecodeError`` naming them (the
+    original as ``__cause__``); a ``LoaderError`` without an object gets them."""
     try:
         return decode(data)
     except LoaderError as exc:
         if exc.url is not None:
             raise
-        raise exc.for_object(url, part) from exc.__cause__
+        raise exc.for_object(url, part() if callable(part) else part) from exc.__cause__
     except Exception as exc:
+        part = part() if callable(part) else part
         message = f"decode raised {type(exc).__name__}: {exc}"
         raise DecodeError(
             message if part is None else f"{part}: {message}",
