@@ -206,7 +206,8 @@ def _release_if_current(runtime: Runtime) -> None:
 
 def _release_later(runtime: Runtime) -> None:
     # A finalizer: on whatever thread collects the dataset (see concurrent_loader.finish).
-    later(functools.partial(_release_if_current, runtime))
+    if runtime.pid == os.getpid() and not runtime.closed:
+        later(functools.partial(_release_if_current, runtime))
 
 
 def _read_manifest(

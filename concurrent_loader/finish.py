@@ -21,7 +21,7 @@ import queue
 import threading
 from collections.abc import Callable
 
-__all__ = ["later", "wait"]
+__all__ = ["THREAD_NAME", "later", "wait"]
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,10 @@ _running = threading.Lock()  # held while jobs run; never taken by later()
 _draining = False  # a drainer thread may be running (read and written under the GIL)
 
 
+#: the name of the thread that runs the queue
+THREAD_NAME = "concurrent-loader-finish"
+
+
 def later(job: Callable[[], object]) -> None:
     """Run ``job`` soon on another thread, or at this process's exit. Safe in a finalizer."""
     global _draining
@@ -40,7 +44,7 @@ def later(job: Callable[[], object]) -> None:
     if not _draining:
         _draining = True
         try:
-            _thread.start_new_thread(_drain, ())
+            _thread.start_new_thread(_start_drainer, ())
         except RuntimeError:  # no new threads at interpreter shutdown: the exit runs it
             _draining = False
 
@@ -51,15 +55,28 @@ def wait() -> None:
         _run_queued()
 
 
+def _start_drainer() -> None:
+    # On a low-level thread, which holds no lock: a named thread of threading's does the
+    # work (jobs that ask threading for their thread would leave a dummy entry for this one).
+    global _draining
+    try:
+        threading.Thread(target=_drain, name=THREAD_NAME, daemon=True).start()
+    except BaseException:  # no thread: the next later(), or the exit, runs the queue
+        _draining = False
+
+
 def _drain() -> None:
     global _draining
-    while True:
-        wait()
+    try:
+        while True:
+            wait()
+            _draining = False
+            # A job queued after the queue looked empty, by a later() that saw us running.
+            if _jobs.empty():
+                return
+            _draining = True
+    finally:
         _draining = False
-        # A job queued after the queue looked empty, by a later() that saw us running.
-        if _jobs.empty():
-            return
-        _draining = True
 
 
 def _run_queued() -> None:
@@ -70,7 +87,7 @@ def _run_queued() -> None:
             return
         try:
             job()
-        except Exception:
+        except BaseException:  # the others still run
             log.exception("finishing %r failed", job)
 
 

@@ -142,15 +142,15 @@ class Runtime:
         self._leases += 1
 
     def release(self) -> None:
-        """Return one lease; the last one closes the runtime (on another thread when this is
-        one of the runtime's own). Not from a finalizer: :mod:`concurrent_loader.finish`."""
-        with _lock:
+        """Return one lease; the last one closes the runtime. On one of the runtime's own
+        threads it is returned from another (:mod:`concurrent_loader.finish`): a close joins
+        those threads, and one closing at exit holds the lock while it waits for them."""
+        if self.pid == os.getpid() and threading.current_thread() in self._own_threads():
+            later(self.release)
+            return
+        with _lock:  # reentrant: a collection on a thread holding it may return a lease
             self._leases -= 1
             if self._leases > 0 or self._closed:
-                return
-            if self.pid == os.getpid() and threading.current_thread() in self._own_threads():
-                self._leases += 1  # the closer's, returned by it (unless leased again by then)
-                later(self.release)
                 return
             self._close_locked()
 
@@ -231,7 +231,7 @@ def _wait_until_ended(threads: Iterable[threading.Thread], deadline: float) -> b
     return True
 
 
-_lock = threading.Lock()
+_lock = threading.RLock()
 _current: Runtime | None = None
 # Runtimes of this process whose threads may still run: the ones a fork must quiesce.
 _live: set[Runtime] = set()
@@ -246,13 +246,15 @@ def acquire_runtime() -> Runtime:
     """This process's runtime, started if needed, with one more lease on it."""
     global _current
     with _lock:
-        runtime = _current
-        if runtime is None or runtime.pid != os.getpid():
-            if runtime is not None:
-                _orphans.append(runtime)
-            runtime = _current = Runtime()
-        runtime._lease()
-        return runtime
+        while True:
+            runtime = _current
+            if runtime is None or runtime.pid != os.getpid():
+                if runtime is not None:
+                    _orphans.append(runtime)
+                runtime = _current = Runtime()
+            runtime._lease()
+            if not runtime.closed:  # a collection just now may have returned its last lease
+                return runtime
 
 
 def _before_fork() -> None:
@@ -290,7 +292,7 @@ def _after_fork_in_child() -> None:
     pools.clear()
     _held_runtimes.clear()
     _held_pools.clear()
-    _lock = threading.Lock()
+    _lock = threading.RLock()
     if _current is not None:
         _orphans.append(_current)
         _current = None

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from concurrent_loader import FetchConfig, HedgeConfig, RetryConfig
+from concurrent_loader import FetchConfig, HedgeConfig, RetryConfig, finish
 
 DIGITS = 6
 
@@ -140,12 +140,23 @@ def threads_checked() -> Iterator[None]:
     # first, so that what is left after the test is the test's own.
     if loader_threads():
         gc.collect()
+        finish.wait()  # what the collected objects' finalizers left
+        for thread in loader_threads():
+            if thread.name == finish.THREAD_NAME:
+                thread.join(5.0)
     before = set(loader_threads())
     yield
-    # A closed store's writer may still be finishing its last entry: give each new thread a
-    # bounded moment to end, then fail on any still running.
+    # A closed store's writer may still be finishing its last entry, and a finalizer's work
+    # may start a thread to finish it: give new threads a bounded moment to end, then fail
+    # on any still running.
     deadline = time.monotonic() + 5.0
-    for thread in [t for t in loader_threads() if t not in before]:
-        thread.join(max(0.0, deadline - time.monotonic()))
-    left = [t.name for t in loader_threads() if t not in before]
+    while (new := [t for t in loader_threads() if t not in before]) and (
+        time.monotonic() < deadline
+    ):
+        for thread in new:
+            if thread.ident is None:  # still starting
+                time.sleep(0.001)
+            else:
+                thread.join(max(0.0, deadline - time.monotonic()))
+    left = [t.name for t in new]
     assert not left, f"threads still running after the test: {left}"

@@ -226,3 +226,63 @@ def test_a_dataset_collected_under_the_ledger_lock_leaves_its_close_to_another_t
         tmp_path,
     )
     assert out.split() == ["True", "True", "False"]
+
+
+def test_a_pipeline_collected_under_the_runtime_s_lock_returns_its_lease(tmp_path):
+    # A pipeline's iterator is a generator: its finally block returns a lease on whatever
+    # thread collects it, here one holding the runtime's lock (as acquire_runtime does).
+    out = _child(
+        """
+        import gc, threading
+        from concurrent_loader import ObjectDataset, finish, runtime as runtimes
+        from concurrent_loader.pipeline import BatchPipeline, PipelineOptions
+        from concurrent_loader.testing.memory import MemoryConfig
+
+        ds = ObjectDataset(MemoryConfig({f"k{i}": b"x" * 10 for i in range(4)}))
+        pipeline = BatchPipeline(ds, [[0, 1], [2, 3]], collate_fn=list, options=PipelineOptions())
+        it = iter(pipeline)
+        next(it)
+        runtime = runtimes._current
+        pipeline.it = it
+        del it, pipeline
+        done = threading.Event()
+
+        def collect_under_lock():
+            with runtimes._lock:
+                gc.collect()
+            done.set()
+
+        threading.Thread(target=collect_under_lock, daemon=True).start()
+        collected = done.wait(10)
+        finish.wait()
+        print(collected, runtime.closed)
+        """,
+        tmp_path,
+    )
+    assert out.split() == ["True", "True"]
+
+
+def test_a_job_that_raises_leaves_the_queue_running(tmp_path):
+    out = _child(
+        """
+        import asyncio, time
+        from concurrent_loader import finish
+
+        ran = []
+
+        def cancelled():
+            raise asyncio.CancelledError()  # a BaseException, not an Exception
+
+        finish.later(cancelled)
+        finish.later(lambda: ran.append("next"))
+        time.sleep(0.5)
+        finish.later(lambda: ran.append("later"))
+        for _ in range(500):
+            if len(ran) == 2:
+                break
+            time.sleep(0.01)
+        print(*ran)
+        """,
+        tmp_path,
+    )
+    assert out.split() == ["next", "later"]

@@ -296,9 +296,11 @@ class CachedStore:
         self._closed = True
         self._dir = None
         try:
-            await asyncio.to_thread(self._leftovers)
-        except RuntimeError:  # no new thread at interpreter exit: finished here
+            done = asyncio.get_running_loop().run_in_executor(None, self._leftovers)
+        except RuntimeError:  # no new job at interpreter exit: finished here
             self._leftovers()
+        else:
+            await done
         if self.inner is not None:
             await self.inner.close()
 
