@@ -26,7 +26,7 @@ ROOT = Path(concurrent_loader.__file__).parent
 #: are the package's top-level modules and packages ("" is ``concurrent_loader`` itself).
 FLOORS: list[tuple[str, frozenset[str]]] = [
     # errors, keys and process plumbing: no imports from the package but among themselves
-    ("base", frozenset({"errors", "keys", "loops", "forkgate", "closing"})),
+    ("base", frozenset({"errors", "keys", "loops", "forkgate", "finish", "closing"})),
     # settings, the per-process runtime (event loop, thread pools) and counters
     ("settings", frozenset({"config", "runtime", "metrics"})),
     # HTTP/1.1, nothing about S3
