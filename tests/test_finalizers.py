@@ -17,12 +17,13 @@ TIMEOUT_S = 60
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _child(code: str, tmp_path: Path) -> str:
-    """Run ``code`` in a fresh interpreter; its stdout (it must end, and cleanly)."""
+def _child(code: str, tmp_path: Path, prelude: str = "") -> str:
+    """Run ``prelude`` then ``code`` in a fresh interpreter; its stdout (it must end, and
+    cleanly)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMP": str(tmp_path)}
     try:
         done = subprocess.run(
-            [sys.executable, "-X", "dev", "-c", textwrap.dedent(code)],
+            [sys.executable, "-X", "dev", "-c", prelude + textwrap.dedent(code)],
             capture_output=True,
             text=True,
             timeout=TIMEOUT_S,
@@ -36,40 +37,46 @@ def _child(code: str, tmp_path: Path) -> str:
     return done.stdout
 
 
+# Two stores on one cache directory, each with a read; the second left to the collector.
+_TWO_STORES = """
+import asyncio, gc, os
+from concurrent_loader.cache import CacheConfig, CachedStoreConfig
+from concurrent_loader.config import FetchConfig
+from concurrent_loader.testing.memory import MemoryConfig
+
+cache = CacheConfig(os.environ["TMP"] + "/cache", max_bytes=10**7).resolved()
+config = CachedStoreConfig(MemoryConfig({"a": b"x" * 100}), cache)
+first, second = config.open(FetchConfig()), config.open(FetchConfig())
+
+async def read():
+    await first.get("a")
+    await first.flush()
+    await second.get("a")  # a hit, to be recorded when the store goes
+
+asyncio.run(read())
+second.cycle = second  # only the collector frees it
+del second
+"""
+
+
 def test_a_store_collected_under_the_ledger_lock_of_another_finishes(tmp_path):
     # Two stores on one cache directory hold two open files, so the first one's ledger
     # lock would block the second's last write of its reads, on the thread that holds it.
     out = _child(
         """
-        import asyncio, gc, os
-        from concurrent_loader.cache import CacheConfig, CachedStoreConfig, describe_cache
-        from concurrent_loader.config import FetchConfig
-        from concurrent_loader.testing.memory import MemoryConfig
+        from concurrent_loader import finish
+        from concurrent_loader.cache import describe_cache
 
-        cache = CacheConfig(os.environ["TMP"] + "/cache", max_bytes=10**7).resolved()
-        config = CachedStoreConfig(MemoryConfig({"a": b"x" * 100}), cache)
-        first, second = config.open(FetchConfig()), config.open(FetchConfig())
-
-        async def read():
-            await first.get("a")
-            await first.flush()
-            await second.get("a")  # a hit, to be recorded when the store goes
-
-        asyncio.run(read())
-        second.cycle = second  # only the collector frees it
-        del second
         directory = first._dir
         with directory._locked_ledger(directory._h()):
             gc.collect()
         asyncio.run(first.close())
-        for _ in range(500):  # the collected store finishes on a thread of its own
-            info = describe_cache(cache.directory)
-            if info["hits"] == 1:
-                break
-            __import__("time").sleep(0.01)
+        finish.wait()  # the collected store's finish, queued
+        info = describe_cache(cache.directory)
         print(info["hits"], info["misses"])
         """,
         tmp_path,
+        _TWO_STORES,
     )
     assert out.split() == ["1", "1"]
 
@@ -150,23 +157,8 @@ print(info["hits"] + info["misses"])
 def test_a_store_collected_at_exit_under_the_ledger_lock_of_another_finishes(tmp_path):
     _child(
         """
-        import asyncio, gc, multiprocessing.util, os
-        from concurrent_loader.cache import CacheConfig, CachedStoreConfig
-        from concurrent_loader.config import FetchConfig
-        from concurrent_loader.testing.memory import MemoryConfig
+        import multiprocessing.util
 
-        cache = CacheConfig(os.environ["TMP"] + "/cache", max_bytes=10**7).resolved()
-        config = CachedStoreConfig(MemoryConfig({"a": b"x" * 100}), cache)
-        first, second = config.open(FetchConfig()), config.open(FetchConfig())
-
-        async def read():
-            await first.get("a")
-            await first.flush()
-            await second.get("a")
-
-        asyncio.run(read())
-        second.cycle = second
-        del second
         gc.disable()  # collected below, during the exit
 
         def during_exit():
@@ -177,6 +169,7 @@ def test_a_store_collected_at_exit_under_the_ledger_lock_of_another_finishes(tmp
         multiprocessing.util.Finalize(None, during_exit, exitpriority=20)
         """,
         tmp_path,
+        _TWO_STORES,
     )
     assert _child("import os" + _LEDGER, tmp_path).split() == ["2"]  # both stores finished
 

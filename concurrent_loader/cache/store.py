@@ -26,9 +26,8 @@ import logging
 import multiprocessing.util
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
-from .. import finish
 from ..config import FetchConfig
-from ..finish import later
+from ..finish import EXIT_PRIORITY, later
 from ..metrics.stats import cache_tally
 from ..runtime import Runtime
 from ..stores.base import Body, ByteRange, Capabilities, ObjectInfo, Store, StoreConfig
@@ -102,7 +101,7 @@ class CachedStore:
         # (multiprocessing's exit hook, a worker's too): queued, as a finalizer must
         # (concurrent_loader.finish), and run on another thread or at that exit.
         self._at_exit = multiprocessing.util.Finalize(
-            self, later, (self._leftovers,), exitpriority=finish.EXIT_PRIORITY + 5
+            self, later, (self._leftovers,), exitpriority=EXIT_PRIORITY + 5
         )
 
     def url_for(self, key: str) -> str:
