@@ -6,11 +6,20 @@ from __future__ import annotations
 import math
 import operator
 import random
+import resource
 from dataclasses import dataclass, field
 
 from .errors import ConfigError
 
-__all__ = ["SELF_TUNED_CAP", "FetchConfig", "HedgeConfig", "RetryConfig", "Timeouts", "check_count"]
+__all__ = [
+    "SELF_TUNED_MAX",
+    "SELF_TUNED_START",
+    "FetchConfig",
+    "HedgeConfig",
+    "RetryConfig",
+    "Timeouts",
+    "check_count",
+]
 
 
 def check_count(name: str, value: object, minimum: int = 1) -> None:
@@ -146,8 +155,12 @@ class HedgeConfig:
             raise ConfigError(f"HedgeConfig.budget must be in (0, 1], got {b!r}")
 
 
-#: The most GETs in flight per process when ``max_inflight_requests`` is not given.
-SELF_TUNED_CAP = 64
+#: The self-tuned limit's first value (GETs in flight per process): a limit that must first
+#: climb costs a short epoch more than a few GETs too many cost the store.
+SELF_TUNED_START = 64
+#: The most the self-tuned limit grows to: a bound on the sockets a process holds (further
+#: held within half the file descriptors it may open), not a tuning choice.
+SELF_TUNED_MAX = 1024
 
 
 @dataclass(frozen=True)
@@ -155,7 +168,9 @@ class FetchConfig:
     """Limits of one process's fetch stage, for one store.
 
     ``max_inflight_requests`` pins the GETs in flight per process (throttles still lower it);
-    None self-tunes it between 4 and :data:`SELF_TUNED_CAP`. At most ``max_inflight_bytes`` of
+    None self-tunes it: from :data:`SELF_TUNED_START`, up while more GETs in flight keep their
+    latency, down under queueing or throttling (:mod:`~.fetch.tuning`), within 4 and
+    :attr:`inflight_cap`. At most ``max_inflight_bytes`` of
     fetched, undecoded bodies are held; an object over ``max_object_bytes`` is refused
     (``ObjectTooLarge``) before its body is read.
     """
@@ -175,10 +190,23 @@ class FetchConfig:
         check_count("max_object_bytes", self.max_object_bytes)
 
     @property
-    def inflight_cap(self) -> int:
-        """The most attempts in flight: ``max_inflight_requests``, or the self-tuned cap."""
+    def inflight_start(self) -> int:
+        """The attempts in flight to start with: ``max_inflight_requests``, or
+        :data:`SELF_TUNED_START`."""
         n = self.max_inflight_requests
-        return SELF_TUNED_CAP if n is None else n
+        return SELF_TUNED_START if n is None else n
+
+    @property
+    def inflight_cap(self) -> int:
+        """The most attempts in flight: ``max_inflight_requests``, or the most the self-tuned
+        limit may reach (:data:`SELF_TUNED_MAX`, within half the process's file descriptors)."""
+        n = self.max_inflight_requests
+        if n is not None:
+            return n
+        descriptors = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if descriptors == resource.RLIM_INFINITY:
+            return SELF_TUNED_MAX
+        return max(SELF_TUNED_START, min(SELF_TUNED_MAX, descriptors // 2))
 
     @property
     def max_hedges_in_flight(self) -> int:

@@ -8,7 +8,7 @@ A store with ``capabilities.delimiter_listing`` is listed by prefixes, in parall
 (:func:`list_by_prefixes`), when that pays: a root whose first page (1,000 keys, S3's
 page) holds all of it is that one request, as sequentially. A larger one is listed level
 by level (one ``/``-delimited listing of each prefix, all of a level at once) while a
-level has fewer prefixes than the listings allowed in flight (``FetchConfig.inflight_cap``),
+level has fewer prefixes than the listings allowed in flight (``FetchConfig.inflight_start``),
 then each prefix of the last level is listed whole, that many at a time. Every object is
 listed exactly once (a level's objects and its sub-prefixes are disjoint), so the sorted
 result is the sequential listing's. A root whose prefixes hold few objects each costs one
@@ -62,7 +62,7 @@ def list_store(
             try:
                 # A wrapper may pass on its inner store's capabilities without the method.
                 if capabilities.delimiter_listing and isinstance(opened, DelimitedStore):
-                    await list_by_prefixes(opened, config.inflight_cap, keep)
+                    await list_by_prefixes(opened, config.inflight_start, keep)
                 else:
                     async for info in opened.list():
                         keep(info)

@@ -63,3 +63,22 @@ def test_counts_take_any_integer_type_but_not_bools_or_floats():
     for bad in (True, 1.0, np.float64(8.0), 0):
         with pytest.raises(ConfigError, match="max_inflight_bytes must be an int >= 1"):
             FetchConfig(max_inflight_bytes=bad)
+
+
+def test_a_self_tuned_limit_starts_at_64_and_may_grow_within_half_the_descriptors():
+    import resource
+
+    from concurrent_loader.config import SELF_TUNED_MAX, SELF_TUNED_START
+
+    config = FetchConfig()
+    assert config.inflight_start == SELF_TUNED_START == 64
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    expected = SELF_TUNED_MAX if soft == resource.RLIM_INFINITY else soft // 2
+    assert config.inflight_cap == max(SELF_TUNED_START, min(SELF_TUNED_MAX, expected))
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        assert config.inflight_cap == 128  # 256 descriptors: 128 sockets at most
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    pinned = FetchConfig(max_inflight_requests=300)
+    assert pinned.inflight_start == pinned.inflight_cap == 300

@@ -1,5 +1,5 @@
 """Listing a root by prefixes in parallel (``delimiter_listing``) against real S3 servers:
-the same keys, sizes and order as the sequential listing, at most ``inflight_cap`` listings
+the same keys, sizes and order as the sequential listing, at most ``inflight_start`` listings
 in flight, failures naming their prefix."""
 
 from __future__ import annotations

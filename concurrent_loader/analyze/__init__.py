@@ -227,7 +227,7 @@ def analyze(
             )
             bar.done()
         full: Any = folder if images else ObjectDataset(store, keys)
-        inflight = fetch.inflight_cap
+        inflight = fetch.inflight_start
         for workers, t in pairs:
             bar.step(f"end to end, {workers} workers x {t} threads")
             run = run_loader(

@@ -275,6 +275,7 @@ class FetchClient:
         self.limit = AdaptiveLimit(
             config.inflight_cap,
             self_tuned=config.max_inflight_requests is None,
+            start=config.inflight_start,
             hedges=config.max_hedges_in_flight,
             cooldown=config.retry.throttle_cooldown,
         )

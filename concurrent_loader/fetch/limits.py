@@ -25,6 +25,7 @@ class AdaptiveLimit:
         maximum: int,
         *,
         self_tuned: bool = False,
+        start: int | None = None,
         hedges: int = 0,
         cooldown: float = 0.0,
     ) -> None:
@@ -32,7 +33,9 @@ class AdaptiveLimit:
             raise ValueError("maximum must be >= 1")
         if hedges < 0:
             raise ValueError("hedges must be >= 0")
-        self.controller = LimitController(maximum, self_tuned=self_tuned, cooldown=cooldown)
+        self.controller = LimitController(
+            maximum, self_tuned=self_tuned, start=start, cooldown=cooldown
+        )
         self.maximum = maximum
         self.hedges = hedges
         self.in_flight = 0

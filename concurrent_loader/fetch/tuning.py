@@ -8,13 +8,19 @@ before. At the end of each round, in this order:
 1. **Queueing** (self-tuned only): a window median of :data:`WINDOW_SAMPLES` latencies over
    ``TOLERANCE`` x baseline + ``SLACK_S`` (the lowest window median of the last
    :data:`BASELINE_S` s) scales the limit down, by at most half (TCP Vegas' gradient);
-2. **Growth**, when some GET waited for a slot and no queueing showed: by the limit's
-   square root (concurrency-limits' Gradient2);
+2. **Growth**, when some GET waited for a slot and no queueing showed: doubling (TCP's slow
+   start: from 64 to 512 in three rounds, not thirty) while each doubling raises the
+   round's GETs per second by :data:`SLOW_START_GAIN` or more (the first that does not is
+   undone) and the window median stays within :data:`SLOW_START_TOLERANCE` x baseline +
+   ``SLACK_S`` (TCP Vegas' early exit), until the first queueing or throttle; then by the
+   limit's square root (concurrency-limits' Gradient2);
 3. **Throttles** (503 SlowDown, 429): a cut by half the throttled fraction (as DCTCP).
 
-The limit stays within ``[minimum, maximum]``. Self-tuned, it starts at ``maximum`` x
-:data:`INITIAL_SHARE`; pinned, at ``maximum``, which only throttles lower. Growth waits
-``cooldown`` s after a throttle. Pure logic with an injectable clock, no event loop.
+The limit stays within ``[minimum, maximum]``. Self-tuned, it starts at ``start`` and
+grows towards ``maximum`` while GETs wait for slots and latency holds (Little's law: at the
+same latency, more GETs in flight are more GETs per second); pinned, it starts at
+``maximum``, which only throttles lower. Growth waits ``cooldown`` s after a throttle. Pure
+logic with an injectable clock, no event loop.
 """
 
 from __future__ import annotations
@@ -27,9 +33,6 @@ from collections.abc import Callable
 
 __all__ = ["LimitController"]
 
-#: the self-tuned limit's first value, as a fraction of ``maximum``: a limit that must first
-#: climb costs a short epoch more than a few GETs too many cost the store
-INITIAL_SHARE = 1.0
 #: the lowest limit throttles or queueing may push a limit of at least this to
 FLOOR = 4
 #: latencies per window before its median is compared with the baseline
@@ -40,6 +43,10 @@ BASELINE_S = 30.0
 TOLERANCE = 2.0
 #: ...nor is one up to this many seconds above it (scheduling noise)
 SLACK_S = 0.005
+#: slow start goes on while a doubled limit raises a round's GETs per second this much
+SLOW_START_GAIN = 1.25
+#: ...and a window median stays within this multiple of the baseline (plus ``SLACK_S``)
+SLOW_START_TOLERANCE = 1.25
 
 
 class LimitController:
@@ -50,6 +57,7 @@ class LimitController:
         maximum: int,
         *,
         self_tuned: bool,
+        start: int | None = None,
         cooldown: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -58,7 +66,9 @@ class LimitController:
         self.maximum = maximum
         self.minimum = min(FLOOR, maximum)
         self.self_tuned = self_tuned
-        self._value = float(max(1, round(maximum * INITIAL_SHARE)) if self_tuned else maximum)
+        if start is not None and not 1 <= start <= maximum:
+            raise ValueError("start must be in [1, maximum]")
+        self._value = float(start if self_tuned and start is not None else maximum)
         #: the integer limit to enforce (read on every GET, so kept, not computed)
         self.limit = max(1, int(self._value))
         self._cooldown = cooldown
@@ -69,6 +79,10 @@ class LimitController:
         self._round_gets = 0
         self._round_throttles = 0
         self._limit_bound = False
+        self._slow_start = self_tuned
+        self._round_began = clock()
+        self._last_rate = 0.0  # the GETs per second of the last round
+        self._doubled_from: float | None = None  # the value the last decision doubled
         self._no_growth_until = 0.0
         self._window: list[float] = []
         # (when, window median) of the last BASELINE_S s, only those no later one is below
@@ -115,22 +129,35 @@ class LimitController:
         self.last_throttled_fraction = throttles / gets
         value = self._value
         queueing = False
+        now = self._clock()
+        rate, self._last_rate = self._last_rate, gets / max(now - self._round_began, 1e-6)
+        doubled, self._doubled_from = self._doubled_from, None
+        if doubled is not None and self._slow_start and self._last_rate < rate * SLOW_START_GAIN:
+            self._slow_start = False  # the last doubling did not pay: undone
+            value = doubled
         if len(self._window) >= WINDOW_SAMPLES:
             median = statistics.median(self._window)
             self._window.clear()
-            now = self._clock()
             medians = self._medians
             while medians and medians[0][0] < now - BASELINE_S:
                 medians.popleft()
             while medians and medians[-1][1] >= median:
                 medians.pop()
             medians.append((now, median))
+            if median > SLOW_START_TOLERANCE * medians[0][1] + SLACK_S:
+                self._slow_start = False
             target = TOLERANCE * medians[0][1] + SLACK_S
             if median > target:
                 value *= max(0.5, target / median)
                 queueing = True
-        if not queueing and self._limit_bound and self._clock() >= self._no_growth_until:
-            value = min(float(self.maximum), value + math.sqrt(value))
+        if queueing or throttles:
+            self._slow_start = False
+        if not queueing and self._limit_bound and now >= self._no_growth_until:
+            if self._slow_start and value < self.maximum:
+                self._doubled_from = value
+            value = min(
+                float(self.maximum), 2 * value if self._slow_start else value + math.sqrt(value)
+            )
         if throttles:
             value *= 1.0 - self.last_throttled_fraction / 2.0
         self._value = min(float(self.maximum), max(float(self.minimum), value))
@@ -139,3 +166,4 @@ class LimitController:
         self._limit_bound = False
         self._round_starts_at = self._sent
         self._round_needs = self.limit
+        self._round_began = now

@@ -137,7 +137,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         # Our own arguments, under their names (frameworks rebuild a loader from them).
         self.decode_threads = options.decode_threads
         self.getitem_threads = options.getitem_threads
-        self.prefetch_batches = options.prefetch_batches
+        self.prefetch_batches = prefetch_batches  # None: following the fetch limit
         self.seed = seed
         self.on_error = on_error
         self.max_skipped = max_skipped
@@ -346,12 +346,16 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         elapsed = time.perf_counter() - self._iterating_since if self._iterating_since else 0.0
         processes = self.executor.actors if self.executor else max(1, self.num_workers)
         source = source_of(self.dataset)
-        fetch_slots = source.fetch_config.inflight_cap if source else self.getitem_threads
+        total = self._shared_stats.total()
+        # The fetch limits now (self-tuned ones move), else what each process starts with.
+        fetch_slots = total["inflight_limit"] or processes * (
+            source.fetch_config.inflight_start if source else self.getitem_threads
+        )
         return loader_stats(
-            self._shared_stats.total(),
+            total,
             self._waits,
             elapsed=elapsed,
-            fetch_slots=fetch_slots * processes,
+            fetch_slots=int(fetch_slots),
             decode_slots=self.decode_threads * processes,
             actors=self.executor.actors if self.executor else None,
         )

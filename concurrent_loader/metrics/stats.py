@@ -31,6 +31,7 @@ COUNTERS = (
     "throttles",
     "skipped",
     "inflight",
+    "inflight_limit",
     "hedges",
     "hedges_won",
     "cache_hits",

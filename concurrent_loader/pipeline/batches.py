@@ -4,8 +4,10 @@ A :class:`BatchPipeline` keeps one :class:`~.slot.Slot` per batch in progress; a
 chosen once by the dataset makes the samples (:mod:`.remote`, :mod:`.produce`). Invariants:
 
 - batch ``b`` holds exactly the samples of ``batches[b]``, in order, each once;
-- at most ``prefetch_batches`` batches in progress; a batch is taken from ``batches`` only
-  when it starts (a worker claims no more than it started);
+- at least ``prefetch_batches`` batches in progress while there are more; more only while
+  the producer asks for them (:meth:`~.produce.GetItems.wants_more`: a self-tuned fetch
+  limit with free slots); a batch is taken from ``batches`` only when it starts (a worker
+  claims no more than it started);
 - a batch's first failure fails it, raised when the consumer reaches it;
 - a stall (``LoaderStalled``) is the outcome of every batch in progress; none starts after;
 - :meth:`close` cancels work, joins the threads and returns the runtime lease; idempotent.
@@ -53,6 +55,7 @@ class BatchPipeline:
         self.broken: BaseException | None = None
         self._collate = collate_fn
         self._prefetch = options.prefetch_batches
+        self._follow_limit = options.follow_limit
         self._slots: dict[int, Slot] = {}
         self._next_to_start = 0
         self._closed = False
@@ -77,9 +80,7 @@ class BatchPipeline:
         """One outcome per batch started, in order: the batch, or :class:`Failure`; after a
         stall, :attr:`broken` holds it. Closes the pipeline when done."""
         try:
-            for _ in range(self._prefetch):
-                if not self._start_next():
-                    break
+            self._top_up()
             b = 0
             while b in self._slots:
                 slot = self._slots.pop(b)
@@ -94,7 +95,7 @@ class BatchPipeline:
                     for _ in range(1 + in_progress):
                         yield Failure(stalled)
                     return
-                self._start_next()
+                self._top_up()
                 try:
                     outcome = slot.collated()
                 except Exception as exc:
@@ -113,6 +114,16 @@ class BatchPipeline:
         self._producer.flush_stats()
         if self._publish is not None:
             self._publish(self.stats)
+
+    def _top_up(self) -> None:
+        """Start batches up to ``prefetch_batches`` in progress, and beyond while the
+        producer asks for more samples in progress."""
+        while len(self._slots) < self._prefetch or (
+            self._follow_limit
+            and self._producer.wants_more(sum(len(s.indices) for s in self._slots.values()))
+        ):
+            if not self._start_next():
+                return
 
     def _start_next(self) -> bool:
         if self._closed:

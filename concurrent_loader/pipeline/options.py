@@ -29,13 +29,15 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class PipelineOptions:
     """Per process: ``decode_threads`` (our datasets), ``getitem_threads`` (a foreign
-    dataset's ``__getitem__``), ``prefetch_batches`` (in progress ahead of the consumer),
+    dataset's ``__getitem__``), ``prefetch_batches`` (in progress ahead of the consumer;
+    with ``follow_limit``, more while a self-tuned fetch limit has grown past them),
     ``on_error`` (``"raise"`` or ``"skip"``), ``stall_timeout_s`` (None: never; a WARNING every
     fifth of it, at most every minute, before), ``parts`` (the dataset's ``PartsConfig``)."""
 
     decode_threads: int = 1
     getitem_threads: int = 64
     prefetch_batches: int = 2
+    follow_limit: bool = False
     on_error: str = "raise"
     stall_timeout_s: float | None = 300.0
     parts: PartsConfig = field(default_factory=PartsConfig)
@@ -63,17 +65,21 @@ class PipelineOptions:
         parts: PartsConfig | None = None,
     ) -> PipelineOptions:
         """Fill what the user left out: decode threads = this process's share of the CPUs
-        (at most 8); batches in progress = enough to keep ``fetch_config.inflight_cap`` GETs
-        (64 for a dataset that is not ours) busy, plus one (at least 2)."""
-        inflight = fetch_config.inflight_cap if fetch_config is not None else 64
+        (at most 8); batches in progress = enough to keep ``fetch_config.inflight_start`` GETs
+        (64 for a dataset that is not ours) busy, plus one (at least 2), and with a self-tuned
+        fetch limit, as many more as keep the limit busy while it grows."""
+        inflight = fetch_config.inflight_start if fetch_config is not None else 64
         if decode_threads is None:
             decode_threads = max(1, min(8, available_cpus() // max(1, num_workers)))
+        follow_limit = False
         if prefetch_batches is None:
             prefetch_batches = max(2, -(-inflight // max(1, batch_size)) + 1)
+            follow_limit = fetch_config is not None and fetch_config.max_inflight_requests is None
         return cls(
             decode_threads=decode_threads,
             getitem_threads=getitem_threads if getitem_threads is not None else 64,
             prefetch_batches=prefetch_batches,
+            follow_limit=follow_limit,
             on_error=on_error,
             stall_timeout_s=stall_timeout_s,
             parts=parts if parts is not None else PartsConfig(),

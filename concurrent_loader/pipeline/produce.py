@@ -82,6 +82,10 @@ class GetItems:
             exc.add_note(f"while loading {where} of {type(self.dataset).__name__}")
         slot.fail(exc)
 
+    def wants_more(self, samples_in_progress: int) -> bool:
+        """Whether one more batch would keep more work busy than ``samples_in_progress``."""
+        return False
+
     def describe(self) -> str:
         """What the producer waits for, for stall reports ("": nothing beyond its jobs)."""
         return ""

@@ -72,11 +72,19 @@ class RemoteReads(SourceSamples):
     def start(self, slot: Slot) -> None:
         self._runtime.call_soon(self._start_fetches, slot)
 
+    def wants_more(self, samples_in_progress: int) -> bool:
+        """While the fetch limit has grown past the samples in progress and decoding keeps
+        up (no more fetched samples wait than there are threads): so the limit, which grows
+        only while GETs wait for its slots, is fed by the pipeline only where fetching is
+        the bottleneck. Read from the consumer's thread: a stale value only delays a batch."""
+        return samples_in_progress < self._client.limit.limit and len(self._decodes) <= self.threads
+
     def describe(self) -> str:
         return self._client.describe()
 
     def flush_stats(self) -> None:
         self.stats.set("inflight", self._client.in_flight)
+        self.stats.set("inflight_limit", self._client.limit.limit)
 
     def _start_fetches(self, slot: Slot) -> None:
         if self._closed:

@@ -132,6 +132,10 @@ class DecodeQueue:
         self._yield_to_fork = yield_to_fork
         self.running = 0
 
+    def __len__(self) -> int:
+        """Samples waiting for a decode thread (read without the lock: a moment's count)."""
+        return len(self._heap)
+
     def put(self, slot: Slot, position: int, size: int, decode: Callable[[], None]) -> None:
         with self._lock:
             heapq.heappush(self._heap, (slot.number, position, next(self._order), size, decode))

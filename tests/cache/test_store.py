@@ -152,7 +152,7 @@ def test_hits_are_no_latency_samples_for_the_in_flight_limit_or_the_hedge_delay(
     delay_after_hits, limit, rounds = asyncio.run(run())
     assert delay_after_hits == HedgeConfig().max_delay  # no latency known yet
     assert rounds >= 4  # the controller decided, several times
-    assert limit == FetchConfig().inflight_cap
+    assert limit >= FetchConfig().inflight_start  # never cut below where it started
 
 
 def test_a_full_budget_under_fill_sends_the_rest_to_the_store(cache_dir):

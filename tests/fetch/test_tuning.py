@@ -169,3 +169,52 @@ def test_failures_without_latency_neither_cut_nor_sample():
     for mark in marks:
         c.on_done(mark, latency=None)
     assert c.limit == 8 and c.throttles == 0 and c.baseline_s is None
+
+
+def test_a_start_outside_one_to_maximum_is_refused():
+    with pytest.raises(ValueError):
+        LimitController(64, self_tuned=True, start=65)
+    with pytest.raises(ValueError):
+        LimitController(64, self_tuned=True, start=0)
+
+
+def test_a_pinned_limit_ignores_the_start_and_never_doubles():
+    c = LimitController(16, self_tuned=False, start=4)
+    assert c.limit == 16
+    run_round(c, throttled=16)
+    assert [run_round(c) for _ in range(2)] == [10, 14]  # 8 + sqrt(8), then + sqrt: never x 2
+
+
+def _store_of_capacity(capacity: float, latency: float, *, queues: bool):
+    """A round of ``limit`` GETs against a store serving at most ``capacity`` GETs/s: it
+    lasts ``max(latency, limit / capacity)``; with ``queues`` its GETs wait that long too
+    (Little's law), else their latency holds (the ceiling is elsewhere, as a busy client)."""
+    clock = Clock()
+
+    def round_of(c: LimitController) -> int:
+        seconds = max(latency, c.limit / capacity)
+        clock.now += seconds
+        return run_round(c, latency=seconds if queues else latency)
+
+    return clock, round_of
+
+
+def test_self_tuned_doubles_past_its_start_then_settles_within_the_queueing_tolerance():
+    """At 200 ms a store of 2,000 GETs/s needs 400 in flight: the limit doubles from 64 in
+    three rounds (not the thirty that growth by square roots takes), leaves slow start as
+    latency rises, and settles where latency stays within 2 x baseline + 5 ms."""
+    clock, round_of = _store_of_capacity(2000, 0.2, queues=True)
+    c = LimitController(1024, self_tuned=True, start=64, clock=clock)
+    limits = [round_of(c) for _ in range(60)]
+    assert limits[:3] == [128, 256, 512]
+    assert all(400 <= value <= 850 for value in limits[3:]), limits
+    assert c.baseline_s == pytest.approx(0.2)
+
+
+def test_a_doubling_that_does_not_raise_the_rate_is_undone():
+    """Latency holds but the rate stops at 1,000 GETs/s from 200 in flight: the doubling to
+    512 brings nothing, so the limit goes back to 256 and grows by square roots from there."""
+    clock, round_of = _store_of_capacity(1000, 0.2, queues=False)
+    c = LimitController(1024, self_tuned=True, start=64, clock=clock)
+    limits = [round_of(c) for _ in range(4)]
+    assert limits == [128, 256, 512, 256 + 16]

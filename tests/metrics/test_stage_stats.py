@@ -64,6 +64,7 @@ def test_retries_throttles_and_counters():
         "throttles": 1,
         "skipped": 3,
         "inflight": 5,
+        "inflight_limit": 0,
         "hedges": 0,
         "hedges_won": 0,
         "cache_hits": 0,

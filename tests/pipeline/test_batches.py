@@ -212,3 +212,20 @@ def test_collate_runs_on_the_consumer_thread(helpers):
     )
     assert len(list(pipeline)) == 4
     assert collated_on == {threading.current_thread().name}
+
+
+@pytest.mark.parametrize("follow_limit", [False, True])
+def test_batches_in_progress_follow_a_self_tuned_limit_past_prefetch_batches(helpers, follow_limit):
+    """Latency holds at any load: the self-tuned limit doubles past its start of 64, and
+    with ``follow_limit`` the pipeline starts as many batches as keep it busy; without, two
+    batches of 8 are all that is ever in flight."""
+    count = 1500
+    store = MemoryConfig(helpers.numbered_objects(count), latency_s=0.01)
+    dataset = ObjectDataset(store, decode=helpers.index_of, fetch_config=FetchConfig())
+    batches = split(shuffled(count, seed=1), 8)
+    options = {"prefetch_batches": 2, "follow_limit": follow_limit, "decode_threads": 2}
+    assert run(dataset, batches, **options) == batches
+    if follow_limit:
+        assert store.stats.max_in_flight > FetchConfig().inflight_start
+    else:
+        assert store.stats.max_in_flight <= 2 * 8

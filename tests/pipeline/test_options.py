@@ -65,3 +65,25 @@ def test_given_values_are_kept():
 def test_fetching_is_left_to_the_datasets_fetch_config():
     assert not hasattr(PipelineOptions(), "fetch_config")
     assert not hasattr(PipelineOptions(), "max_inflight_bytes")
+
+
+@pytest.mark.parametrize(
+    ("inflight", "prefetch", "follows"),
+    [(None, None, True), (64, None, False), (None, 3, False)],
+)
+def test_batches_follow_the_fetch_limit_only_when_both_are_left_to_tune(
+    inflight, prefetch, follows
+):
+    options = PipelineOptions.derive(
+        fetch_config=FetchConfig(max_inflight_requests=inflight),
+        batch_size=32,
+        num_workers=0,
+        prefetch_batches=prefetch,
+    )
+    assert options.follow_limit is follows
+    assert options.prefetch_batches == (prefetch or 3)
+
+
+def test_a_dataset_that_is_not_ours_never_follows_a_limit():
+    options = PipelineOptions.derive(fetch_config=None, batch_size=16, num_workers=0)
+    assert options.follow_limit is False
