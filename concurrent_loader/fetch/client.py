@@ -269,13 +269,14 @@ class FetchClient:
     runtime), so its limit caps the process's GETs to that store. Use it on the runtime's
     event loop."""
 
-    def __init__(self, store: Store, config: FetchConfig) -> None:
+    def __init__(self, store: Store, config: FetchConfig, *, start: int | None = None) -> None:
         self.store = store
         self.config = config
+        cap = config.inflight_cap
         self.limit = AdaptiveLimit(
-            config.inflight_cap,
+            cap,
             self_tuned=config.max_inflight_requests is None,
-            start=config.inflight_start,
+            start=config.inflight_start if start is None else min(start, cap),
             hedges=config.max_hedges_in_flight,
             cooldown=config.retry.throttle_cooldown,
         )

@@ -12,11 +12,14 @@ from .client import FetchClient
 __all__ = ["client_for"]
 
 
-async def client_for(runtime: Runtime, store: StoreConfig, config: FetchConfig) -> FetchClient:
-    """This process's client for ``store`` under ``config`` (on the runtime's loop)."""
+async def client_for(
+    runtime: Runtime, store: StoreConfig, config: FetchConfig, *, start: int | None = None
+) -> FetchClient:
+    """This process's client for ``store`` under ``config`` (on the runtime's loop); a new
+    one's self-tuned limit starts at ``start`` (None: ``config.inflight_start``)."""
 
     async def make() -> FetchClient:
-        return FetchClient(store.open(config), config)
+        return FetchClient(store.open(config), config, start=start)
 
     client: FetchClient = await runtime.resource(("fetch-client", store, config), make)
     return client

@@ -7,7 +7,10 @@ before. At the end of each round, in this order:
 
 1. **Queueing** (self-tuned only): a window median of :data:`WINDOW_SAMPLES` latencies over
    ``TOLERANCE`` x baseline + ``SLACK_S`` (the lowest window median of the last
-   :data:`BASELINE_S` s) scales the limit down, by at most half (TCP Vegas' gradient);
+   :data:`BASELINE_S` s) scales the limit down, by at most half (TCP Vegas' gradient).
+   When :data:`SLOWER_STORE_CUTS` cuts in a row leave the median where the first found it
+   (within :data:`SLOWER_STORE_SHARE`), the store got slower for everyone: that median is
+   the new baseline, and slow start begins again (not 30 s near the floor);
 2. **Growth**, when some GET waited for a slot and no queueing showed: doubling (TCP's slow
    start: from 64 to 512 in three rounds, not thirty) while each doubling raises the
    round's GETs per second by :data:`SLOW_START_GAIN` or more (the first that does not is
@@ -47,6 +50,10 @@ SLACK_S = 0.005
 SLOW_START_GAIN = 1.25
 #: ...and a window median stays within this multiple of the baseline (plus ``SLACK_S``)
 SLOW_START_TOLERANCE = 1.25
+#: queueing cuts in a row after which a median still this share of the first one's...
+SLOWER_STORE_CUTS = 3
+#: ...means a slower store, not queueing of ours
+SLOWER_STORE_SHARE = 0.8
 
 
 class LimitController:
@@ -83,6 +90,8 @@ class LimitController:
         self._round_began = clock()
         self._last_rate = 0.0  # the GETs per second of the last round
         self._doubled_from: float | None = None  # the value the last decision doubled
+        self._cuts = 0  # queueing cuts in a row
+        self._first_cut_median = 0.0
         self._no_growth_until = 0.0
         self._window: list[float] = []
         # (when, window median) of the last BASELINE_S s, only those no later one is below
@@ -147,7 +156,13 @@ class LimitController:
             if median > SLOW_START_TOLERANCE * medians[0][1] + SLACK_S:
                 self._slow_start = False
             target = TOLERANCE * medians[0][1] + SLACK_S
-            if median > target:
+            if median <= target:
+                self._cuts = 0
+            elif self._slower_store(median):
+                medians.clear()
+                medians.append((now, median))
+                self._slow_start = True
+            else:
                 value *= max(0.5, target / median)
                 queueing = True
         if queueing or throttles:
@@ -167,3 +182,14 @@ class LimitController:
         self._round_starts_at = self._sent
         self._round_needs = self.limit
         self._round_began = now
+
+    def _slower_store(self, median: float) -> bool:
+        """Whether this queueing median, after the cuts in a row before it, shows a store
+        that got slower for everyone."""
+        self._cuts += 1
+        if self._cuts == 1:
+            self._first_cut_median = median
+        if self._cuts <= SLOWER_STORE_CUTS or median < SLOWER_STORE_SHARE * self._first_cut_median:
+            return False
+        self._cuts = 0
+        return True

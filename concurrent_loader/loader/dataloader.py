@@ -16,6 +16,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import torch
@@ -154,6 +155,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         self._generators = resume.GeneratorStates(generator, sampler, batch_sampler)
         self._shared_stats = SharedStats(executor.actors - 1 if executor else max(num_workers, 0))
         self._options = options
+        self._tuned_inflight: int | None = None  # from a loaded state
         self._ray_workers: RayWorkers | None = None
         self._waits = StallLedger()
         self._iterating_since: float | None = None
@@ -254,6 +256,8 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             starts_workers = self.num_workers > 0 and new_iterator
             if starts_workers:
                 fresh_credentials(self.dataset)
+            if new_iterator:  # new clients start their self-tuned limits where the last ended
+                workers.options = replace(self._options, inflight_start=self._inflight_limit())
             inner = workers.inner(self, batches, skip, collate, predicted)
             with warnings.catch_warnings(), frozen_heap() if starts_workers else nullcontext():
                 # Said once above, as torch says it once per iterator.
@@ -328,17 +332,43 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             )
         if not self.in_order and self.num_workers > 0:
             raise ConfigError("exact resume needs in_order=True (batches in sampler order)")
-        return resume.make_state(
+        state = resume.make_state(
             self._progress,
             self._epoch,
             self._generators,
             next_draws_base_seed=not (self.persistent_workers and self._workers.started),
         )
+        return state | {"tuning": {"inflight_limit": self._inflight_limit()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state`` at the next ``iter(loader)``."""
         resume.check_version(state)
         self._pending_state = dict(state)
+        self._tuned_inflight = state.get("tuning", {}).get("inflight_limit")
+
+    def _inflight_limit(self) -> int | None:
+        """Each process's self-tuned fetch limit now (the mean over processes), else the
+        one a loaded state carried; None when the dataset's limit is pinned or not ours."""
+        source = source_of(self.dataset)
+        if source is None or source.fetch_config.max_inflight_requests is not None:
+            return None
+        processes = self.executor.actors if self.executor else max(1, self.num_workers)
+        limits = self._shared_stats.total()["inflight_limit"]
+        return round(limits / processes) if limits else self._tuned_inflight
+
+    @property
+    def tuning(self) -> dict[str, Any]:
+        """The choices in force per process: requests in flight (the self-tuned limit's
+        mean over processes, or the pinned value), decode threads, batches in progress."""
+        source = source_of(self.dataset)
+        pinned = source.fetch_config.max_inflight_requests if source else None
+        return {
+            "max_inflight_requests": pinned or self._inflight_limit(),
+            "decode_threads": self.decode_threads,
+            "prefetch_batches": "following the fetch limit"
+            if self._options.follow_limit
+            else self._options.prefetch_batches,
+        }
 
     def stats(self) -> dict[str, Any]:
         """Loader metrics merged over every process (see ``README``); ``verdict`` names the

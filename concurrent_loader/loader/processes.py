@@ -123,7 +123,9 @@ class Workers:
         stats: SharedStats,
         generator: torch.Generator,
     ) -> None:
-        self._dataset, self._options, self._stats = dataset, options, stats
+        self._dataset, self._stats = dataset, stats
+        #: what the next new worker processes are given
+        self.options = options
         self.generator = generator
         self.processes = WorkerProcesses()  # the latest inner loader's
         self._persistent: tuple[DataLoader[Any], Planned] | None = None
@@ -158,7 +160,7 @@ class Workers:
             next_plan = EpochPlan()
             next_plan.write(predicted, may_grow=True, room=batches)
         planned = Planned(
-            self._dataset, plan, collate, self._options, self._stats, claims, next_plan
+            self._dataset, plan, collate, self.options, self._stats, claims, next_plan
         )
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="This DataLoader will create")

@@ -31,6 +31,8 @@ class PipelineOptions:
     """Per process: ``decode_threads`` (our datasets), ``getitem_threads`` (a foreign
     dataset's ``__getitem__``), ``prefetch_batches`` (in progress ahead of the consumer;
     with ``follow_limit``, more while a self-tuned fetch limit has grown past them),
+    ``inflight_start`` (a self-tuned fetch limit's first value where this process opens its
+    client: what an earlier epoch's processes ended with; None: ``FetchConfig``'s),
     ``on_error`` (``"raise"`` or ``"skip"``), ``stall_timeout_s`` (None: never; a WARNING every
     fifth of it, at most every minute, before), ``parts`` (the dataset's ``PartsConfig``)."""
 
@@ -38,6 +40,7 @@ class PipelineOptions:
     getitem_threads: int = 64
     prefetch_batches: int = 2
     follow_limit: bool = False
+    inflight_start: int | None = None
     on_error: str = "raise"
     stall_timeout_s: float | None = 300.0
     parts: PartsConfig = field(default_factory=PartsConfig)
@@ -47,6 +50,8 @@ class PipelineOptions:
             raise ConfigError(f"stall_timeout_s must be > 0 or None, got {self.stall_timeout_s}")
         for name in ("decode_threads", "getitem_threads", "prefetch_batches"):
             check_count(name, getattr(self, name))
+        if self.inflight_start is not None:
+            check_count("inflight_start", self.inflight_start)
         if self.on_error not in ("raise", "skip"):
             raise ConfigError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
 

@@ -52,7 +52,9 @@ class RemoteReads(SourceSamples):
         config = source.fetch_config
         runtime = self._runtime = acquire_runtime()
         try:
-            opening = runtime.submit(client_for(runtime, source.store, config))
+            opening = runtime.submit(
+                client_for(runtime, source.store, config, start=options.inflight_start)
+            )
             watch.wait(opening, "its fetch client to open")
             self._client = opening.result()
         except BaseException:

@@ -218,3 +218,32 @@ def test_a_doubling_that_does_not_raise_the_rate_is_undone():
     c = LimitController(1024, self_tuned=True, start=64, clock=clock)
     limits = [round_of(c) for _ in range(4)]
     assert limits == [128, 256, 512, 256 + 16]
+
+
+def test_a_store_that_jumps_from_20_to_200_ms_is_a_new_baseline_within_a_few_rounds():
+    """Latency that three cuts in a row do not bring down is not queueing of ours: the limit
+    takes the new latency as its baseline and slow start doubles it back, instead of sitting
+    near the floor until the old baseline is 30 s old."""
+    clock = Clock()
+    c = LimitController(1024, self_tuned=True, start=64, clock=clock)
+    latency = 0.02
+    limits = []
+    for i in range(40):
+        if i == 20:
+            latency = 0.2
+        clock.now += latency
+        limits.append(run_round(c, latency=latency))
+    before, after = limits[:20], limits[20:]
+    assert before[-1] == 1024  # nothing queues, every doubling paid
+    assert after[:3] == [512, 256, 128]  # three cuts...
+    assert min(after) >= 128 and after[-1] == 1024  # ...then back, within 20 rounds of 200 ms
+    assert c.baseline_s == pytest.approx(0.2)
+    assert clock.now - 20 * 0.02 < 5.0  # seconds, not the baseline's 30
+
+
+def test_queueing_that_cuts_relieve_never_resets_the_baseline():
+    clock, round_of = _store_of_capacity(5000, 0.02, queues=True)  # 100 in flight at 20 ms
+    c = LimitController(1024, self_tuned=True, start=64, clock=clock)
+    for _ in range(300):
+        round_of(c)
+        assert c.baseline_s == pytest.approx(0.02)

@@ -1,0 +1,64 @@
+"""The loader's tuned choices: ``loader.tuning``, the self-tuned fetch limit carried from one
+epoch's worker processes to the next and through ``state_dict()``."""
+
+from __future__ import annotations
+
+import pytest
+
+from concurrent_loader import ConcurrentDataLoader, FetchConfig, ObjectDataset
+from concurrent_loader.testing.memory import MemoryConfig
+
+COUNT = 3000
+BATCH = 32
+
+
+def _loader(helpers, fetch_config: FetchConfig, **kwargs) -> ConcurrentDataLoader:
+    # Latency holds at any load: the self-tuned limit doubles past its start of 64.
+    store = MemoryConfig(helpers.numbered_objects(COUNT), latency_s=0.05)
+    dataset = ObjectDataset(store, decode=helpers.index_of, fetch_config=fetch_config)
+    return ConcurrentDataLoader(dataset, batch_size=BATCH, **kwargs)
+
+
+def _first_batch_limit(loader: ConcurrentDataLoader) -> int:
+    """The fetch limit each worker reported with its first batch of an epoch."""
+    iterator = iter(loader)
+    next(iterator)
+    limit = loader.tuning["max_inflight_requests"]
+    for _ in iterator:
+        pass
+    return limit
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_the_tuned_limit_carries_to_the_next_epochs_processes_and_through_state(
+    helpers, num_workers
+):
+    loader = _loader(helpers, FetchConfig(), num_workers=num_workers)
+    assert loader.tuning == {
+        "max_inflight_requests": None,  # nothing tuned yet
+        "decode_threads": loader.decode_threads,
+        "prefetch_batches": "following the fetch limit",
+    }
+    assert list(loader) and loader.tuning["max_inflight_requests"] > 64
+    tuned = loader.state_dict()["tuning"]["inflight_limit"]
+    assert tuned == loader.tuning["max_inflight_requests"]
+    # The next epoch's new worker (or the main process's client) starts where this ended,
+    # not at 64 (from which one round could reach 128 at most).
+    assert _first_batch_limit(loader) >= min(tuned, 256)
+
+    resumed = _loader(helpers, FetchConfig(), num_workers=num_workers)
+    resumed.load_state_dict(loader.state_dict())
+    carried = loader.state_dict()["tuning"]["inflight_limit"]
+    assert resumed.tuning["max_inflight_requests"] == carried
+    assert _first_batch_limit(resumed) >= min(carried, 256)
+
+
+def test_a_pinned_limit_is_reported_and_carries_nothing(helpers):
+    loader = _loader(helpers, FetchConfig(max_inflight_requests=128), prefetch_batches=3)
+    assert list(loader)
+    assert loader.tuning == {
+        "max_inflight_requests": 128,
+        "decode_threads": loader.decode_threads,
+        "prefetch_batches": 3,
+    }
+    assert loader.state_dict()["tuning"] == {"inflight_limit": None}
