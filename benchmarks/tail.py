@@ -54,6 +54,8 @@ MAX_BYTES = 60 * 1024
 SECTIONS = ("matrix", "storm", "sweep")
 #: the sweep's label for the self-tuned default (``max_inflight_requests=None``)
 AUTO = "auto"
+#: ...and for its second epoch of one loader (new workers, starting where the first tuned)
+WARM = "auto, warm"
 
 
 def _digest(data: bytes | bytearray) -> str:
@@ -98,10 +100,12 @@ class Bench:
         proxy: Any = None,
         passes: int = 1,
         step_s: float = 0.0,
+        epochs: int = 1,
     ) -> dict[str, Any]:
         """``passes`` shuffled passes as one sampler, over ``proxy`` (or the local
         directory when None), with a simulated training step of ``step_s`` per batch;
-        checks every sample and returns the run's figures."""
+        checks every sample and returns the run's figures (of the last of ``epochs`` epochs
+        of one loader: new worker processes each, starting where the last epoch's tuned)."""
         import torch
 
         from concurrent_loader import ConcurrentDataLoader, ObjectDataset
@@ -131,25 +135,26 @@ class Bench:
         loader = ConcurrentDataLoader(
             ds, batch_size=BATCH_SIZE, sampler=order, num_workers=self.workers
         )
-        arrivals: list[float] = []
-        batches: list[list[str]] = []
-        started = time.perf_counter()
-        for batch in loader:
-            arrivals.append(time.perf_counter() - started)
-            batches.append(list(batch))
-            if step_s:
-                time.sleep(step_s)  # the model's step: the loader works on meanwhile
-        seconds = time.perf_counter() - started
         want = [
             [self.digests[self.keys[i]] for i in order[start : start + BATCH_SIZE]]
             for start in range(0, len(order), BATCH_SIZE)
         ]
-        if batches != want:
-            wrong = next(
-                (i for i, (a, b) in enumerate(zip(batches, want, strict=False)) if a != b),
-                min(len(batches), len(want)),
-            )
-            raise AssertionError(f"batch {wrong} is not the sampler's batch, byte for byte")
+        for _ in range(epochs):
+            arrivals: list[float] = []
+            batches: list[list[str]] = []
+            started = time.perf_counter()
+            for batch in loader:
+                arrivals.append(time.perf_counter() - started)
+                batches.append(list(batch))
+                if step_s:
+                    time.sleep(step_s)  # the model's step: the loader works on meanwhile
+            seconds = time.perf_counter() - started
+            if batches != want:
+                wrong = next(
+                    (i for i, (a, b) in enumerate(zip(batches, want, strict=False)) if a != b),
+                    min(len(batches), len(want)),
+                )
+                raise AssertionError(f"batch {wrong} is not the sampler's batch, byte for byte")
         stats = loader.stats()
         figures: dict[str, Any] = {
             "epoch_s": seconds,
@@ -267,15 +272,18 @@ def _sweep(
         rates: dict[str, list[float]] = {}
         with ProxyProcess(bench.server.endpoint_url, latency_ms=latency) as proxy:
             for _ in range(repeats):  # rounds, so a busy spell slows every setting alike
-                for n in [*inflight, None]:
-                    fetch_config = dataclasses.replace(config, max_inflight_requests=n)
-                    run = bench.epoch(fetch_config, proxy=proxy)
-                    rates.setdefault(AUTO if n is None else str(n), []).append(run["samples_per_s"])
+                for n in [*inflight, None, WARM]:
+                    fixed = n if isinstance(n, int) else None
+                    fetch_config = dataclasses.replace(config, max_inflight_requests=fixed)
+                    run = bench.epoch(fetch_config, proxy=proxy, epochs=2 if n == WARM else 1)
+                    name = str(n) if fixed is not None else (n or AUTO)
+                    rates.setdefault(name, []).append(run["samples_per_s"])
                     proxy.reset_stats()
         row: dict[str, Any] = {name: statistics.median(v) for name, v in rates.items()}
         row["rounds"] = rates
-        best = max(v for k, v in row.items() if k not in (AUTO, "rounds"))
+        best = max(v for k, v in row.items() if k not in (AUTO, WARM, "rounds"))
         row["auto / best fixed"] = row[AUTO] / best
+        row["auto, warm / best fixed"] = row[WARM] / best
         table[f"{latency:g}"] = row
     return table
 
@@ -435,19 +443,22 @@ def format_report(report: dict[str, Any]) -> str:
         )
     if "sweep" in report:
         table = report["sweep"]
-        names = [k for k in next(iter(table.values())) if k not in ("auto / best fixed", "rounds")]
+        ratios = ("auto / best fixed", "auto, warm / best fixed")
+        names = [k for k in next(iter(table.values())) if k not in (*ratios, "rounds")]
         lines.append(
-            "samples/s by max_inflight_requests (auto: self-tuned) and first-byte latency"
-            " (median of each setting's rounds)"
+            "samples/s by max_inflight_requests (auto: self-tuned; warm: a loader's second"
+            " epoch) and first-byte latency (median of each setting's rounds)"
         )
         lines.append(
-            f"{'latency ms':<12}" + "".join(f"{n:>10}" for n in names) + f"{'auto/best':>12}"
+            f"{'latency ms':<12}"
+            + "".join(f"{n:>12}" for n in names)
+            + f"{'auto/best':>12}{'warm/best':>12}"
         )
         for latency, row in table.items():
             lines.append(
                 f"{latency:<12}"
-                + "".join(f"{row[n]:>10.1f}" for n in names)
-                + f"{row['auto / best fixed']:>12.3f}"
+                + "".join(f"{row[n]:>12.1f}" for n in names)
+                + "".join(f"{row[r]:>12.3f}" for r in ratios)
             )
     lines.append(
         f"hedges within budget ({report['hedge_budget']:.0%} + 1 %) in every run: "

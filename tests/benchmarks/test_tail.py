@@ -41,8 +41,10 @@ def test_the_tail_benchmark_smoke_run_reports_every_figure():
     assert storm["throttles"] > 0  # the storm happened, and was ridden out
     assert storm["storm_start_s"] < storm["storm_end_s"] and storm["rates"]
     (row,) = report["sweep"].values()
-    assert set(row) == {"4", tail.AUTO, "auto / best fixed", "rounds"}
-    assert _finite(row[tail.AUTO]) and row["rounds"][tail.AUTO] == [row[tail.AUTO]]
+    ratios = {"auto / best fixed", "auto, warm / best fixed"}
+    assert set(row) == {"4", tail.AUTO, tail.WARM, "rounds", *ratios}
+    for name in (tail.AUTO, tail.WARM):
+        assert _finite(row[name]) and row["rounds"][name] == [row[name]]
     text = tail.format_report(report)
-    for needle in ("faults / clean", "local disk", "storm", "auto/best", "budget"):
+    for needle in ("faults / clean", "local disk", "storm", "auto/best", "warm/best", "budget"):
         assert needle in text
