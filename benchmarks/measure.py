@@ -164,7 +164,8 @@ def buffered_batches(loader: Any) -> int:
     """Batches ``loader`` may hold finished or in progress ahead of its consumer."""
     workers = int(getattr(loader, "num_workers", 0) or 0)
     per_worker = int(getattr(loader, "prefetch_factor", None) or 0) if workers else 0
-    per_process = int(getattr(loader, "prefetch_batches", 0) or 0)
+    tuning = getattr(loader, "tuning", None)  # ours: prefetch_batches=None is what it starts at
+    per_process = int((tuning or {}).get("prefetch_batches") or 0)
     return per_worker * workers + per_process * max(1, workers)
 
 

@@ -8,9 +8,10 @@ before. At the end of each round, in this order:
 1. **Queueing** (self-tuned only): a window median of :data:`WINDOW_SAMPLES` latencies over
    ``TOLERANCE`` x baseline + ``SLACK_S`` (the lowest window median of the last
    :data:`BASELINE_S` s) scales the limit down, by at most half (TCP Vegas' gradient).
-   When :data:`SLOWER_STORE_CUTS` cuts in a row leave the median where the first found it
-   (within :data:`SLOWER_STORE_SHARE`), the store got slower for everyone: that median is
-   the new baseline, and slow start begins again (not 30 s near the floor);
+   When :data:`SLOWER_STORE_CUTS` or more cuts in a row, having halved the limit, leave
+   the median where the first found it (within :data:`SLOWER_STORE_SHARE`), the store got
+   slower for everyone: that median is the new baseline, and slow start begins again from
+   the next round (not 30 s near the floor);
 2. **Growth**, when some GET waited for a slot and no queueing showed: doubling (TCP's slow
    start: from 64 to 512 in three rounds, not thirty) while each doubling raises the
    round's GETs per second by :data:`SLOW_START_GAIN` or more (the first that does not is
@@ -91,7 +92,7 @@ class LimitController:
         self._last_rate = 0.0  # the GETs per second of the last round
         self._doubled_from: float | None = None  # the value the last decision doubled
         self._cuts = 0  # queueing cuts in a row
-        self._first_cut_median = 0.0
+        self._first_cut = (0.0, 0.0)  # the median and the value at the first cut in a row
         self._no_growth_until = 0.0
         self._window: list[float] = []
         # (when, window median) of the last BASELINE_S s, only those no later one is below
@@ -137,9 +138,11 @@ class LimitController:
         gets, throttles = self._round_gets, self._round_throttles
         self.last_throttled_fraction = throttles / gets
         value = self._value
-        queueing = False
+        queueing = rebased = False
         now = self._clock()
         rate, self._last_rate = self._last_rate, gets / max(now - self._round_began, 1e-6)
+        if self.rounds == 1:
+            self._last_rate = 0.0  # one burst, shorter than later rounds: no rate to compare
         doubled, self._doubled_from = self._doubled_from, None
         if doubled is not None and self._slow_start and self._last_rate < rate * SLOW_START_GAIN:
             self._slow_start = False  # the last doubling did not pay: undone
@@ -161,13 +164,13 @@ class LimitController:
             elif self._slower_store(median):
                 medians.clear()
                 medians.append((now, median))
-                self._slow_start = True
+                self._slow_start = rebased = True
             else:
                 value *= max(0.5, target / median)
                 queueing = True
         if queueing or throttles:
             self._slow_start = False
-        if not queueing and self._limit_bound and now >= self._no_growth_until:
+        if not (queueing or rebased) and self._limit_bound and now >= self._no_growth_until:
             if self._slow_start and value < self.maximum:
                 self._doubled_from = value
             value = min(
@@ -185,11 +188,17 @@ class LimitController:
 
     def _slower_store(self, median: float) -> bool:
         """Whether this queueing median, after the cuts in a row before it, shows a store
-        that got slower for everyone."""
+        that got slower for everyone: at half the GETs in flight or fewer, latency is where it
+        was (Little's law: our own queueing would have halved with them)."""
         self._cuts += 1
         if self._cuts == 1:
-            self._first_cut_median = median
-        if self._cuts <= SLOWER_STORE_CUTS or median < SLOWER_STORE_SHARE * self._first_cut_median:
+            self._first_cut = (median, self._value)
+        first_median, first_value = self._first_cut
+        if (
+            self._cuts <= SLOWER_STORE_CUTS
+            or median < SLOWER_STORE_SHARE * first_median
+            or self._value > first_value / 2
+        ):
             return False
         self._cuts = 0
         return True

@@ -297,7 +297,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
                 executor,
                 self.dataset,
                 collate,
-                self._options,
+                replace(self._options, inflight_start=self._inflight_limit()),
                 self._shared_stats,
                 self.worker_init_fn,
             )
@@ -343,8 +343,8 @@ class ConcurrentDataLoader(DataLoader[T_co]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state`` at the next ``iter(loader)``."""
         resume.check_version(state)
+        self._tuned_inflight = resume.tuned_inflight(state)
         self._pending_state = dict(state)
-        self._tuned_inflight = state.get("tuning", {}).get("inflight_limit")
 
     def _inflight_limit(self) -> int | None:
         """Each process's self-tuned fetch limit now (the mean over processes), else the
@@ -354,20 +354,20 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             return None
         processes = self.executor.actors if self.executor else max(1, self.num_workers)
         limits = self._shared_stats.total()["inflight_limit"]
-        return round(limits / processes) if limits else self._tuned_inflight
+        return max(1, round(limits / processes)) if limits else self._tuned_inflight
 
     @property
     def tuning(self) -> dict[str, Any]:
         """The choices in force per process: requests in flight (the self-tuned limit's
-        mean over processes, or the pinned value), decode threads, batches in progress."""
+        mean over processes, or the pinned value), decode threads, batches in progress (at
+        least; more while following a growing fetch limit)."""
         source = source_of(self.dataset)
         pinned = source.fetch_config.max_inflight_requests if source else None
         return {
             "max_inflight_requests": pinned or self._inflight_limit(),
             "decode_threads": self.decode_threads,
-            "prefetch_batches": "following the fetch limit"
-            if self._options.follow_limit
-            else self._options.prefetch_batches,
+            "prefetch_batches": self._options.prefetch_batches,
+            "follows_fetch_limit": self._options.follow_limit,
         }
 
     def stats(self) -> dict[str, Any]:

@@ -247,3 +247,65 @@ def test_queueing_that_cuts_relieve_never_resets_the_baseline():
     for _ in range(300):
         round_of(c)
         assert c.baseline_s == pytest.approx(0.02)
+
+
+def _simulate(servers: int, service, seconds: float, *, seed: int = 0):
+    """GETs kept at the limit against a store of ``servers`` FIFO servers (0: unlimited),
+    each GET taking ``service(now)`` +-20 % of service: a discrete-event run of the real
+    controller. Returns ``(time, limit, baseline)`` after each round."""
+    import heapq
+    import random
+
+    rng = random.Random(seed)
+    clock = Clock()
+    c = LimitController(1024, self_tuned=True, start=64, clock=clock)
+    free = [0.0] * servers
+    events: list[tuple[float, int, float]] = []
+    history: list[tuple[float, int, float | None]] = []
+
+    def send(now: float) -> None:
+        mark = c.on_send()
+        start = max(now, heapq.heappop(free)) if servers else now
+        end = start + service(now) * rng.uniform(0.8, 1.2)
+        if servers:
+            heapq.heappush(free, end)
+        heapq.heappush(events, (end, mark, end - now))
+
+    while len(events) < c.limit:
+        send(0.0)
+    c.limit_reached()
+    while events and clock.now < seconds:
+        clock.now, mark, latency = heapq.heappop(events)
+        rounds = c.rounds
+        c.on_done(mark, latency=latency)
+        if c.rounds != rounds:
+            history.append((clock.now, c.limit, c.baseline_s))
+        while len(events) < c.limit:
+            send(clock.now)
+        c.limit_reached()
+    return history
+
+
+def test_queueing_of_our_own_never_becomes_the_baseline():
+    """200 servers of 50 ms: beyond 200 in flight GETs queue. Small proportional cuts in a
+    row that leave latency high must not be read as a slower store (each such misreading
+    re-based the latency upwards and doubled the limit again: 1,024 in flight at 4x the
+    real latency)."""
+    history = _simulate(200, lambda now: 0.05, 15.0)
+    assert all(baseline <= 0.05 * 1.25 for _, _, baseline in history if baseline), history
+    assert all(limit <= 600 for _, limit, _ in history[10:]), history
+
+
+def test_slow_start_doubles_from_64_to_the_cap_against_a_distant_store():
+    """200 ms at any load: the first round is one burst and the next ones are longer, so a
+    rate compared with the first would undo the first doubling."""
+    history = _simulate(0, lambda now: 0.2, 3.0)
+    assert [limit for _, limit, _ in history[:4]] == [128, 256, 512, 1024]
+    assert history[3][0] < 2.0
+
+
+def test_a_jump_from_20_to_200_ms_is_a_new_baseline_within_seconds():
+    history = _simulate(0, lambda now: 0.02 if now < 10 else 0.2, 16.0)
+    rebased = next(t for t, _, baseline in history if baseline and baseline > 0.1)
+    assert rebased < 10 + 3.0
+    assert next(t for t, limit, _ in history if t > rebased and limit == 1024) < 10 + 5.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from concurrent_loader import ConcurrentDataLoader, FetchConfig, ObjectDataset
+from concurrent_loader import ConcurrentDataLoader, ConfigError, FetchConfig, ObjectDataset
 from concurrent_loader.testing.memory import MemoryConfig
 
 COUNT = 3000
@@ -37,7 +37,8 @@ def test_the_tuned_limit_carries_to_the_next_epochs_processes_and_through_state(
     assert loader.tuning == {
         "max_inflight_requests": None,  # nothing tuned yet
         "decode_threads": loader.decode_threads,
-        "prefetch_batches": "following the fetch limit",
+        "prefetch_batches": 3,  # 64 GETs at first: two batches of 32, plus one
+        "follows_fetch_limit": True,
     }
     assert list(loader) and loader.tuning["max_inflight_requests"] > 64
     tuned = loader.state_dict()["tuning"]["inflight_limit"]
@@ -60,5 +61,29 @@ def test_a_pinned_limit_is_reported_and_carries_nothing(helpers):
         "max_inflight_requests": 128,
         "decode_threads": loader.decode_threads,
         "prefetch_batches": 3,
+        "follows_fetch_limit": False,
     }
     assert loader.state_dict()["tuning"] == {"inflight_limit": None}
+
+
+@pytest.mark.parametrize(
+    ("tuning", "message"),
+    [
+        ({"inflight_limit": 0}, "must be an int >= 1, got 0"),
+        ({"inflight_limit": 100.0}, "must be an int >= 1, got 100.0"),
+        ("fast", "'tuning' must be a dict"),
+    ],
+)
+def test_a_state_with_a_bad_tuning_is_refused_when_loaded(helpers, tuning, message):
+    loader = _loader(helpers, FetchConfig())
+    state = loader.state_dict() | {"tuning": tuning}
+    with pytest.raises(ConfigError, match=message):
+        loader.load_state_dict(state)
+
+
+def test_a_state_without_tuning_loads(helpers):
+    loader = _loader(helpers, FetchConfig())
+    state = loader.state_dict()
+    del state["tuning"]
+    loader.load_state_dict(state)
+    assert loader.tuning["max_inflight_requests"] is None
