@@ -16,7 +16,6 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
-from dataclasses import replace
 from typing import Any, TypeVar
 
 import torch
@@ -40,6 +39,7 @@ from .plan import Unbatched, draw_batches, draws_from_global, tell_sampler
 from .processes import Workers
 from .ray_workers import RayExecutor, RayWorkers, base_seed
 from .starting import fresh_credentials, frozen_heap
+from .tuned import Tuned
 
 __all__ = ["ConcurrentDataLoader"]
 
@@ -54,8 +54,9 @@ class ConcurrentDataLoader(DataLoader[T_co]):
     Takes every ``DataLoader`` argument with torch's meaning, plus how batches are produced
     (how bytes are fetched is the dataset's ``fetch_config``):
 
-    - ``decode_threads``, ``getitem_threads``, ``prefetch_batches``: per process (defaults:
-      ``PipelineOptions.derive``);
+    - ``decode_threads``, ``getitem_threads``, ``prefetch_batches``: per process (None or
+      ``"auto"``: ``PipelineOptions.derive``, decode threads self-tuned within this process's
+      share of ``cpu_budget`` cores, default the CPUs it may use);
     - ``seed``: the shuffle seed of all ranks when the loader shards by itself under
       ``torch.distributed`` (no ``sampler`` or ``batch_sampler`` given);
     - ``on_error``: ``"raise"`` (``next()`` raises the failed batch's error, the next call goes
@@ -86,9 +87,10 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         persistent_workers: bool = False,
         pin_memory_device: str = "",
         in_order: bool = True,
-        decode_threads: int | None = None,
+        decode_threads: int | str | None = None,
         getitem_threads: int | None = None,
-        prefetch_batches: int | None = None,
+        prefetch_batches: int | str | None = None,
+        cpu_budget: float | None = None,
         seed: int = 0,
         on_error: str = "raise",
         max_skipped: int | float = 0.01,
@@ -112,6 +114,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             decode_threads=decode_threads,
             getitem_threads=getitem_threads,
             prefetch_batches=prefetch_batches,
+            cpu_budget=cpu_budget,
             on_error=on_error,
             stall_timeout_s=stall_timeout_s,
             parts=getattr(dataset, "parts", None) if source else None,  # checked by the dataset
@@ -136,9 +139,10 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             in_order=in_order,
         )
         # Our own arguments, under their names (frameworks rebuild a loader from them).
-        self.decode_threads = options.decode_threads
+        self.decode_threads = decode_threads  # None, "auto": self-tuned
         self.getitem_threads = options.getitem_threads
-        self.prefetch_batches = prefetch_batches  # None: following the fetch limit
+        self.prefetch_batches = prefetch_batches  # None, "auto": following the fetch limit
+        self.cpu_budget = cpu_budget
         self.seed = seed
         self.on_error = on_error
         self.max_skipped = max_skipped
@@ -155,7 +159,12 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         self._generators = resume.GeneratorStates(generator, sampler, batch_sampler)
         self._shared_stats = SharedStats(executor.actors - 1 if executor else max(num_workers, 0))
         self._options = options
-        self._tuned_inflight: int | None = None  # from a loaded state
+        self._tuned = Tuned(
+            options,
+            source.fetch_config if source else None,
+            self._shared_stats,
+            executor.actors if executor else num_workers,
+        )
         self._ray_workers: RayWorkers | None = None
         self._waits = StallLedger()
         self._iterating_since: float | None = None
@@ -256,8 +265,8 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             starts_workers = self.num_workers > 0 and new_iterator
             if starts_workers:
                 fresh_credentials(self.dataset)
-            if new_iterator:  # new clients start their self-tuned limits where the last ended
-                workers.options = replace(self._options, inflight_start=self._inflight_limit())
+            if new_iterator:  # new processes start their self-tuned values where the last ended
+                workers.options = self._tuned.next_options()
             inner = workers.inner(self, batches, skip, collate, predicted)
             with warnings.catch_warnings(), frozen_heap() if starts_workers else nullcontext():
                 # Said once above, as torch says it once per iterator.
@@ -297,7 +306,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
                 executor,
                 self.dataset,
                 collate,
-                replace(self._options, inflight_start=self._inflight_limit()),
+                self._tuned.next_options(),
                 self._shared_stats,
                 self.worker_init_fn,
             )
@@ -338,36 +347,30 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             self._generators,
             next_draws_base_seed=not (self.persistent_workers and self._workers.started),
         )
-        return state | {"tuning": {"inflight_limit": self._inflight_limit()}}
+        return state | {"tuning": self._tuned.state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state`` at the next ``iter(loader)``."""
         resume.check_version(state)
-        self._tuned_inflight = resume.tuned_inflight(state)
+        self._tuned.load(state)
         self._pending_state = dict(state)
-
-    def _inflight_limit(self) -> int | None:
-        """Each process's self-tuned fetch limit now (the mean over processes), else the
-        one a loaded state carried; None when the dataset's limit is pinned or not ours."""
-        source = source_of(self.dataset)
-        if source is None or source.fetch_config.max_inflight_requests is not None:
-            return None
-        processes = self.executor.actors if self.executor else max(1, self.num_workers)
-        limits = self._shared_stats.total()["inflight_limit"]
-        return max(1, round(limits / processes)) if limits else self._tuned_inflight
 
     @property
     def tuning(self) -> dict[str, Any]:
-        """The choices in force per process: requests in flight (the self-tuned limit's
-        mean over processes, or the pinned value), decode threads, batches in progress (at
-        least; more while following a growing fetch limit)."""
+        """The choices in force per process (self-tuned ones as the mean over processes):
+        requests in flight, decode threads (and their most), batches in progress (at least;
+        more while following a growing fetch limit); and the shares of fetch slots and
+        decode threads busy so far."""
         source = source_of(self.dataset)
         pinned = source.fetch_config.max_inflight_requests if source else None
+        stats = self.stats()
         return {
-            "max_inflight_requests": pinned or self._inflight_limit(),
-            "decode_threads": self.decode_threads,
+            "max_inflight_requests": pinned or self._tuned.inflight_limit(),
+            "decode_threads": self._tuned.decode_threads() or self._options.decode_threads,
+            "max_decode_threads": self._options.max_decode_threads,
             "prefetch_batches": self._options.prefetch_batches,
             "follows_fetch_limit": self._options.follow_limit,
+            "busy": stats["busy"],
         }
 
     def stats(self) -> dict[str, Any]:
@@ -386,7 +389,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             self._waits,
             elapsed=elapsed,
             fetch_slots=int(fetch_slots),
-            decode_slots=self.decode_threads * processes,
+            decode_slots=int(total["decode_threads"]) or self._options.decode_threads * processes,
             actors=self.executor.actors if self.executor else None,
         )
 

@@ -96,19 +96,6 @@ def make_state(
     }
 
 
-def tuned_inflight(state: dict[str, Any]) -> int | None:
-    """The self-tuned requests in flight per process a state carries (None: none)."""
-    tuning = state.get("tuning")
-    value = tuning.get("inflight_limit") if isinstance(tuning, dict) else None
-    if tuning is not None and not isinstance(tuning, dict):
-        raise ConfigError(f"the loader state's 'tuning' must be a dict, got {tuning!r}")
-    if value is not None and (type(value) is not int or value < 1):
-        raise ConfigError(
-            f"the loader state's tuning['inflight_limit'] must be an int >= 1, got {value!r}"
-        )
-    return value
-
-
 def check_version(state: dict[str, Any]) -> None:
     if state.get("version") != STATE_VERSION:
         raise ConfigError(f"unknown loader state version {state.get('version')!r}")

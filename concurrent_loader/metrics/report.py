@@ -137,10 +137,14 @@ def loader_stats(
         "bytes_per_s": total["bytes"] / elapsed if elapsed else 0.0,
         "images_per_s": decode["count"] / elapsed if elapsed else 0.0,
     }
+    out["busy"] = {
+        "fetch": fetch["total"] / elapsed / fetch_slots if elapsed else 0.0,
+        "decode": decode["total"] / elapsed / decode_slots if elapsed else 0.0,
+    }
     out["verdict"] = verdict(
         wait_share=waits.wait_share,
-        fetch_busy=fetch["total"] / elapsed / fetch_slots if elapsed else 0.0,
-        decode_busy=decode["total"] / elapsed / decode_slots if elapsed else 0.0,
+        fetch_busy=out["busy"]["fetch"],
+        decode_busy=out["busy"]["decode"],
         cache_hit_rate=out["cache_hit_rate"],
         actors=actors,
     )

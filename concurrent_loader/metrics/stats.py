@@ -32,6 +32,7 @@ COUNTERS = (
     "skipped",
     "inflight",
     "inflight_limit",
+    "decode_threads",
     "hedges",
     "hedges_won",
     "cache_hits",

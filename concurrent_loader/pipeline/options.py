@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import math
 import os
 import sys
 import threading
@@ -28,7 +29,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class PipelineOptions:
-    """Per process: ``decode_threads`` (our datasets), ``getitem_threads`` (a foreign
+    """Per process: ``decode_threads`` (our datasets; with ``max_decode_threads``, the
+    first of a self-tuned count, :mod:`.threads`), ``getitem_threads`` (a foreign
     dataset's ``__getitem__``), ``prefetch_batches`` (in progress ahead of the consumer;
     with ``follow_limit``, more while a self-tuned fetch limit has grown past them),
     ``inflight_start`` (a self-tuned fetch limit's first value where this process opens its
@@ -37,6 +39,7 @@ class PipelineOptions:
     fifth of it, at most every minute, before), ``parts`` (the dataset's ``PartsConfig``)."""
 
     decode_threads: int = 1
+    max_decode_threads: int | None = None
     getitem_threads: int = 64
     prefetch_batches: int = 2
     follow_limit: bool = False
@@ -52,6 +55,11 @@ class PipelineOptions:
             check_count(name, getattr(self, name))
         if self.inflight_start is not None:
             check_count("inflight_start", self.inflight_start)
+        if self.max_decode_threads is not None and self.max_decode_threads < self.decode_threads:
+            raise ConfigError(
+                f"max_decode_threads ({self.max_decode_threads}) is below decode_threads "
+                f"({self.decode_threads})"
+            )
         if self.on_error not in ("raise", "skip"):
             raise ConfigError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
 
@@ -62,26 +70,44 @@ class PipelineOptions:
         fetch_config: FetchConfig | None,
         batch_size: int,
         num_workers: int,
-        decode_threads: int | None = None,
+        decode_threads: int | str | None = None,
         getitem_threads: int | None = None,
-        prefetch_batches: int | None = None,
+        prefetch_batches: int | str | None = None,
+        cpu_budget: float | None = None,
         on_error: str = "raise",
         stall_timeout_s: float | None = 300.0,
         parts: PartsConfig | None = None,
     ) -> PipelineOptions:
-        """Fill what the user left out: decode threads = this process's share of the CPUs
-        (at most 8); batches in progress = enough to keep ``fetch_config.inflight_start`` GETs
-        (64 for a dataset that is not ours) busy, plus one (at least 2), and with a self-tuned
-        fetch limit, as many more as keep the limit busy while it grows."""
+        """Fill what the user left out (None or ``"auto"``): decode threads self-tuned between
+        1 and this process's share of ``cpu_budget`` cores (default: the CPUs this process may
+        use), starting at that share rounded down (at most 8); batches in progress = enough to
+        keep ``fetch_config.inflight_start`` GETs (64 for a dataset that is not ours) busy,
+        plus one (at least 2), and with a self-tuned fetch limit, as many more as keep the
+        limit busy while it grows."""
         inflight = fetch_config.inflight_start if fetch_config is not None else 64
-        if decode_threads is None:
-            decode_threads = max(1, min(8, available_cpus() // max(1, num_workers)))
+        if cpu_budget is None:
+            cpu_budget = available_cpus()
+        elif not (isinstance(cpu_budget, int | float) and cpu_budget > 0):
+            raise ConfigError(f"cpu_budget must be a number of cores > 0, got {cpu_budget!r}")
+        share = cpu_budget / max(1, num_workers)
+        max_decode_threads = None
+        if decode_threads in (None, "auto"):
+            decode_threads = max(1, min(8, int(share)))
+            max_decode_threads = max(decode_threads, math.ceil(share))
+        if prefetch_batches == "auto":
+            prefetch_batches = None
+        if isinstance(decode_threads, str) or isinstance(prefetch_batches, str):
+            raise ConfigError(
+                "decode_threads and prefetch_batches take a count, None or 'auto', "
+                f"got {decode_threads!r} and {prefetch_batches!r}"
+            )
         follow_limit = False
         if prefetch_batches is None:
             prefetch_batches = max(2, -(-inflight // max(1, batch_size)) + 1)
             follow_limit = fetch_config is not None and fetch_config.max_inflight_requests is None
         return cls(
             decode_threads=decode_threads,
+            max_decode_threads=max_decode_threads,
             getitem_threads=getitem_threads if getitem_threads is not None else 64,
             prefetch_batches=prefetch_batches,
             follow_limit=follow_limit,

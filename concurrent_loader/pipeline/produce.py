@@ -11,6 +11,7 @@ and local reads (:class:`LocalReads`); :mod:`.remote` builds on them. Invariants
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from typing import Any
 
@@ -22,7 +23,8 @@ from ..runtime import GatedThreadPool
 from ..sources import SampleSource
 from ..stores.base import BlockingStore
 from .options import PipelineOptions
-from .slot import SkippedSample, Slot
+from .slot import DecodeQueue, SkippedSample, Slot
+from .threads import ThreadController
 
 __all__ = ["GetItems", "LocalReads", "is_position"]
 
@@ -98,7 +100,9 @@ class GetItems:
 
 
 class SourceSamples(GetItems):
-    """The samples of ``source`` (a plain int index), on ``decode_threads`` threads."""
+    """The samples of ``source`` (a plain int index), decoded earliest batch first
+    (:class:`~.slot.DecodeQueue`) on ``decode_threads`` threads, or on as many as a
+    :class:`~.threads.ThreadController` decides, up to ``max_decode_threads``."""
 
     def __init__(
         self,
@@ -108,14 +112,26 @@ class SourceSamples(GetItems):
         stats: StageStats,
         name: str,
     ) -> None:
-        super().__init__(dataset, options, stats, options.decode_threads, name)
+        most = options.max_decode_threads
+        super().__init__(dataset, options, stats, most or options.decode_threads, name)
         self.source = source
+        tuner = ThreadController(options.decode_threads, most) if most else None
+        self.decodes = DecodeQueue(
+            self.pool.submit, options.decode_threads, self.pool.forking, tuner
+        )
 
     def where(self, index: Any) -> str:
         if is_position(index):
             with contextlib.suppress(Exception):  # an index out of range has no object
                 return self.source.url_for(index)
         return super().where(index)
+
+    def flush_stats(self) -> None:
+        self.stats.set("decode_threads", self.decodes.max_jobs)
+
+    def close(self, stalled: bool) -> None:
+        self.decodes.drop_all()  # not decoded by the jobs the pool's shutdown waits for
+        super().close(stalled)
 
 
 class LocalReads(SourceSamples):
@@ -131,6 +147,11 @@ class LocalReads(SourceSamples):
     ) -> None:
         super().__init__(dataset, source, options, stats, "local")
         self.store = store
+
+    def start(self, slot: Slot) -> None:
+        for position, index in enumerate(slot.indices):
+            job = functools.partial(self.complete, slot, position, index)
+            self.decodes.put(slot, position, 0, job)
 
     def produce(self, index: Any) -> Any:
         if not is_position(index):

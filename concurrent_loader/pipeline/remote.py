@@ -30,7 +30,7 @@ from ..sources import Read, SampleSource
 from ..sources.base import Get, NamingSource, Whole, plan_fetches
 from .options import PipelineOptions, StallWatch
 from .produce import SourceSamples, is_position
-from .slot import DecodeQueue, Slot
+from .slot import Slot
 
 __all__ = ["RemoteReads"]
 
@@ -67,7 +67,6 @@ class RemoteReads(SourceSamples):
         self._read_failed: Callable[[int, BaseException], BaseException] = (
             source.read_failed if isinstance(source, NamingSource) else lambda index, exc: exc
         )
-        self._decodes = DecodeQueue(self.pool.submit, self.threads, self.pool.forking)
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
@@ -79,12 +78,14 @@ class RemoteReads(SourceSamples):
         up (no more fetched samples wait than there are threads): so the limit, which grows
         only while GETs wait for its slots, is fed by the pipeline only where fetching is
         the bottleneck. Read from the consumer's thread: a stale value only delays a batch."""
-        return samples_in_progress < self._client.limit.limit and len(self._decodes) <= self.threads
+        decoding_keeps_up = len(self.decodes) <= self.decodes.max_jobs
+        return samples_in_progress < self._client.limit.limit and decoding_keeps_up
 
     def describe(self) -> str:
         return self._client.describe()
 
     def flush_stats(self) -> None:
+        super().flush_stats()
         self.stats.set("inflight", self._client.in_flight)
         self.stats.set("inflight_limit", self._client.limit.limit)
 
@@ -129,9 +130,9 @@ class RemoteReads(SourceSamples):
         size = sum(len(body) for body in bodies)
         decode = functools.partial(self._decode, slot, position, index, bodies, size)
         try:
-            self._decodes.put(slot, position, size, decode)
+            self.decodes.put(slot, position, size, decode)
         except RuntimeError:  # the pool is shut down: we are closing
-            self._budget.release(self._decodes.drop_all())
+            self._budget.release(self.decodes.drop_all())
 
     async def _get(self, get: Get) -> bytes | bytearray:
         read = get.read
@@ -187,7 +188,7 @@ class RemoteReads(SourceSamples):
                 except concurrent.futures.TimeoutError:
                     log.warning("the event loop did not cancel this pipeline's GETs in time")
             # Samples fetched but not decoded yet are dropped, not drained by a pool job.
-            self._budget.release(self._decodes.drop_all())
+            self._budget.release(self.decodes.drop_all())
             super().close(stalled)
         finally:
             runtime.release()

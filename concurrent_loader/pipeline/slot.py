@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import heapq
 import itertools
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import LoaderError
+from .threads import ThreadController
 
 __all__ = ["DecodeQueue", "Failure", "Partial", "SkippedSample", "Slot"]
 
@@ -114,8 +117,11 @@ class DecodeQueue:
     position), so the batch the consumer waits for is not decoded behind later ones.
 
     A pool job drains the queue; a put starts a job only while fewer than ``max_jobs`` run.
-    Invariant, under the lock: ``running <= max_jobs``, and a non-empty queue has a running
-    job that will take from it. A job gives way between samples while the process forks.
+    With a ``tuner`` (:class:`~.threads.ThreadController`), ``max_jobs`` is what it decides
+    as jobs end: a job beyond it ends after its sample, one below it starts while samples
+    wait. Invariant, under the lock: ``running <= max_jobs`` but for jobs about to end, and
+    a non-empty queue has a running job that will take from it. A job gives way between
+    samples while the process forks.
     """
 
     def __init__(
@@ -123,13 +129,15 @@ class DecodeQueue:
         submit: Callable[[Callable[[], None]], object],
         max_jobs: int,
         yield_to_fork: Callable[[], bool] = lambda: False,
+        tuner: ThreadController | None = None,
     ) -> None:
         self._heap: list[tuple[int, int, int, int, Callable[[], None]]] = []
         self._lock = threading.Lock()
         self._order = itertools.count()
         self._submit = submit
-        self._max_jobs = max_jobs
+        self.max_jobs = tuner.threads if tuner is not None else max_jobs
         self._yield_to_fork = yield_to_fork
+        self._tuner = tuner
         self.running = 0
 
     def __len__(self) -> int:
@@ -139,9 +147,13 @@ class DecodeQueue:
     def put(self, slot: Slot, position: int, size: int, decode: Callable[[], None]) -> None:
         with self._lock:
             heapq.heappush(self._heap, (slot.number, position, next(self._order), size, decode))
-            if self.running >= self._max_jobs:
+            if self.running >= self.max_jobs:
                 return
             self.running += 1
+        self._start_job()
+
+    def _start_job(self) -> None:
+        """Submit a job counted in ``running`` already."""
         try:
             self._submit(self._drain)
         except BaseException:
@@ -153,17 +165,33 @@ class DecodeQueue:
         try:
             while True:
                 with self._lock:
-                    if not self._heap:
+                    if not self._heap or self.running > self.max_jobs:
                         self.running -= 1
                         return
                     if self._yield_to_fork():
                         break
                     decode = heapq.heappop(self._heap)[-1]
+                    waited = bool(self._heap)
+                if self._tuner is None:
+                    decode()
+                    continue
+                started = time.perf_counter()
                 decode()
+                self._tuned(self._tuner, time.perf_counter() - started, waited)
         except BaseException:
             self._hand_on()  # the samples behind the one that raised are still decoded
             raise
         self._hand_on()  # a fork waits for this job to end
+
+    def _tuned(self, tuner: ThreadController, seconds: float, waited: bool) -> None:
+        with self._lock:
+            self.max_jobs = tuner.observe(seconds, waited)
+            grow = self.running < self.max_jobs and bool(self._heap)
+            if grow:
+                self.running += 1
+        if grow:
+            with contextlib.suppress(RuntimeError):  # the pool is shut down: we are closing
+                self._start_job()
 
     def _hand_on(self) -> None:
         # Samples may be left: a new job (waiting at the pool's gate while the process

@@ -1,5 +1,5 @@
-"""The loader's tuned choices: ``loader.tuning``, the self-tuned fetch limit carried from one
-epoch's worker processes to the next and through ``state_dict()``."""
+"""The loader's tuned choices: ``loader.tuning``, the self-tuned fetch limit and decode
+threads carried from one epoch's worker processes to the next and through ``state_dict()``."""
 
 from __future__ import annotations
 
@@ -33,12 +33,14 @@ def _first_batch_limit(loader: ConcurrentDataLoader) -> int:
 def test_the_tuned_limit_carries_to_the_next_epochs_processes_and_through_state(
     helpers, num_workers
 ):
-    loader = _loader(helpers, FetchConfig(), num_workers=num_workers)
+    loader = _loader(helpers, FetchConfig(), num_workers=num_workers, cpu_budget=4)
     assert loader.tuning == {
         "max_inflight_requests": None,  # nothing tuned yet
-        "decode_threads": loader.decode_threads,
+        "decode_threads": 4,
+        "max_decode_threads": 4,
         "prefetch_batches": 3,  # 64 GETs at first: two batches of 32, plus one
         "follows_fetch_limit": True,
+        "busy": {"fetch": 0.0, "decode": 0.0},
     }
     assert list(loader) and loader.tuning["max_inflight_requests"] > 64
     tuned = loader.state_dict()["tuning"]["inflight_limit"]
@@ -55,15 +57,43 @@ def test_the_tuned_limit_carries_to_the_next_epochs_processes_and_through_state(
 
 
 def test_a_pinned_limit_is_reported_and_carries_nothing(helpers):
-    loader = _loader(helpers, FetchConfig(max_inflight_requests=128), prefetch_batches=3)
+    loader = _loader(
+        helpers, FetchConfig(max_inflight_requests=128), prefetch_batches=3, decode_threads=3
+    )
     assert list(loader)
-    assert loader.tuning == {
+    tuning = loader.tuning
+    assert tuning.pop("busy")["fetch"] > 0
+    assert tuning == {
         "max_inflight_requests": 128,
-        "decode_threads": loader.decode_threads,
+        "decode_threads": 3,
+        "max_decode_threads": None,
         "prefetch_batches": 3,
         "follows_fetch_limit": False,
     }
-    assert loader.state_dict()["tuning"] == {"inflight_limit": None}
+    assert loader.state_dict()["tuning"] == {"inflight_limit": None, "decode_threads": None}
+
+
+def _first_batch_threads(loader: ConcurrentDataLoader) -> int:
+    """The decode threads each worker reported with its first batch of an epoch (the
+    controller decides after half a second at the earliest)."""
+    iterator = iter(loader)
+    next(iterator)
+    threads = loader.tuning["decode_threads"]
+    for _ in iterator:
+        pass
+    return threads
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_tuned_decode_threads_carry_through_state_within_the_budget(helpers, num_workers):
+    loader = _loader(helpers, FetchConfig(), num_workers=num_workers, cpu_budget=4)
+    state = loader.state_dict()
+    assert state["tuning"]["decode_threads"] == 4  # nothing tuned yet: the start
+    for carried, expected in ((2, 2), (9, 4)):  # more than this budget allows: its most
+        resumed = _loader(helpers, FetchConfig(), num_workers=num_workers, cpu_budget=4)
+        resumed.load_state_dict(state | {"tuning": {"decode_threads": carried}})
+        assert resumed.tuning["decode_threads"] == expected
+        assert _first_batch_threads(resumed) == expected
 
 
 @pytest.mark.parametrize(
@@ -71,6 +101,7 @@ def test_a_pinned_limit_is_reported_and_carries_nothing(helpers):
     [
         ({"inflight_limit": 0}, "must be an int >= 1, got 0"),
         ({"inflight_limit": 100.0}, "must be an int >= 1, got 100.0"),
+        ({"decode_threads": -1}, r"tuning\['decode_threads'\] must be an int >= 1, got -1"),
         ("fast", "'tuning' must be a dict"),
     ],
 )

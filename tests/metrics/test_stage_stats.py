@@ -65,6 +65,7 @@ def test_retries_throttles_and_counters():
         "skipped": 3,
         "inflight": 5,
         "inflight_limit": 0,
+        "decode_threads": 0,
         "hedges": 0,
         "hedges_won": 0,
         "cache_hits": 0,

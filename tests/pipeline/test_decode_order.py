@@ -67,6 +67,59 @@ def test_a_sample_put_starts_a_job_only_below_the_limit():
     assert len(jobs.queued) == 1 and queue.running == 1
 
 
+class ScriptedTuner:
+    """A thread controller that answers each job's end with the next count of a script."""
+
+    def __init__(self, threads: int, script: list[int]) -> None:
+        self.threads = threads
+        self.script = script
+        self.seen: list[bool] = []
+
+    def observe(self, seconds: float, waited: bool) -> int:
+        assert seconds >= 0
+        self.seen.append(waited)
+        self.threads = self.script.pop(0)
+        return self.threads
+
+
+def test_a_tuned_queue_starts_a_job_when_its_threads_grow_and_ends_one_when_they_shrink():
+    jobs = Jobs()
+    tuner = ScriptedTuner(1, [2, 2, 1, 1, 1, 1])
+    queue = DecodeQueue(jobs.submit, max_jobs=9, tuner=tuner)  # type: ignore[arg-type]
+    assert queue.max_jobs == 1  # the tuner's count, not max_jobs
+    slot = Slot(list(range(6)), list, 0)
+    ran: list[int] = []
+    for position in range(6):
+        queue.put(slot, position, 1, lambda p=position: ran.append(p))
+    assert len(jobs.queued) == 1 and queue.running == 1
+
+    # The first job decodes sample 0 and hears 2: a second job is submitted. After sample
+    # 2 it hears 1 while two are counted: it ends, and the second drains the rest.
+    jobs.run_one()
+    assert ran == [0, 1, 2] and queue.running == 1 and len(jobs.queued) == 1
+    jobs.run_one()
+    assert ran == [0, 1, 2, 3, 4, 5] and queue.running == 0
+    assert tuner.seen == [True, True, True, True, True, False]
+    assert queue.max_jobs == 1
+
+
+def test_a_tuned_queue_over_its_count_ends_the_extra_job_after_its_sample():
+    jobs = Jobs()
+    tuner = ScriptedTuner(2, [1, 1, 1, 1])
+    queue = DecodeQueue(jobs.submit, max_jobs=2, tuner=tuner)  # type: ignore[arg-type]
+    slot = Slot(list(range(4)), list, 0)
+    ran: list[int] = []
+    for position in range(4):
+        queue.put(slot, position, 1, lambda p=position: ran.append(p))
+    assert len(jobs.queued) == 2 and queue.running == 2
+    first, second = jobs.queued
+    jobs.queued.clear()
+    first()  # decodes 0, hears 1 while two run: ends
+    assert ran == [0] and queue.running == 1
+    second()  # the one left drains the rest
+    assert ran == [0, 1, 2, 3] and queue.running == 0
+
+
 def test_a_job_gives_way_to_a_fork_between_samples():
     jobs = Jobs()
     queue = DecodeQueue(jobs.submit, max_jobs=1, yield_to_fork=lambda: jobs.forking)

@@ -43,9 +43,56 @@ def test_a_dataset_that_is_not_ours_is_sized_for_64_calls():
 
 
 @pytest.mark.parametrize("num_workers", [0, 1, 2, 64])
-def test_decode_threads_are_the_processs_share_of_the_cpus(num_workers):
+def test_decode_threads_start_at_the_processs_share_of_the_cpus(num_workers):
     options = PipelineOptions.derive(fetch_config=None, batch_size=4, num_workers=num_workers)
     assert options.decode_threads == max(1, min(8, available_cpus() // max(1, num_workers)))
+    assert options.max_decode_threads == max(
+        options.decode_threads, -(-available_cpus() // max(1, num_workers))
+    )
+
+
+@pytest.mark.parametrize(
+    ("cpu_budget", "num_workers", "start", "most"),
+    [(16, 1, 8, 16), (16, 2, 8, 8), (3, 2, 1, 2), (1, 4, 1, 1), (0.5, 0, 1, 1), (24, 0, 8, 24)],
+)
+def test_auto_decode_threads_tune_within_the_processs_share_of_the_budget(
+    cpu_budget, num_workers, start, most
+):
+    for auto in (None, "auto"):
+        options = PipelineOptions.derive(
+            fetch_config=None,
+            batch_size=4,
+            num_workers=num_workers,
+            decode_threads=auto,
+            cpu_budget=cpu_budget,
+        )
+        assert (options.decode_threads, options.max_decode_threads) == (start, most)
+
+
+def test_a_given_decode_thread_count_is_pinned():
+    options = PipelineOptions.derive(
+        fetch_config=None, batch_size=4, num_workers=0, decode_threads=3, cpu_budget=16
+    )
+    assert (options.decode_threads, options.max_decode_threads) == (3, None)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"cpu_budget": 0}, "cpu_budget must be a number of cores > 0"),
+        ({"cpu_budget": "all"}, "cpu_budget must be a number of cores > 0"),
+        ({"decode_threads": "many"}, "take a count, None or 'auto'"),
+        ({"prefetch_batches": "lots"}, "take a count, None or 'auto'"),
+    ],
+)
+def test_bad_auto_settings_are_refused(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        PipelineOptions.derive(fetch_config=None, batch_size=4, num_workers=0, **kwargs)
+
+
+def test_a_most_below_the_start_is_refused():
+    with pytest.raises(ConfigError, match="max_decode_threads"):
+        PipelineOptions(decode_threads=4, max_decode_threads=2)
 
 
 def test_given_values_are_kept():
@@ -69,7 +116,7 @@ def test_fetching_is_left_to_the_datasets_fetch_config():
 
 @pytest.mark.parametrize(
     ("inflight", "prefetch", "follows"),
-    [(None, None, True), (64, None, False), (None, 3, False)],
+    [(None, None, True), (None, "auto", True), (64, None, False), (None, 3, False)],
 )
 def test_batches_follow_the_fetch_limit_only_when_both_are_left_to_tune(
     inflight, prefetch, follows
@@ -81,7 +128,7 @@ def test_batches_follow_the_fetch_limit_only_when_both_are_left_to_tune(
         prefetch_batches=prefetch,
     )
     assert options.follow_limit is follows
-    assert options.prefetch_batches == (prefetch or 3)
+    assert options.prefetch_batches == (3 if prefetch in (None, "auto") else prefetch)
 
 
 def test_a_dataset_that_is_not_ours_never_follows_a_limit():
