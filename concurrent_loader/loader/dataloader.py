@@ -377,19 +377,14 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         """Loader metrics merged over every process (see ``README``); ``verdict`` names the
         bottleneck."""
         elapsed = time.perf_counter() - self._iterating_since if self._iterating_since else 0.0
-        processes = self.executor.actors if self.executor else max(1, self.num_workers)
-        source = source_of(self.dataset)
         total = self._shared_stats.total()
-        # The fetch limits now (self-tuned ones move), else what each process starts with.
-        fetch_slots = total["inflight_limit"] or processes * (
-            source.fetch_config.inflight_start if source else self.getitem_threads
-        )
+        fetch_slots, decode_slots = self._tuned.slots()  # self-tuned ones move
         return loader_stats(
             total,
             self._waits,
             elapsed=elapsed,
-            fetch_slots=int(fetch_slots),
-            decode_slots=int(total["decode_threads"]) or self._options.decode_threads * processes,
+            fetch_slots=fetch_slots,
+            decode_slots=decode_slots,
             actors=self.executor.actors if self.executor else None,
         )
 

@@ -34,8 +34,9 @@ class Tuned:
         self._loaded: dict[str, int] = {}
 
     def _mean(self, counter: str) -> int | None:
-        total = self._stats.total()[counter]
-        return max(1, round(total / self._processes)) if total else self._loaded.get(counter)
+        """Over the processes that published it (others are starting), else as loaded."""
+        mean = self._stats.published_mean(counter)
+        return max(1, round(mean)) if mean else self._loaded.get(counter)
 
     def inflight_limit(self) -> int | None:
         """None when the dataset's limit is pinned, or the dataset is not ours."""
@@ -50,6 +51,17 @@ class Tuned:
         if most is None:
             return None
         return min(self._mean("decode_threads") or self.options.decode_threads, most)
+
+    def slots(self) -> tuple[int, int]:
+        """(fetch slots, decode threads) over every process: each process's value now, or
+        what it starts with."""
+        config = self._fetch_config
+        if config is None:  # not ours: __getitem__ calls on getitem_threads threads
+            inflight = self.options.getitem_threads
+        else:
+            inflight = self.inflight_limit() or config.inflight_start
+        threads = self.decode_threads() or self.options.decode_threads
+        return inflight * self._processes, threads * self._processes
 
     def next_options(self) -> PipelineOptions:
         """The options of processes that start now: where the running ones' tuning is."""

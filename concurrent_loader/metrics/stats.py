@@ -206,6 +206,12 @@ class SharedStats:
     def read(self, row: int) -> StageStats:
         return StageStats(self.rows[row].tolist(), cache=cache_tally())
 
+    def published_mean(self, counter: str) -> float | None:
+        """A gauge's mean over the processes that have set it (None: none has yet)."""
+        column = self.rows[:, COUNTERS.index(counter)]
+        published = column[column > 0]
+        return float(published.mean()) if len(published) else None
+
     def total(self) -> dict[str, Any]:
         summed = StageStats(self.rows.sum(0).tolist())
         vector = summed.vector()

@@ -87,13 +87,16 @@ class PipelineOptions:
         inflight = fetch_config.inflight_start if fetch_config is not None else 64
         if cpu_budget is None:
             cpu_budget = available_cpus()
-        elif not (isinstance(cpu_budget, int | float) and cpu_budget > 0):
+        elif isinstance(cpu_budget, bool) or not (
+            isinstance(cpu_budget, int | float) and 0 < cpu_budget < math.inf
+        ):
             raise ConfigError(f"cpu_budget must be a number of cores > 0, got {cpu_budget!r}")
         share = cpu_budget / max(1, num_workers)
         max_decode_threads = None
         if decode_threads in (None, "auto"):
             decode_threads = max(1, min(8, int(share)))
-            max_decode_threads = max(decode_threads, math.ceil(share))
+            if fetch_config is not None:  # our dataset: decoded on these threads
+                max_decode_threads = max(decode_threads, math.ceil(share))
         if prefetch_batches == "auto":
             prefetch_batches = None
         if isinstance(decode_threads, str) or isinstance(prefetch_batches, str):

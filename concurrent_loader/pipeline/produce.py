@@ -61,15 +61,17 @@ class GetItems:
         self.stats.add_decode(time.perf_counter() - started)
         return item
 
-    def complete(self, slot: Slot, position: int, index: Any) -> None:
+    def complete(self, slot: Slot, position: int, index: Any) -> bool:
+        """Make the sample and put it (False: not made, its batch had failed)."""
         if slot.failed:
-            return
+            return False
         try:
             item = self.produce(index)
         except BaseException as exc:
             self.failed(slot, position, index, exc)
         else:
             slot.put(position, item)
+        return True
 
     def where(self, index: Any) -> str:
         return f"item {index!r}"

@@ -163,10 +163,10 @@ class RemoteReads(SourceSamples):
             raise failures[0]
         return results  # type: ignore[return-value]
 
-    def _decode(self, slot: Slot, position: int, index: int, bodies: Bodies, size: int) -> None:
+    def _decode(self, slot: Slot, position: int, index: int, bodies: Bodies, size: int) -> bool:
         try:
             if slot.failed:
-                return
+                return False
             started = time.perf_counter()
             item = self.source.decode(index, bodies)
             self.stats.add_decode(time.perf_counter() - started)
@@ -176,6 +176,7 @@ class RemoteReads(SourceSamples):
             slot.put(position, item)
         finally:
             self._budget.release(size)
+        return True
 
     def close(self, stalled: bool) -> None:
         self._closed = True

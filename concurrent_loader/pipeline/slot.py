@@ -118,20 +118,21 @@ class DecodeQueue:
 
     A pool job drains the queue; a put starts a job only while fewer than ``max_jobs`` run.
     With a ``tuner`` (:class:`~.threads.ThreadController`), ``max_jobs`` is what it decides
-    as jobs end: a job beyond it ends after its sample, one below it starts while samples
-    wait. Invariant, under the lock: ``running <= max_jobs`` but for jobs about to end, and
-    a non-empty queue has a running job that will take from it. A job gives way between
-    samples while the process forks.
+    as jobs end (a decode that returns False did no work and is not reported): a job beyond
+    it ends after its sample, one below it starts while samples wait. Invariant, under the
+    lock: ``running <= max_jobs`` but for jobs about to end, and a non-empty queue has a
+    running job that will take from it. A job gives way between samples while the process
+    forks.
     """
 
     def __init__(
         self,
-        submit: Callable[[Callable[[], None]], object],
+        submit: Callable[[Callable[[], bool | None]], object],
         max_jobs: int,
         yield_to_fork: Callable[[], bool] = lambda: False,
         tuner: ThreadController | None = None,
     ) -> None:
-        self._heap: list[tuple[int, int, int, int, Callable[[], None]]] = []
+        self._heap: list[tuple[int, int, int, int, Callable[[], bool | None]]] = []
         self._lock = threading.Lock()
         self._order = itertools.count()
         self._submit = submit
@@ -144,7 +145,7 @@ class DecodeQueue:
         """Samples waiting for a decode thread (read without the lock: a moment's count)."""
         return len(self._heap)
 
-    def put(self, slot: Slot, position: int, size: int, decode: Callable[[], None]) -> None:
+    def put(self, slot: Slot, position: int, size: int, decode: Callable[[], bool | None]) -> None:
         with self._lock:
             heapq.heappush(self._heap, (slot.number, position, next(self._order), size, decode))
             if self.running >= self.max_jobs:
@@ -176,8 +177,8 @@ class DecodeQueue:
                     decode()
                     continue
                 started = time.perf_counter()
-                decode()
-                self._tuned(self._tuner, time.perf_counter() - started, waited)
+                if decode() is not False:  # False: no work (its batch had failed)
+                    self._tuned(self._tuner, time.perf_counter() - started, waited)
         except BaseException:
             self._hand_on()  # the samples behind the one that raised are still decoded
             raise

@@ -118,3 +118,26 @@ def test_a_state_without_tuning_loads(helpers):
     del state["tuning"]
     loader.load_state_dict(state)
     assert loader.tuning["max_inflight_requests"] is None
+
+
+def test_the_tuning_is_the_mean_of_the_processes_that_published_it(helpers):
+    # Two workers of four threads each: after the first batch one of them may not have
+    # published yet, and is not counted as zero.
+    loader = _loader(helpers, FetchConfig(), num_workers=2, cpu_budget=8)
+    assert _first_batch_threads(loader) == 4
+    assert loader.state_dict()["tuning"]["decode_threads"] == 4
+
+
+def test_decode_threads_that_idle_are_given_back_not_grown(helpers):
+    # Decoding is nearly free here while GETs take 50 ms: samples land in bursts and wait
+    # for a thread, yet the threads idle. Over three epochs the count never rises above its
+    # start (2 of at most 3) and, carried from epoch to epoch, ends below it.
+    loader = _loader(
+        helpers, FetchConfig(max_inflight_requests=64), num_workers=0, cpu_budget=2.5
+    )
+    assert (loader.tuning["decode_threads"], loader.tuning["max_decode_threads"]) == (2, 3)
+    seen = []
+    for _ in range(3):
+        for _batch in loader:
+            seen.append(loader.tuning["decode_threads"])
+    assert max(seen) <= 2 and seen[-1] == 1, seen

@@ -44,7 +44,9 @@ def test_a_dataset_that_is_not_ours_is_sized_for_64_calls():
 
 @pytest.mark.parametrize("num_workers", [0, 1, 2, 64])
 def test_decode_threads_start_at_the_processs_share_of_the_cpus(num_workers):
-    options = PipelineOptions.derive(fetch_config=None, batch_size=4, num_workers=num_workers)
+    options = PipelineOptions.derive(
+        fetch_config=FetchConfig(), batch_size=4, num_workers=num_workers
+    )
     assert options.decode_threads == max(1, min(8, available_cpus() // max(1, num_workers)))
     assert options.max_decode_threads == max(
         options.decode_threads, -(-available_cpus() // max(1, num_workers))
@@ -60,13 +62,18 @@ def test_auto_decode_threads_tune_within_the_processs_share_of_the_budget(
 ):
     for auto in (None, "auto"):
         options = PipelineOptions.derive(
-            fetch_config=None,
+            fetch_config=FetchConfig(),
             batch_size=4,
             num_workers=num_workers,
             decode_threads=auto,
             cpu_budget=cpu_budget,
         )
         assert (options.decode_threads, options.max_decode_threads) == (start, most)
+
+
+def test_a_dataset_that_is_not_ours_has_no_decode_threads_to_tune():
+    options = PipelineOptions.derive(fetch_config=None, batch_size=4, num_workers=0, cpu_budget=8)
+    assert options.max_decode_threads is None
 
 
 def test_a_given_decode_thread_count_is_pinned():
@@ -81,6 +88,8 @@ def test_a_given_decode_thread_count_is_pinned():
     [
         ({"cpu_budget": 0}, "cpu_budget must be a number of cores > 0"),
         ({"cpu_budget": "all"}, "cpu_budget must be a number of cores > 0"),
+        ({"cpu_budget": float("inf")}, "cpu_budget must be a number of cores > 0"),
+        ({"cpu_budget": True}, "cpu_budget must be a number of cores > 0"),
         ({"decode_threads": "many"}, "take a count, None or 'auto'"),
         ({"prefetch_batches": "lots"}, "take a count, None or 'auto'"),
     ],

@@ -1,10 +1,12 @@
 """The decode-thread hill climb (``pipeline/threads.py``) on a simulated pipeline: a fetch
-stage delivering samples at a scripted rate, decode jobs sharing a scripted number of cores
-(processor sharing, with CPU taken by other work), a bounded pipeline, as the process runs it
-(``DecodeQueue``: a job takes the earliest sample and reports whether another waited)."""
+stage delivering samples at a scripted rate (smoothly or in bursts, as a batch's GETs land
+together, with pauses), decode jobs sharing a scripted number of cores (processor sharing,
+with CPU taken by other work), a bounded pipeline, as the process runs it (``DecodeQueue``:
+a job takes the earliest sample and reports whether another waited)."""
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import Counter
 from collections.abc import Callable
@@ -33,6 +35,7 @@ def simulate(
     fetch_per_s: Callable[[float], float],
     decode_cpu_s: float = 0.004,
     depth: int = 256,
+    burst: int = 1,
     seed: int = 0,
 ) -> tuple[list[int], list[int]]:
     """Threads in force and samples decoded, per 100 ms of simulated time."""
@@ -50,11 +53,13 @@ def simulate(
     while clock.now < seconds:
         t = clock.now
         # Fetch: samples land at the scripted rate while the pipeline has room.
+        # Fetch: samples land at the scripted rate, ``burst`` at a time, while the pipeline
+        # has room (a rate of 0: a pause, or workers starting).
         fetch_credit += fetch_per_s(t) * DT
-        while fetch_credit >= 1 and waiting + len(jobs) < depth:
-            fetch_credit -= 1
-            waiting += 1
-        fetch_credit = min(fetch_credit, 1.0)
+        while fetch_credit >= burst and waiting + len(jobs) + burst <= depth:
+            fetch_credit -= burst
+            waiting += burst
+        fetch_credit = min(fetch_credit, float(burst))
         # Jobs take samples while fewer than the controller's threads run; a job that ended
         # within the last step hands the rest of that step's CPU to the next.
         while waiting and len(jobs) < tuner.threads:
@@ -161,10 +166,67 @@ def test_it_settles_whatever_the_noise(seed):
         fetch_per_s=lambda t: 5000,
         seed=seed,
     )
-    changes = sum(a != b for a, b in zip(threads[200:], threads[201:], strict=False))
+    changes = sum(a != b for a, b in itertools.pairwise(threads[200:]))
     # Probes past the cores at most once per hold, each undone: two changes per hold.
     assert changes <= 2 * (40 / HOLD_S) + 2, threads[200:]
     assert settled(threads, 20)[0] == 3
+
+
+@pytest.mark.parametrize("burst", [8, 32])
+def test_bursts_of_arrivals_are_no_bottleneck_and_idle_threads_are_given_back(burst):
+    # A batch's GETs land together: samples wait for a thread at most job starts, yet two
+    # threads keep up with 300 samples/s.
+    threads, decoded = simulate(
+        seconds=40,
+        start=8,
+        maximum=8,
+        cores=lambda t: 8.0,
+        fetch_per_s=lambda t: 300,
+        burst=burst,
+    )
+    assert max(threads) == 8 and settled(threads, 20)[0] <= 3, threads
+    assert rate(decoded, 20, 40) >= 0.95 * 300
+
+
+def test_a_paced_pipeline_never_climbs():
+    # The consumer (or the store) sets the pace at 256 samples/s, in bursts of a batch.
+    threads, _ = simulate(
+        seconds=60,
+        start=2,
+        maximum=8,
+        cores=lambda t: 8.0,
+        fetch_per_s=lambda t: 256,
+        burst=32,
+        seed=3,
+    )
+    assert max(threads) == 2, threads
+
+
+def test_start_up_and_pauses_do_not_count_as_slow_decoding():
+    # Two free cores, decoding the bottleneck, but nothing arrives for the first 3 s
+    # (workers starting) and for 15 s in every 40 (a validation pass, a checkpoint).
+    def fetch(t: float) -> float:
+        return 0 if t < 3 or t % 40 >= 25 else 5000
+
+    threads, decoded = simulate(
+        seconds=160, start=2, maximum=8, cores=lambda t: 2.0, fetch_per_s=fetch
+    )
+    assert max(threads) <= 3, threads
+    assert rate(decoded, 5, 25) >= 0.95 * 500
+
+
+def test_on_many_free_cores_the_climb_goes_on_to_the_share():
+    # 32 free cores, 4 ms per image: one more thread adds little in share, but still pays.
+    threads, decoded = simulate(
+        seconds=60,
+        start=8,
+        maximum=32,
+        cores=lambda t: 32.0,
+        fetch_per_s=lambda t: 20000,
+        depth=1024,
+    )
+    assert settled(threads, 50)[0] >= 28, threads
+    assert rate(decoded, 50, 60) >= 0.85 * 8000
 
 
 def test_start_and_maximum_are_checked():
