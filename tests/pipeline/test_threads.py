@@ -156,6 +156,21 @@ def test_a_change_of_regime_is_followed_both_ways():
     assert rate(decoded, 75, 110) >= 0.95 * 250
 
 
+def test_when_latency_jumps_from_20_to_200_ms_the_threads_are_given_back():
+    # Decoding is the bottleneck while GETs take 20 ms (2,000 samples/s could arrive); at
+    # 200 ms only 200/s arrive, which one thread decodes at 80 % busy.
+    def fetch(t: float) -> float:
+        return 2000 if t < 30 else 200
+
+    threads, decoded = simulate(
+        seconds=60, start=1, maximum=4, cores=lambda t: 4.0, fetch_per_s=fetch, burst=16
+    )
+    assert Counter(threads[150:300]).most_common(1)[0][0] == 4, threads[150:300]
+    assert rate(decoded, 15, 30) >= 0.95 * 1000
+    assert settled(threads, 40)[0] <= 2, threads[300:]
+    assert rate(decoded, 40, 60) >= 0.97 * 200
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_it_settles_whatever_the_noise(seed):
     threads, _ = simulate(
