@@ -24,6 +24,7 @@ cell's settings, interleaved, and takes medians. ``--smoke`` runs one tiny cell 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import logging
@@ -32,7 +33,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -130,12 +131,12 @@ def run(
         images, sizes, latencies, steps, cores = 64, ("20k",), (0.0,), ("half",), (1,)
         workers, threads, inflight, seconds, step_ms = (1,), (1,), (64,), 1.0, 5.0
     all_cpus = sorted(os.sched_getaffinity(0))
-    if len(all_cpus) > 1:  # the server and the proxies (started below) on the first CPU
-        os.sched_setaffinity(0, all_cpus[:1])
     report: dict[str, Any] = {"images": images, "seconds": seconds, "step_ms": step_ms}
     report["cells"] = cells = {}
     settings = _settings(workers, threads, inflight)
-    with LocalS3Server() as server:
+    # The server and the proxies, started below, inherit the first CPU; this process gets
+    # its CPUs back when they have stopped (a caller, such as a test session, goes on).
+    with _pinned(all_cpus[:1] if len(all_cpus) > 1 else all_cpus), LocalS3Server() as server:
         credentials = {
             "region": server.region,
             "aws_access_key_id": server.access_key,
@@ -174,6 +175,16 @@ def run(
                         name = f"{size}, +{latency:g} ms, step {step}, {n_cores} cores"
                         cells[name] = _cell(rates, tuned, workers, local.mean_object_bytes)
     return report
+
+
+@contextlib.contextmanager
+def _pinned(cpus: Sequence[int]) -> Iterator[None]:
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def _cell(
