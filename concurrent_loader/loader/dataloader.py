@@ -366,7 +366,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         stats = self.stats()
         return {
             "max_inflight_requests": pinned or self._tuned.inflight_limit(),
-            "decode_threads": self._tuned.decode_threads() or self._options.decode_threads,
+            "decode_threads": self._tuned.decode_threads(),
             "max_decode_threads": self._options.max_decode_threads,
             "prefetch_batches": self._options.prefetch_batches,
             "follows_fetch_limit": self._options.follow_limit,

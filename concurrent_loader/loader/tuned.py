@@ -45,11 +45,11 @@ class Tuned:
             return None
         return self._mean("inflight_limit")
 
-    def decode_threads(self) -> int | None:
-        """None when the count is pinned."""
+    def decode_threads(self) -> int:
+        """Per process now: the pinned count, or the tuned one (within its most)."""
         most = self.options.max_decode_threads
         if most is None:
-            return None
+            return self.options.decode_threads
         return min(self._mean("decode_threads") or self.options.decode_threads, most)
 
     def slots(self) -> tuple[int, int]:
@@ -60,20 +60,23 @@ class Tuned:
             inflight = self.options.getitem_threads
         else:
             inflight = self.inflight_limit() or config.inflight_start
-        threads = self.decode_threads() or self.options.decode_threads
-        return inflight * self._processes, threads * self._processes
+        return inflight * self._processes, self.decode_threads() * self._processes
 
     def next_options(self) -> PipelineOptions:
         """The options of processes that start now: where the running ones' tuning is."""
-        threads = self.decode_threads()
         return replace(
             self.options,
             inflight_start=self.inflight_limit(),
-            decode_threads=threads if threads is not None else self.options.decode_threads,
+            decode_threads=self.decode_threads(),
         )
 
     def state(self) -> dict[str, int | None]:
-        return {"inflight_limit": self.inflight_limit(), "decode_threads": self.decode_threads()}
+        """What a resumed job starts from (None: pinned, nothing to carry)."""
+        tuned = self.options.max_decode_threads is not None
+        return {
+            "inflight_limit": self.inflight_limit(),
+            "decode_threads": self.decode_threads() if tuned else None,
+        }
 
     def load(self, state: dict[str, Any]) -> None:
         """Take a saved state's tuning (checked: ``ConfigError`` naming what is wrong)."""

@@ -19,14 +19,19 @@ def _loader(helpers, fetch_config: FetchConfig, **kwargs) -> ConcurrentDataLoade
     return ConcurrentDataLoader(dataset, batch_size=BATCH, **kwargs)
 
 
-def _first_batch_limit(loader: ConcurrentDataLoader) -> int:
-    """The fetch limit each worker reported with its first batch of an epoch."""
+def _first_batch(loader: ConcurrentDataLoader, choice: str) -> int:
+    """``loader.tuning[choice]`` as the workers reported it with their first batch of an
+    epoch (the decode-thread controller decides after half a second at the earliest)."""
     iterator = iter(loader)
     next(iterator)
-    limit = loader.tuning["max_inflight_requests"]
+    value = loader.tuning[choice]
     for _ in iterator:
         pass
-    return limit
+    return value
+
+
+def _first_batch_limit(loader: ConcurrentDataLoader) -> int:
+    return _first_batch(loader, "max_inflight_requests")
 
 
 @pytest.mark.parametrize("num_workers", [0, 1])
@@ -74,14 +79,7 @@ def test_a_pinned_limit_is_reported_and_carries_nothing(helpers):
 
 
 def _first_batch_threads(loader: ConcurrentDataLoader) -> int:
-    """The decode threads each worker reported with its first batch of an epoch (the
-    controller decides after half a second at the earliest)."""
-    iterator = iter(loader)
-    next(iterator)
-    threads = loader.tuning["decode_threads"]
-    for _ in iterator:
-        pass
-    return threads
+    return _first_batch(loader, "decode_threads")
 
 
 @pytest.mark.parametrize("num_workers", [0, 1])
@@ -132,9 +130,7 @@ def test_decode_threads_that_idle_are_given_back_not_grown(helpers):
     # Decoding is nearly free here while GETs take 50 ms: samples land in bursts and wait
     # for a thread, yet the threads idle. Over three epochs the count never rises above its
     # start (2 of at most 3) and, carried from epoch to epoch, ends below it.
-    loader = _loader(
-        helpers, FetchConfig(max_inflight_requests=64), num_workers=0, cpu_budget=2.5
-    )
+    loader = _loader(helpers, FetchConfig(max_inflight_requests=64), num_workers=0, cpu_budget=2.5)
     assert (loader.tuning["decode_threads"], loader.tuning["max_decode_threads"]) == (2, 3)
     seen = []
     for _ in range(3):
