@@ -120,6 +120,8 @@ class AdaptiveLimit:
             if not waiter.done():
                 self.in_flight += 1
                 waiter.set_result(None)
+        if self._waiters:
+            self.controller.limit_reached()  # GETs still wait, into the round now going
 
 
 class ByteBudget:

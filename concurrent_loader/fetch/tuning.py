@@ -12,12 +12,17 @@ before. At the end of each round, in this order:
    the median where the first found it (within :data:`SLOWER_STORE_SHARE`), the store got
    slower for everyone: that median is the new baseline, and slow start begins again from
    the next round (not 30 s near the floor);
-2. **Growth**, when some GET waited for a slot and no queueing showed: doubling (TCP's slow
-   start: from 64 to 512 in three rounds, not thirty) while each doubling raises the
-   round's GETs per second by :data:`SLOW_START_GAIN` or more (the first that does not is
-   undone) and the window median stays within :data:`SLOW_START_TOLERANCE` x baseline +
-   ``SLACK_S`` (TCP Vegas' early exit), until the first queueing or throttle; then by the
-   limit's square root (concurrency-limits' Gradient2);
+2. **Growth**, when some GET waited for a slot, the limit was in use (GETs in flight
+   averaged :data:`GROWTH_USE` of it or more, by Little's law the round's GETs per second x
+   their mean latency: a pipeline that starts a batch's GETs at once while decoding sets
+   the pace makes some wait in bursts, and asks for no more) and no queueing showed:
+   doubling (TCP's slow start: from 64 to 512 in three rounds, not thirty) while each
+   doubling raises the round's GETs per second by :data:`SLOW_START_GAIN` or more, is in
+   use, and the window median stays within :data:`SLOW_START_TOLERANCE` x baseline +
+   ``SLACK_S`` (TCP Vegas' early exit); the first doubling that does not pay is undone (a
+   process's first round, a burst, has no rate to compare: a limit carried from the last
+   epoch doubled, unchecked, every epoch). Then, after the first queueing or throttle, by
+   the limit's square root (concurrency-limits' Gradient2);
 3. **Throttles** (503 SlowDown, 429): a cut by half the throttled fraction (as DCTCP).
 
 The limit stays within ``[minimum, maximum]``. Self-tuned, it starts at ``start`` and
@@ -51,6 +56,8 @@ SLACK_S = 0.005
 SLOW_START_GAIN = 1.25
 #: ...and a window median stays within this multiple of the baseline (plus ``SLACK_S``)
 SLOW_START_TOLERANCE = 1.25
+#: the limit grows only while GETs in flight average at least this share of it
+GROWTH_USE = 0.5
 #: queueing cuts in a row after which a median still this share of the first one's...
 SLOWER_STORE_CUTS = 3
 #: ...means a slower store, not queueing of ours
@@ -86,9 +93,11 @@ class LimitController:
         self._round_needs = self.limit  # GETs of the round that end it
         self._round_gets = 0
         self._round_throttles = 0
+        self._round_latency = 0.0  # the latencies of every GET that ended this round
         self._limit_bound = False
         self._slow_start = self_tuned
         self._round_began = clock()
+        self._round_active: float | None = None  # the round's first send or end of a GET
         self._last_rate = 0.0  # the GETs per second of the last round
         self._doubled_from: float | None = None  # the value the last decision doubled
         self._cuts = 0  # queueing cuts in a row
@@ -112,6 +121,8 @@ class LimitController:
         """A GET is sent; the mark to give back to :meth:`on_done`."""
         mark = self._sent
         self._sent += 1
+        if self._round_active is None:
+            self._round_active = self._clock()
         return mark
 
     def limit_reached(self) -> None:
@@ -124,8 +135,12 @@ class LimitController:
             self.throttles += 1
             if self._cooldown:
                 self._no_growth_until = self._clock() + self._cooldown
-        elif latency is not None and self.self_tuned:
-            self._window.append(latency)
+        elif latency is not None:
+            self._round_latency += latency
+            if self._round_active is None:
+                self._round_active = self._clock()
+            if self.self_tuned:
+                self._window.append(latency)
         if mark < self._round_starts_at:
             return  # sent before the last decision, which it could not have seen
         self._round_gets += 1
@@ -140,11 +155,15 @@ class LimitController:
         value = self._value
         queueing = rebased = False
         now = self._clock()
-        rate, self._last_rate = self._last_rate, gets / max(now - self._round_began, 1e-6)
+        seconds = max(now - self._round_began, 1e-6)
+        rate, self._last_rate = self._last_rate, gets / seconds
+        active = max(now - (self._round_active or self._round_began), 1e-6)  # not idle
+        in_use = self._round_latency / active >= GROWTH_USE * self.limit
         if self.rounds == 1:
             self._last_rate = 0.0  # one burst, shorter than later rounds: no rate to compare
         doubled, self._doubled_from = self._doubled_from, None
-        if doubled is not None and self._slow_start and self._last_rate < rate * SLOW_START_GAIN:
+        paid = self._last_rate >= rate * SLOW_START_GAIN and in_use
+        if doubled is not None and self._slow_start and not paid:
             self._slow_start = False  # the last doubling did not pay: undone
             value = doubled
         if len(self._window) >= WINDOW_SAMPLES:
@@ -170,7 +189,8 @@ class LimitController:
                 queueing = True
         if queueing or throttles:
             self._slow_start = False
-        if not (queueing or rebased) and self._limit_bound and now >= self._no_growth_until:
+        grows = self._limit_bound and in_use and now >= self._no_growth_until
+        if grows and not (queueing or rebased):
             if self._slow_start and value < self.maximum:
                 self._doubled_from = value
             value = min(
@@ -181,10 +201,12 @@ class LimitController:
         self._value = min(float(self.maximum), max(float(self.minimum), value))
         self.limit = max(1, int(self._value))
         self._round_gets = self._round_throttles = 0
+        self._round_latency = 0.0
         self._limit_bound = False
         self._round_starts_at = self._sent
         self._round_needs = self.limit
         self._round_began = now
+        self._round_active = None
 
     def _slower_store(self, median: float) -> bool:
         """Whether this queueing median, after the cuts in a row before it, shows a store

@@ -3,6 +3,8 @@ fixed cool-down, slow start, and the latency gradient of the self-tuned limit.""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from concurrent_loader.fetch.tuning import FLOOR, WINDOW_SAMPLES, LimitController
@@ -309,3 +311,79 @@ def test_a_jump_from_20_to_200_ms_is_a_new_baseline_within_seconds():
     rebased = next(t for t, _, baseline in history if baseline and baseline > 0.1)
     assert rebased < 10 + 3.0
     assert next(t for t, limit, _ in history if t > rebased and limit == 1024) < 10 + 5.0
+
+
+def _paced_pipeline(
+    decode_rate: float, latency: float, seconds: float, *, start: int = 64, batch: int = 32
+) -> tuple[list[int], float]:
+    """A pipeline as the loader's with batches following the limit: a batch's ``batch`` GETs
+    start at once while fewer samples than the limit are in progress, GETs beyond the limit
+    wait for a slot, each GET takes ``latency`` +-20 %, and one decoder takes fetched samples
+    at ``decode_rate`` per second. One epoch of a fresh controller from ``start``: the limit
+    after each round and the samples decoded per second."""
+    import heapq
+    import random
+
+    rng = random.Random(start)
+    clock = Clock()
+    c = LimitController(1024, self_tuned=True, start=start, clock=clock)
+    gets: list[tuple[float, int, float]] = []  # (end, mark, sent)
+    waiting = fetched = in_progress = decoded = 0
+    decoding_until = math.inf  # when the sample being decoded is done
+    limits: list[int] = []
+
+    def send() -> None:
+        end = clock.now + latency * rng.uniform(0.8, 1.2)
+        heapq.heappush(gets, (end, c.on_send(), clock.now))
+
+    while clock.now < seconds:
+        while in_progress < c.limit:  # top up, a batch at a time
+            in_progress += batch
+            for _ in range(batch):
+                if len(gets) < c.limit:
+                    send()
+                else:
+                    waiting += 1
+            if waiting or len(gets) >= c.limit:
+                c.limit_reached()
+        if fetched and decoding_until == math.inf:
+            decoding_until = clock.now + 1 / decode_rate
+        if gets and gets[0][0] <= decoding_until:
+            clock.now, mark, sent = heapq.heappop(gets)
+            fetched += 1
+            rounds = c.rounds
+            c.on_done(mark, latency=clock.now - sent)
+            if c.rounds != rounds:
+                limits.append(c.limit)
+            while waiting and len(gets) < c.limit:
+                waiting -= 1
+                send()
+        else:
+            clock.now, decoding_until = decoding_until, math.inf
+            fetched -= 1
+            in_progress -= 1
+            decoded += 1
+    return limits, decoded / clock.now
+
+
+def test_a_pipeline_paced_by_decoding_does_not_grow_the_limit_it_does_not_use():
+    """At +200 ms a decoder of 250 samples/s needs 50 GETs in flight (Little's law). Batches
+    that follow the limit start 32 GETs at once, so some wait for a slot in every round;
+    that asks for no more while the limit is not in use. Nor does a limit carried into the
+    next epoch double again at each epoch's first round (it reached 1,024 per process in
+    the loader by the third epoch, where the pipeline's extra work cost 18 % of its rate)."""
+    start = 64
+    for _ in range(5):
+        limits, rate = _paced_pipeline(decode_rate=250, latency=0.2, seconds=4, start=start)
+        assert max(limits[3:]) <= 4 * 50, limits
+        assert rate >= 0.9 * 250
+        start = limits[-1]
+    assert start <= 4 * 50
+
+
+def test_a_pipeline_paced_by_fetching_grows_the_limit_to_its_rate():
+    """The same pipeline with a decoder of 5,000 samples/s: 1,000 GETs in flight to keep it
+    busy at 200 ms, and the limit doubles to its maximum within seconds."""
+    limits, rate = _paced_pipeline(decode_rate=5000, latency=0.2, seconds=10)
+    assert limits[:4] == [128, 256, 512, 1024]
+    assert rate >= 0.8 * 5000 * (10 - 2) / 10

@@ -3,10 +3,13 @@ threads carried from one epoch's worker processes to the next and through ``stat
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from concurrent_loader import ConcurrentDataLoader, ConfigError, FetchConfig, ObjectDataset
 from concurrent_loader.testing.memory import MemoryConfig
+from tests.helpers import index_of
 
 COUNT = 3000
 BATCH = 32
@@ -118,10 +121,17 @@ def test_a_state_without_tuning_loads(helpers):
     assert loader.tuning["max_inflight_requests"] is None
 
 
+def _busy_index_of(data: bytes) -> int:
+    time.sleep(0.005)  # decoding sets the pace: no thread idles, none is given back
+    return index_of(data)
+
+
 def test_the_tuning_is_the_mean_of_the_processes_that_published_it(helpers):
     # Two workers of four threads each: after the first batch one of them may not have
     # published yet, and is not counted as zero.
-    loader = _loader(helpers, FetchConfig(), num_workers=2, cpu_budget=8)
+    store = MemoryConfig(helpers.numbered_objects(COUNT), latency_s=0.05)
+    dataset = ObjectDataset(store, decode=_busy_index_of)
+    loader = ConcurrentDataLoader(dataset, batch_size=BATCH, num_workers=2, cpu_budget=8)
     assert _first_batch_threads(loader) == 4
     assert loader.state_dict()["tuning"]["decode_threads"] == 4
 
