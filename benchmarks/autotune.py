@@ -9,7 +9,8 @@ S3 server and, for each cell of the grid (``--sizes`` x ``--latencies`` ms throu
 - fixed: each ``num_workers`` in ``--workers`` x ``decode_threads`` in ``--threads`` x
   ``max_inflight_requests`` in ``--inflight``;
 - ``auto``: each ``num_workers``, everything else left to the loader (self-tuned requests
-  in flight and decode threads, batches in progress following the fetch limit).
+  in flight and decode threads, batches in progress following the fetch limit);
+- ``all auto``: ``num_workers="auto"`` as well (a process per core of the cell).
 
 Each run is a fresh process pinned to the cell's cores (the last ``cores`` CPUs; the server
 and the proxy are pinned to the first CPU, shared with the loader when it has them all),
@@ -17,8 +18,9 @@ and counts images over ``--seconds`` after its first batch. The step: ``none`` (
 only takes batches) or ``half`` (the loop busy-computes ``--step-ms`` of CPU per batch, half
 a core at the rate at which a batch arrives every twice that). Reported per cell: images/s of
 every setting, the best fixed one, and auto over it (best worker count for auto against the
-best fixed setting at any worker count, and at each worker count). ``--rounds`` repeats the
-cell's settings, interleaved, and takes medians. ``--smoke`` runs one tiny cell for tests.
+best fixed setting at any worker count, and at each worker count), and all auto over it.
+``--rounds`` repeats the cell's settings, interleaved, and takes medians. ``--smoke`` runs
+one tiny cell for tests.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ BATCH_SIZE = 32
 IMAGE_SIZE = 224
 SIZES = {"110k": (500, 375), "20k": (200, 150)}
 AUTO = "auto"
+ALL_AUTO = "all auto"  # num_workers="auto" too
 
 
 def _one(spec: dict[str, Any]) -> dict[str, Any]:
@@ -97,13 +100,15 @@ def _run_pinned(spec: dict[str, Any], cpus: Sequence[int]) -> dict[str, Any]:
 
 def _settings(
     workers: Sequence[int], threads: Sequence[int], inflight: Sequence[int]
-) -> list[tuple[int, int | None, int | None]]:
+) -> list[tuple[int | str, int | None, int | None]]:
     fixed = list(itertools.product(workers, threads, inflight))
-    return [*fixed, *((w, None, None) for w in workers)]
+    return [*fixed, *((w, None, None) for w in workers), (AUTO, None, None)]
 
 
-def _name(setting: tuple[int, int | None, int | None]) -> str:
+def _name(setting: tuple[int | str, int | None, int | None]) -> str:
     w, t, n = setting
+    if w == AUTO:
+        return ALL_AUTO
     return f"{w}w {AUTO}" if t is None else f"{w}w {t}t {n}"
 
 
@@ -195,7 +200,7 @@ def _cell(
 ) -> dict[str, Any]:
     medians = {name: statistics.median(v) for name, v in rates.items()}
     fixed = {k: v for k, v in medians.items() if AUTO not in k}
-    auto = {k: v for k, v in medians.items() if AUTO in k}
+    auto = {k: v for k, v in medians.items() if AUTO in k and k != ALL_AUTO}
     best = max(fixed, key=fixed.__getitem__)
     best_auto = max(auto, key=auto.__getitem__)
     per_workers = {}
@@ -209,6 +214,7 @@ def _cell(
         "best_auto": best_auto,
         "auto / best": auto[best_auto] / fixed[best],
         "auto / best at the same workers": per_workers,
+        "all auto / best": medians[ALL_AUTO] / fixed[best],
         "auto tuning": tuned,
     }
 
@@ -221,7 +227,8 @@ def format_report(report: dict[str, Any]) -> str:
             f"{name} ({cell['object_kb']:.0f} KB): best fixed {cell['best_fixed']} "
             f"{cell['images_per_s'][cell['best_fixed']]:.0f} img/s; {cell['best_auto']} "
             f"{cell['images_per_s'][cell['best_auto']]:.0f}: {cell['auto / best']:.3f}x "
-            f"(same workers: {same})"
+            f"(same workers: {same}); all auto {cell['images_per_s'][ALL_AUTO]:.0f}: "
+            f"{cell['all auto / best']:.3f}x"
         )
     return "\n".join(lines)
 

@@ -31,7 +31,7 @@ from torch.utils.data import (
 
 from ..errors import ConfigError
 from ..metrics import SharedStats, StallLedger, loader_stats
-from ..pipeline import PipelineOptions, SkippedSample, source_of
+from ..pipeline import PipelineOptions, SkippedSample, source_of, worker_count
 from . import state as resume
 from .iterator import EpochIterator, Skips, check_max_skipped
 from .lookahead import predict_next_epoch
@@ -51,12 +51,14 @@ T_co = TypeVar("T_co", covariant=True)
 class ConcurrentDataLoader(DataLoader[T_co]):
     """A ``DataLoader`` that fetches many objects concurrently per worker process.
 
-    Takes every ``DataLoader`` argument with torch's meaning, plus how batches are produced
-    (how bytes are fetched is the dataset's ``fetch_config``):
+    Takes every ``DataLoader`` argument with torch's meaning (``num_workers`` also takes
+    ``"auto"``: a process per core of ``cpu_budget``), plus how batches are produced (how
+    bytes are fetched is the dataset's ``fetch_config``):
 
     - ``decode_threads``, ``getitem_threads``, ``prefetch_batches``: per process (None or
       ``"auto"``: ``PipelineOptions.derive``, decode threads self-tuned within this process's
-      share of ``cpu_budget`` cores, default the CPUs it may use);
+      share of ``cpu_budget`` cores, default the CPUs it may use shared among the node's
+      ranks);
     - ``seed``: the shuffle seed of all ranks when the loader shards by itself under
       ``torch.distributed`` (no ``sampler`` or ``batch_sampler`` given);
     - ``on_error``: ``"raise"`` (``next()`` raises the failed batch's error, the next call goes
@@ -74,7 +76,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
         shuffle: bool | None = None,
         sampler: Sampler[Any] | Iterable[Any] | None = None,
         batch_sampler: Sampler[list[Any]] | Iterable[list[Any]] | None = None,
-        num_workers: int = 0,
+        num_workers: int | str = 0,
         collate_fn: Callable[[list[T_co]], Any] | None = None,
         pin_memory: bool = False,
         drop_last: bool = False,
@@ -106,6 +108,7 @@ class ConcurrentDataLoader(DataLoader[T_co]):
             )
         if executor is not None and isinstance(dataset, IterableDataset):
             raise ConfigError("executor= needs a map-style dataset (batches are planned here)")
+        num_workers = worker_count(num_workers, cpu_budget)  # "auto": one per core
         source = source_of(dataset)
         options = PipelineOptions.derive(
             fetch_config=source.fetch_config if source else None,

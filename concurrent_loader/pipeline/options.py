@@ -22,7 +22,7 @@ from ..config import FetchConfig, check_count
 from ..errors import ConfigError, LoaderStalled, Reason
 from ..fetch.parts import PartsConfig
 
-__all__ = ["PipelineOptions", "StallWatch", "available_cpus"]
+__all__ = ["PipelineOptions", "StallWatch", "available_cpus", "cores", "worker_count"]
 
 log = logging.getLogger(__name__)
 
@@ -85,13 +85,7 @@ class PipelineOptions:
         plus one (at least 2), and with a self-tuned fetch limit, as many more as keep the
         limit busy while it grows."""
         inflight = fetch_config.inflight_start if fetch_config is not None else 64
-        if cpu_budget is None:
-            cpu_budget = available_cpus()
-        elif isinstance(cpu_budget, bool) or not (
-            isinstance(cpu_budget, int | float) and 0 < cpu_budget < math.inf
-        ):
-            raise ConfigError(f"cpu_budget must be a number of cores > 0, got {cpu_budget!r}")
-        share = cpu_budget / max(1, num_workers)
+        share = cores(cpu_budget) / max(1, num_workers)
         max_decode_threads = None
         if decode_threads in (None, "auto"):
             decode_threads = max(1, min(8, int(share)))
@@ -118,6 +112,30 @@ class PipelineOptions:
             stall_timeout_s=stall_timeout_s,
             parts=parts if parts is not None else PartsConfig(),
         )
+
+
+def cores(cpu_budget: float | None) -> float:
+    """The cores a loader may use: ``cpu_budget``, checked, or by default the CPUs this
+    process may use shared among the node's ranks (torchrun's ``LOCAL_WORLD_SIZE``)."""
+    if cpu_budget is None:
+        ranks = os.environ.get("LOCAL_WORLD_SIZE", "1")
+        return available_cpus() / max(1, int(ranks) if ranks.isdigit() else 1)
+    if isinstance(cpu_budget, bool) or not (
+        isinstance(cpu_budget, int | float) and 0 < cpu_budget < math.inf
+    ):
+        raise ConfigError(f"cpu_budget must be a number of cores > 0, got {cpu_budget!r}")
+    return cpu_budget
+
+
+def worker_count(num_workers: int | str, cpu_budget: float | None) -> int:
+    """torch's ``num_workers``, or for ``"auto"`` a worker process per core of the budget (at
+    least one): processes, not threads, share the cores (each process's decode threads then
+    have a share of one core)."""
+    if num_workers == "auto":
+        return max(1, int(cores(cpu_budget)))
+    if isinstance(num_workers, str):
+        raise ConfigError(f"num_workers takes a count or 'auto', got {num_workers!r}")
+    return num_workers
 
 
 def available_cpus() -> int:

@@ -147,3 +147,15 @@ def test_decode_threads_that_idle_are_given_back_not_grown(helpers):
         for _batch in loader:
             seen.append(loader.tuning["decode_threads"])
     assert max(seen) <= 2 and seen[-1] == 1, seen
+
+
+def test_auto_workers_are_a_process_per_core_of_the_budget_each_with_one_decode_thread(helpers):
+    loader = _loader(helpers, FetchConfig(), num_workers="auto", cpu_budget=2)
+    assert loader.num_workers == 2  # torch's meaning from here on: a count
+    assert (loader.tuning["decode_threads"], loader.tuning["max_decode_threads"]) == (1, 1)
+    assert sorted(int(i) for batch in loader for i in batch) == list(range(COUNT))
+
+
+def test_auto_workers_with_an_executor_are_refused(helpers):
+    with pytest.raises(ConfigError, match="leave num_workers at 0"):
+        _loader(helpers, FetchConfig(), num_workers="auto", executor=object())

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from concurrent_loader import ConfigError, FetchConfig, Reason
-from concurrent_loader.pipeline import PipelineOptions, available_cpus
+from concurrent_loader.pipeline import PipelineOptions, available_cpus, worker_count
+from concurrent_loader.pipeline.options import cores
 
 
 @pytest.mark.parametrize(
@@ -143,3 +144,23 @@ def test_batches_follow_the_fetch_limit_only_when_both_are_left_to_tune(
 def test_a_dataset_that_is_not_ours_never_follows_a_limit():
     options = PipelineOptions.derive(fetch_config=None, batch_size=16, num_workers=0)
     assert options.follow_limit is False
+
+
+@pytest.mark.parametrize(
+    ("budget", "expected"), [(None, max(1, available_cpus())), (2.5, 2), (0.5, 1), (16, 16)]
+)
+def test_auto_workers_are_a_process_per_core_of_the_budget(budget, expected):
+    assert worker_count("auto", budget) == expected
+    assert worker_count(3, budget) == 3  # a count is torch's
+
+
+def test_the_default_budget_is_shared_among_the_nodes_ranks(monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert cores(None) == available_cpus() / 4
+    assert worker_count("auto", None) == max(1, available_cpus() // 4)
+    assert worker_count("auto", 8) == 8  # a given budget is the rank's own
+
+
+def test_num_workers_other_than_a_count_or_auto_are_refused():
+    with pytest.raises(ConfigError, match="num_workers takes a count or 'auto', got 'many'"):
+        worker_count("many", None)
