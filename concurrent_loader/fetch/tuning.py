@@ -23,6 +23,9 @@ before. At the end of each round, in this order:
    process's first round, a burst, has no rate to compare: a limit carried from the last
    epoch doubled, unchecked, every epoch). Then, after the first queueing or throttle, by
    the limit's square root (concurrency-limits' Gradient2);
+   Out of slow start, a limit less than :data:`SHRINK_USE` in use shrinks to twice the
+   GETs in flight on average (not below :data:`SHRINK_FLOOR`): what a pipeline paced by
+   decoding or by its consumer needs, however high a fill at an epoch's start took it;
 3. **Throttles** (503 SlowDown, 429): a cut by half the throttled fraction (as DCTCP).
 
 The limit stays within ``[minimum, maximum]``. Self-tuned, it starts at ``start`` and
@@ -39,6 +42,8 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Callable
+
+from ..config import SELF_TUNED_START
 
 __all__ = ["LimitController"]
 
@@ -58,6 +63,10 @@ SLOW_START_GAIN = 1.25
 SLOW_START_TOLERANCE = 1.25
 #: the limit grows only while GETs in flight average at least this share of it
 GROWTH_USE = 0.5
+#: a limit less than this share of which is in use shrinks to twice what is...
+SHRINK_USE = 0.25
+#: ...but not below the self-tuned start
+SHRINK_FLOOR = SELF_TUNED_START
 #: queueing cuts in a row after which a median still this share of the first one's...
 SLOWER_STORE_CUTS = 3
 #: ...means a slower store, not queueing of ours
@@ -158,7 +167,8 @@ class LimitController:
         seconds = max(now - self._round_began, 1e-6)
         rate, self._last_rate = self._last_rate, gets / seconds
         active = max(now - (self._round_active or self._round_began), 1e-6)  # not idle
-        in_use = self._round_latency / active >= GROWTH_USE * self.limit
+        used = self._round_latency / active  # GETs in flight on average (Little's law)
+        in_use = used >= GROWTH_USE * self.limit
         if self.rounds == 1:
             self._last_rate = 0.0  # one burst, shorter than later rounds: no rate to compare
         doubled, self._doubled_from = self._doubled_from, None
@@ -196,6 +206,8 @@ class LimitController:
             value = min(
                 float(self.maximum), 2 * value if self._slow_start else value + math.sqrt(value)
             )
+        elif self.self_tuned and not self._slow_start and used < SHRINK_USE * self.limit:
+            value = min(value, max(float(SHRINK_FLOOR), 2 * used))
         if throttles:
             value *= 1.0 - self.last_throttled_fraction / 2.0
         self._value = min(float(self.maximum), max(float(self.minimum), value))

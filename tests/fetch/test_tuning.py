@@ -381,6 +381,17 @@ def test_a_pipeline_paced_by_decoding_does_not_grow_the_limit_it_does_not_use():
     assert start <= 4 * 50
 
 
+def test_a_limit_above_what_a_paced_pipeline_uses_shrinks_to_twice_its_use():
+    """A limit carried high into an epoch paced by decoding (600 where 50 are in use) comes
+    down to about twice what is in use (after the round of 1,024 its first round doubled it
+    to), and no lower than the start of 64."""
+    limits, rate = _paced_pipeline(decode_rate=250, latency=0.2, seconds=10, start=600)
+    assert 64 <= limits[-1] <= 4 * 50, limits
+    assert rate >= 0.9 * 250
+    limits, _ = _paced_pipeline(decode_rate=100, latency=0.2, seconds=20, start=600)
+    assert limits[-1] == 64, limits  # 20 in use: the floor
+
+
 def test_a_pipeline_paced_by_fetching_grows_the_limit_to_its_rate():
     """The same pipeline with a decoder of 5,000 samples/s: 1,000 GETs in flight to keep it
     busy at 200 ms, and the limit doubles to its maximum within seconds."""
