@@ -34,12 +34,12 @@ def format_report(result: Analysis) -> str:
     lines.append("decode (bytes in memory, one process):")
     for t, rate in result.decode.items():
         lines.append(f"  {t:>3} threads: {rate:8.0f} {unit} ({rate / t:.0f} per thread)")
-    lines.append(f"end to end (measured / model at pipeline efficiency {rates.efficiency:.2f}):")
+    lines.append("end to end (measured / model at the workers' pipeline efficiency):")
     for setting, run in result.end_to_end:
         lines.append(
             f"  {setting.workers:>3} workers x {setting.decode_threads} threads: "
             f"{run.rate:8.0f} / {rates.loader_rate(setting):8.0f} {unit} "
-            f"({rates.bottleneck(setting)} bound)"
+            f"({rates.bottleneck(setting)} bound, efficiency {rates.efficiency_at(setting):.2f})"
         )
     if result.cache is not None:
         cache = result.cache

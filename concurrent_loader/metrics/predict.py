@@ -14,9 +14,12 @@ requests in flight each, on C cores):
   C). The decoders release the GIL, so n threads decode about what n processes do, and
   the curve holds what the cores really give: on a machine whose cores are busy with other
   work (or with a storage server on the same node), two decoders are not twice one;
-- the loader: ``efficiency * min(ingest, decode)``; ``efficiency`` is the median over the
-  settings measured end to end of ``measured / min(ingest, decode)``, at most 1 (what the
-  stages alone do not see: collation, the hand-off to the main process, epoch starts);
+- the loader: ``efficiency(W) * min(ingest, decode)``; ``efficiency(W)`` is the median over
+  the settings of W workers measured end to end of ``measured / min(ingest, decode)``, at
+  most 1 (what the stages alone do not see: collation, the hand-off to the main process,
+  epoch starts, and each process's own work: on a machine whose cores also serve the
+  storage, two workers reached 0.76-0.81 of the slower stage where one reached 0.9-1.0);
+  for a worker count not measured, that of the nearest one measured (the larger on a tie);
 - with a node cache holding a share ``h`` of the dataset: ingest becomes
   ``1 / ((1 - h) / ingest + h / cache_rate)`` (``cache_rate``: the fetch-only rate of
   hits; hits cost nothing when it was not measured);
@@ -37,7 +40,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 __all__ = [
     "Recommendation",
@@ -113,14 +116,15 @@ class Setting:
 class StageRates:
     """What was measured: ``ingest`` (requests in flight in one process -> samples/s, fetch
     only), ``decode`` (threads in one process -> samples/s, bytes in memory), on ``cpus``
-    cores; ``efficiency`` (see the module docstring); ``cache_rate`` (fetch-only rate of
-    cache hits, None if not measured); ``sample_bytes`` (mean object size)."""
+    cores; ``efficiency`` (workers -> the fitted share, see the module docstring; empty:
+    1); ``cache_rate`` (fetch-only rate of cache hits, None if not measured);
+    ``sample_bytes`` (mean object size)."""
 
     ingest: Mapping[int, float]
     decode: Mapping[int, float]
     cpus: int
     sample_bytes: float
-    efficiency: float = 1.0
+    efficiency: Mapping[int, float] = field(default_factory=dict)
     cache_rate: float | None = None
 
     def __post_init__(self) -> None:
@@ -133,8 +137,15 @@ class StageRates:
                 raise ValueError(f"{name} rates must be > 0 at settings >= 1, got {points}")
         if self.cpus < 1:
             raise ValueError(f"cpus must be >= 1, got {self.cpus}")
-        if not 0 < self.efficiency <= 1:
-            raise ValueError(f"efficiency must be in (0, 1], got {self.efficiency}")
+        if not all(0 < share <= 1 for share in self.efficiency.values()):
+            raise ValueError(f"efficiencies must be in (0, 1], got {self.efficiency}")
+
+    def efficiency_at(self, setting: Setting) -> float:
+        """The fitted share for ``setting``'s worker count, or the nearest measured one's."""
+        if not self.efficiency:
+            return 1.0
+        workers = max(setting.workers, 1)
+        return self.efficiency[min(self.efficiency, key=lambda w: (abs(w - workers), -w))]
 
     @property
     def latency_s(self) -> float:
@@ -162,7 +173,7 @@ class StageRates:
         return min(self.ingest_at(setting, cache_share), self.decode_at(setting))
 
     def loader_rate(self, setting: Setting, cache_share: float = 0.0) -> float:
-        return self.efficiency * self.stages_at(setting, cache_share)
+        return self.efficiency_at(setting) * self.stages_at(setting, cache_share)
 
     def bottleneck(self, setting: Setting, cache_share: float = 0.0) -> str:
         ingest = self.ingest_at(setting, cache_share)
@@ -183,13 +194,12 @@ class StageRates:
 
     def with_efficiency(self, measured: Iterable[tuple[Setting, float]]) -> StageRates:
         """These rates with ``efficiency`` fitted to end-to-end rates measured at settings."""
-        ratios = [rate / self.stages_at(s) for s, rate in measured if self.stages_at(s) > 0]
-        if not ratios:
-            return self
-        fitted = min(1.0, max(statistics.median(ratios), 1e-6))
-        return StageRates(
-            self.ingest, self.decode, self.cpus, self.sample_bytes, fitted, self.cache_rate
-        )
+        ratios: dict[int, list[float]] = {}
+        for s, rate in measured:
+            if self.stages_at(s) > 0:
+                ratios.setdefault(max(s.workers, 1), []).append(rate / self.stages_at(s))
+        fitted = {w: min(1.0, max(statistics.median(r), 1e-6)) for w, r in ratios.items()}
+        return replace(self, efficiency=fitted) if fitted else self
 
 
 @dataclass(frozen=True)
@@ -224,7 +234,8 @@ def recommend(
     options = []
     for workers, threads in _candidates(rates):
         decode = rates.decode_at(Setting(workers, threads, 1))
-        need = decode if step_rate is None else min(decode, step_rate / rates.efficiency)
+        efficiency = rates.efficiency_at(Setting(workers, threads, 1))
+        need = decode if step_rate is None else min(decode, step_rate / efficiency)
         inflight = rates.inflight_for(need, workers) if remote else max(MIN_INFLIGHT, 64)
         setting = Setting(workers, threads, inflight)
         options.append((setting, rates.loader_rate(setting)))
@@ -239,7 +250,7 @@ def recommend(
     if remote and rates.bottleneck(setting) == "storage":
         target = rates.decode_at(setting)
         if step_rate is not None:
-            target = min(target, step_rate / rates.efficiency)
+            target = min(target, step_rate / rates.efficiency_at(setting))
         share = min(1.0, cache_share_needed(rates.ingest_at(setting), target, rates.cache_rate))
         rate = rates.loader_rate(setting, share)
     return Recommendation(
