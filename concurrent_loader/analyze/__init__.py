@@ -111,7 +111,7 @@ class Analysis:
             "step_rate": self.step_rate,
         }
         if rates is not None:
-            out["efficiency"] = {str(w): share for w, share in rates.efficiency.items()}
+            out["efficiency"] = {f"{w}x{t}": share for (w, t), share in rates.efficiency.items()}
             out["get_latency_s"] = rates.latency_s if self.remote else None
         if rec is not None:
             out["recommendation"] = {

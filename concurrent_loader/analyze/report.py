@@ -34,7 +34,7 @@ def format_report(result: Analysis) -> str:
     lines.append("decode (bytes in memory, one process):")
     for t, rate in result.decode.items():
         lines.append(f"  {t:>3} threads: {rate:8.0f} {unit} ({rate / t:.0f} per thread)")
-    lines.append("end to end (measured / model at the workers' pipeline efficiency):")
+    lines.append("end to end (measured / model at its pipeline efficiency):")
     for setting, run in result.end_to_end:
         lines.append(
             f"  {setting.workers:>3} workers x {setting.decode_threads} threads: "

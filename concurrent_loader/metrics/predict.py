@@ -14,12 +14,14 @@ requests in flight each, on C cores):
   C). The decoders release the GIL, so n threads decode about what n processes do, and
   the curve holds what the cores really give: on a machine whose cores are busy with other
   work (or with a storage server on the same node), two decoders are not twice one;
-- the loader: ``efficiency(W) * min(ingest, decode)``; ``efficiency(W)`` is the median over
-  the settings of W workers measured end to end of ``measured / min(ingest, decode)``, at
-  most 1 (what the stages alone do not see: collation, the hand-off to the main process,
-  epoch starts, and each process's own work: on a machine whose cores also serve the
-  storage, two workers reached 0.76-0.81 of the slower stage where one reached 0.9-1.0);
-  for a worker count not measured, that of the nearest one measured (the larger on a tie);
+- the loader: ``efficiency(W, T) * min(ingest, decode)``; ``efficiency(W, T)`` is
+  ``measured / min(ingest, decode)`` of W workers x T threads measured end to end (the
+  median if measured more than once), at most 1: what the stages alone do not see
+  (collation, the hand-off to the main process, epoch starts, each process's own work; on a
+  machine whose cores also serve the storage, one setting reached 0.76 of the slower stage
+  where another reached 1.0, so one share for all settings missed by up to 30 %). For a
+  setting not measured: the median share of the nearest worker count measured (the larger
+  on a tie);
 - with a node cache holding a share ``h`` of the dataset: ingest becomes
   ``1 / ((1 - h) / ingest + h / cache_rate)`` (``cache_rate``: the fetch-only rate of
   hits; hits cost nothing when it was not measured);
@@ -116,15 +118,15 @@ class Setting:
 class StageRates:
     """What was measured: ``ingest`` (requests in flight in one process -> samples/s, fetch
     only), ``decode`` (threads in one process -> samples/s, bytes in memory), on ``cpus``
-    cores; ``efficiency`` (workers -> the fitted share, see the module docstring; empty:
-    1); ``cache_rate`` (fetch-only rate of cache hits, None if not measured);
+    cores; ``efficiency`` ((workers, threads) -> the fitted share, see the module
+    docstring; empty: 1); ``cache_rate`` (fetch-only rate of cache hits, None if not measured);
     ``sample_bytes`` (mean object size)."""
 
     ingest: Mapping[int, float]
     decode: Mapping[int, float]
     cpus: int
     sample_bytes: float
-    efficiency: Mapping[int, float] = field(default_factory=dict)
+    efficiency: Mapping[tuple[int, int], float] = field(default_factory=dict)
     cache_rate: float | None = None
 
     def __post_init__(self) -> None:
@@ -141,11 +143,15 @@ class StageRates:
             raise ValueError(f"efficiencies must be in (0, 1], got {self.efficiency}")
 
     def efficiency_at(self, setting: Setting) -> float:
-        """The fitted share for ``setting``'s worker count, or the nearest measured one's."""
+        """The share fitted at ``setting``, or the nearest measured worker count's median."""
         if not self.efficiency:
             return 1.0
-        workers = max(setting.workers, 1)
-        return self.efficiency[min(self.efficiency, key=lambda w: (abs(w - workers), -w))]
+        key = (max(setting.workers, 1), setting.decode_threads)
+        if key in self.efficiency:
+            return self.efficiency[key]
+        counts = {w for w, _ in self.efficiency}
+        near = min(counts, key=lambda w: (abs(w - key[0]), -w))
+        return statistics.median(v for (w, _), v in self.efficiency.items() if w == near)
 
     @property
     def latency_s(self) -> float:
@@ -194,10 +200,11 @@ class StageRates:
 
     def with_efficiency(self, measured: Iterable[tuple[Setting, float]]) -> StageRates:
         """These rates with ``efficiency`` fitted to end-to-end rates measured at settings."""
-        ratios: dict[int, list[float]] = {}
+        ratios: dict[tuple[int, int], list[float]] = {}
         for s, rate in measured:
             if self.stages_at(s) > 0:
-                ratios.setdefault(max(s.workers, 1), []).append(rate / self.stages_at(s))
+                key = (max(s.workers, 1), s.decode_threads)
+                ratios.setdefault(key, []).append(rate / self.stages_at(s))
         fitted = {w: min(1.0, max(statistics.median(r), 1e-6)) for w, r in ratios.items()}
         return replace(self, efficiency=fitted) if fitted else self
 

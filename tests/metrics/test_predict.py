@@ -55,7 +55,7 @@ def test_a_step_rate_must_be_positive():
 
 
 def test_the_loader_rate_is_the_slower_stage_times_the_efficiency():
-    model = rates(efficiency={1: 0.8})
+    model = rates(efficiency={(1, 1): 0.8})
     # 2 workers x 1 thread, 20 in flight each: ingest at 40 = 400; decode 2 x 200 = 400
     assert model.loader_rate(Setting(2, 1, 20)) == pytest.approx(0.8 * 400.0)
     # 1 worker x 2 threads, 5 in flight: ingest at 5 = 50 < decode 400
@@ -81,29 +81,33 @@ def test_the_cache_share_needed_reaches_the_target_ingest():
     assert math.isinf(cache_share_needed(100.0, 300.0, 50.0))  # hits slower than misses
 
 
-def test_efficiency_is_the_median_measured_share_of_the_model_per_worker_count_at_most_one():
+def test_efficiency_is_the_measured_share_of_the_model_per_setting_at_most_one():
     model = rates()
     measured = [
         (Setting(1, 1, 64), 100.0),  # model 200 -> 0.5
+        (Setting(1, 1, 64), 140.0),  # again -> 0.7: the median, 0.6
         (Setting(1, 2, 64), 360.0),  # model 400 -> 0.9
         (Setting(1, 4, 64), 420.0),  # model 480 (ingest at 64 in flight) -> 0.875
         (Setting(2, 1, 64), 300.0),  # model 400 -> 0.75
-        (Setting(4, 1, 64), 720.0),  # model 600 -> 1.2
+        (Setting(4, 1, 64), 720.0),  # model 600 -> 1.2, at most 1
     ]
     fitted = model.with_efficiency(measured)
-    assert fitted.efficiency == pytest.approx({1: 0.875, 2: 0.75, 4: 1.0})  # medians, <= 1
-    # a worker count not measured takes the nearest measured one's (the larger on a tie)
-    assert fitted.efficiency_at(Setting(3, 1, 64)) == 1.0
-    assert fitted.efficiency_at(Setting(8, 1, 64)) == 1.0
-    assert fitted.efficiency_at(Setting(0, 2, 64)) == pytest.approx(0.875)
+    assert fitted.efficiency == pytest.approx(
+        {(1, 1): 0.6, (1, 2): 0.9, (1, 4): 0.875, (2, 1): 0.75, (4, 1): 1.0}
+    )
     assert fitted.loader_rate(Setting(2, 1, 20)) == pytest.approx(0.75 * 400.0)
+    # not measured: the median of the nearest worker count's (the larger on a tie)
+    assert fitted.efficiency_at(Setting(3, 1, 64)) == 1.0
+    assert fitted.efficiency_at(Setting(2, 2, 64)) == pytest.approx(0.75)
+    assert fitted.efficiency_at(Setting(1, 3, 64)) == pytest.approx(0.875)
+    assert fitted.efficiency_at(Setting(0, 1, 64)) == pytest.approx(0.6)  # the main process
     assert rates().efficiency_at(Setting(2, 1, 64)) == 1.0  # nothing fitted
 
 
 def test_the_rate_predicted_for_a_setting_is_at_its_workers_efficiency():
     # Two workers lose a quarter where one worker of two threads loses nothing: at the same
     # stage rates the one worker is predicted faster, and recommended for a step of 350/s.
-    fitted = rates(efficiency={1: 1.0, 2: 0.75})
+    fitted = rates(efficiency={(1, 2): 1.0, (2, 1): 0.75})
     rec = recommend(fitted, step_rate=350.0, dataset_bytes=10**6)
     assert (rec.setting.workers, rec.setting.decode_threads) == (1, 2)
     assert rec.rate == pytest.approx(400.0) and rec.stall == 0.0
@@ -142,7 +146,7 @@ def test_with_a_step_rate_the_fewest_cores_that_reach_it_are_recommended():
 
 
 def test_a_step_no_setting_reaches_gets_the_fastest_and_its_stall():
-    rec = recommend(rates(efficiency={1: 0.5}), step_rate=600.0, dataset_bytes=10**6)
+    rec = recommend(rates(efficiency={(1, 1): 0.5}), step_rate=600.0, dataset_bytes=10**6)
     assert rec.rate == pytest.approx(0.5 * 700)  # 4 cores' decode, the cache making up
     assert rec.stall == pytest.approx(1 - 350 / 600)
 
