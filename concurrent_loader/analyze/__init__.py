@@ -102,6 +102,7 @@ class Analysis:
                 {
                     "workers": s.workers,
                     "decode_threads": s.decode_threads,
+                    "max_inflight_requests": s.inflight,
                     "measured_per_s": run.rate,
                     "model_per_s": rates.loader_rate(s) if rates else None,
                 }
@@ -239,7 +240,8 @@ def analyze(
                 stall_timeout_s=stall_timeout_s,
                 seed=seed,
             )
-            result.end_to_end.append((Setting(workers, t, inflight), run))
+            # at the requests in flight the run tuned itself to, not those it started at
+            result.end_to_end.append((Setting(workers, t, run.inflight or inflight), run))
             bar.done()
         if "cache" in shares and cache_budget:
             bar.step("cache")

@@ -30,12 +30,14 @@ def object_size(data: bytes | bytearray | memoryview) -> int:
 @dataclass(frozen=True)
 class Run:
     """``samples`` (and ``bytes``, when the batches are object sizes) in ``seconds``, after
-    the first batch; ``stats``: the loader's ``stats()`` at the end."""
+    the first batch; ``stats``: the loader's ``stats()`` at the end; ``inflight``: the
+    requests in flight per process at the end (``loader.tuning``: self-tuned or pinned)."""
 
     samples: int
     bytes: int
     seconds: float
     stats: dict[str, Any]
+    inflight: int | None = None
 
     @property
     def rate(self) -> float:
@@ -97,7 +99,8 @@ def run_loader(
                     break
         finally:
             epoch.close()  # type: ignore[attr-defined]
-    return Run(samples, nbytes, now - (started or now), loader.stats())
+    inflight = loader.tuning["max_inflight_requests"]
+    return Run(samples, nbytes, now - (started or now), loader.stats(), inflight)
 
 
 def decode_rate(
