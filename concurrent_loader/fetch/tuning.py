@@ -13,9 +13,9 @@ before. At the end of each round, in this order:
    slower for everyone: that median is the new baseline, and slow start begins again from
    the next round (not 30 s near the floor);
 2. **Growth**, when some GET waited for a slot, the limit was in use (GETs in flight
-   averaged :data:`GROWTH_USE` of it or more, by Little's law the round's GETs per second x
-   their mean latency: a pipeline that starts a batch's GETs at once while decoding sets
-   the pace makes some wait in bursts, and asks for no more) and no queueing showed:
+   averaged :data:`GROWTH_USE` of it or more over the round's time with any in flight: a
+   pipeline that starts a batch's GETs at once while decoding sets the pace makes some
+   wait in bursts, and asks for no more) and no queueing showed:
    doubling (TCP's slow start: from 64 to 512 in three rounds, not thirty) while each
    doubling raises the round's GETs per second by :data:`SLOW_START_GAIN` or more, is in
    use, and the window median stays within :data:`SLOW_START_TOLERANCE` x baseline +
@@ -23,9 +23,11 @@ before. At the end of each round, in this order:
    process's first round, a burst, has no rate to compare: a limit carried from the last
    epoch doubled, unchecked, every epoch). Then, after the first queueing or throttle, by
    the limit's square root (concurrency-limits' Gradient2);
-   Out of slow start, a limit less than :data:`SHRINK_USE` in use shrinks to twice the
-   GETs in flight on average (not below :data:`SHRINK_FLOOR`): what a pipeline paced by
-   decoding or by its consumer needs, however high a fill at an epoch's start took it;
+   A limit less than :data:`SHRINK_USE` in use, in a round with no doubling to judge, no
+   queueing and no throttle, shrinks to twice the GETs in flight on average (not below
+   :data:`SHRINK_FLOOR`): what a pipeline paced by decoding or by its consumer needs,
+   however high a fill at an epoch's start took it. Slow start begins again from there
+   (as TCP's after idle), so a pause that shrank it costs rounds, not tens of rounds;
 3. **Throttles** (503 SlowDown, 429): a cut by half the throttled fraction (as DCTCP).
 
 The limit stays within ``[minimum, maximum]``. Self-tuned, it starts at ``start`` and
@@ -65,7 +67,7 @@ SLOW_START_TOLERANCE = 1.25
 GROWTH_USE = 0.5
 #: a limit less than this share of which is in use shrinks to twice what is...
 SHRINK_USE = 0.25
-#: ...but not below the self-tuned start
+#: ...but not below 64 (the default self-tuned start)
 SHRINK_FLOOR = SELF_TUNED_START
 #: queueing cuts in a row after which a median still this share of the first one's...
 SLOWER_STORE_CUTS = 3
@@ -102,11 +104,13 @@ class LimitController:
         self._round_needs = self.limit  # GETs of the round that end it
         self._round_gets = 0
         self._round_throttles = 0
-        self._round_latency = 0.0  # the latencies of every GET that ended this round
+        # GETs in flight now, and this round's GET-seconds in flight and seconds with any
+        self._in_flight = 0
+        self._round_area = self._round_busy = 0.0
+        self._last_event = clock()
         self._limit_bound = False
         self._slow_start = self_tuned
         self._round_began = clock()
-        self._round_active: float | None = None  # the round's first send or end of a GET
         self._last_rate = 0.0  # the GETs per second of the last round
         self._doubled_from: float | None = None  # the value the last decision doubled
         self._cuts = 0  # queueing cuts in a row
@@ -130,9 +134,16 @@ class LimitController:
         """A GET is sent; the mark to give back to :meth:`on_done`."""
         mark = self._sent
         self._sent += 1
-        if self._round_active is None:
-            self._round_active = self._clock()
+        self._tick()
+        self._in_flight += 1
         return mark
+
+    def _tick(self) -> None:
+        now = self._clock()
+        if self._in_flight:
+            self._round_area += self._in_flight * (now - self._last_event)
+            self._round_busy += now - self._last_event
+        self._last_event = now
 
     def limit_reached(self) -> None:
         """A GET waited for a slot (or took the last one): the limit bound this round."""
@@ -140,16 +151,14 @@ class LimitController:
 
     def on_done(self, mark: int, *, latency: float | None, throttled: bool = False) -> None:
         """The GET sent with ``mark`` succeeded (``latency``), was throttled, or failed."""
+        self._tick()
+        self._in_flight = max(0, self._in_flight - 1)
         if throttled:
             self.throttles += 1
             if self._cooldown:
                 self._no_growth_until = self._clock() + self._cooldown
-        elif latency is not None:
-            self._round_latency += latency
-            if self._round_active is None:
-                self._round_active = self._clock()
-            if self.self_tuned:
-                self._window.append(latency)
+        elif latency is not None and self.self_tuned:
+            self._window.append(latency)
         if mark < self._round_starts_at:
             return  # sent before the last decision, which it could not have seen
         self._round_gets += 1
@@ -166,8 +175,10 @@ class LimitController:
         now = self._clock()
         seconds = max(now - self._round_began, 1e-6)
         rate, self._last_rate = self._last_rate, gets / seconds
-        active = max(now - (self._round_active or self._round_began), 1e-6)  # not idle
-        used = self._round_latency / active  # GETs in flight on average (Little's law)
+        # GETs in flight on average while any was (a pause with none is not "unused");
+        # a round that took no time cannot tell, and counts as in use
+        busy = self._round_busy
+        used = self._round_area / busy if busy > 0 else math.inf
         in_use = used >= GROWTH_USE * self.limit
         if self.rounds == 1:
             self._last_rate = 0.0  # one burst, shorter than later rounds: no rate to compare
@@ -206,19 +217,25 @@ class LimitController:
             value = min(
                 float(self.maximum), 2 * value if self._slow_start else value + math.sqrt(value)
             )
-        elif self.self_tuned and not self._slow_start and used < SHRINK_USE * self.limit:
+        elif (
+            self.self_tuned
+            and doubled is None
+            and not (queueing or rebased or throttles)
+            and used < SHRINK_USE * self.limit
+            and value > SHRINK_FLOOR
+        ):
             value = min(value, max(float(SHRINK_FLOOR), 2 * used))
+            self._slow_start = True
         if throttles:
             value *= 1.0 - self.last_throttled_fraction / 2.0
         self._value = min(float(self.maximum), max(float(self.minimum), value))
         self.limit = max(1, int(self._value))
         self._round_gets = self._round_throttles = 0
-        self._round_latency = 0.0
+        self._round_area = self._round_busy = 0.0
         self._limit_bound = False
         self._round_starts_at = self._sent
         self._round_needs = self.limit
         self._round_began = now
-        self._round_active = None
 
     def _slower_store(self, median: float) -> bool:
         """Whether this queueing median, after the cuts in a row before it, shows a store

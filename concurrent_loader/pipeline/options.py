@@ -116,10 +116,11 @@ class PipelineOptions:
 
 def cores(cpu_budget: float | None) -> float:
     """The cores a loader may use: ``cpu_budget``, checked, or by default the CPUs this
-    process may use shared among the node's ranks (torchrun's ``LOCAL_WORLD_SIZE``)."""
+    process may use shared among the node's ranks (torchrun's ``LOCAL_WORLD_SIZE``; ranks
+    already pinned to their own cores, or launched without it, should pass ``cpu_budget``)."""
     if cpu_budget is None:
-        ranks = os.environ.get("LOCAL_WORLD_SIZE", "1")
-        return available_cpus() / max(1, int(ranks) if ranks.isdigit() else 1)
+        ranks = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
+        return available_cpus() / max(1, int(ranks) if ranks.isdecimal() else 1)
     if isinstance(cpu_budget, bool) or not (
         isinstance(cpu_budget, int | float) and 0 < cpu_budget < math.inf
     ):

@@ -398,3 +398,33 @@ def test_a_pipeline_paced_by_fetching_grows_the_limit_to_its_rate():
     limits, rate = _paced_pipeline(decode_rate=5000, latency=0.2, seconds=10)
     assert limits[:4] == [128, 256, 512, 1024]
     assert rate >= 0.8 * 5000 * (10 - 2) / 10
+
+
+def test_a_pause_with_nothing_in_flight_does_not_read_as_an_unused_limit():
+    """Half a round, then 10 s with nothing in flight (a validation pass, a checkpoint: the
+    pipeline is full), then the other half: 512 GETs in flight whenever any were, so the
+    limit is in use and stays (counting the pause took it to the floor of 64)."""
+    clock = Clock()
+    c = LimitController(1024, self_tuned=True, start=512, clock=clock)
+    for pause in (10.0, 0.0):
+        marks = [c.on_send() for _ in range(256)]
+        clock.now += 0.2
+        for mark in marks:
+            c.on_done(mark, latency=0.2)
+        clock.now += pause
+    assert c.rounds == 1 and c.limit >= 512
+
+
+def test_a_limit_that_starts_at_its_maximum_still_shrinks_to_what_is_used():
+    limits, _ = _paced_pipeline(decode_rate=250, latency=0.2, seconds=20, start=1024)
+    assert limits[-1] <= 4 * 50, limits
+
+
+def test_a_storm_of_throttles_is_cut_by_half_not_shrunk_as_unused():
+    clock = Clock()
+    c = LimitController(1024, self_tuned=True, start=1024, clock=clock)
+    marks = [c.on_send() for _ in range(1024)]
+    clock.now += 0.1
+    for mark in marks:
+        c.on_done(mark, latency=None, throttled=True)
+    assert c.limit == 512

@@ -9,6 +9,11 @@ from concurrent_loader.pipeline import PipelineOptions, available_cpus, worker_c
 from concurrent_loader.pipeline.options import cores
 
 
+@pytest.fixture(autouse=True)
+def _one_rank(monkeypatch):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)  # the budget's default divides by it
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
@@ -157,6 +162,10 @@ def test_auto_workers_are_a_process_per_core_of_the_budget(budget, expected):
 def test_the_default_budget_is_shared_among_the_nodes_ranks(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     assert cores(None) == available_cpus() / 4
+    for unreadable in ("", "two", "\u00b2", "0"):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", unreadable)
+        assert cores(None) == available_cpus()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     assert worker_count("auto", None) == max(1, available_cpus() // 4)
     assert worker_count("auto", 8) == 8  # a given budget is the rank's own
 
