@@ -202,10 +202,10 @@ class StageRates:
         """These rates with ``efficiency`` fitted to end-to-end rates measured at settings."""
         ratios: dict[tuple[int, int], list[float]] = {}
         for s, rate in measured:
-            if self.stages_at(s) > 0:
-                key = (max(s.workers, 1), s.decode_threads)
-                ratios.setdefault(key, []).append(rate / self.stages_at(s))
-        fitted = {w: min(1.0, max(statistics.median(r), 1e-6)) for w, r in ratios.items()}
+            stages = self.stages_at(s)
+            if stages > 0:
+                ratios.setdefault((max(s.workers, 1), s.decode_threads), []).append(rate / stages)
+        fitted = {key: min(1.0, max(statistics.median(r), 1e-6)) for key, r in ratios.items()}
         return replace(self, efficiency=fitted) if fitted else self
 
 
